@@ -1,0 +1,63 @@
+# sluice — every target installs or builds what it needs with the Go
+# toolchain; nothing else has to be installed by hand.
+
+GO       ?= go
+PKGS     ?= ./...
+FUZZTIME ?= 3s
+BENCHCOUNT ?= 6
+
+export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
+
+.PHONY: all build test vet fmt-check unit fuzz bench demo clean
+
+all: build test
+
+build:
+	$(GO) build $(PKGS)
+
+## test: vet, formatting, the race-enabled test suite, and a short fuzz run
+## of every decoder and arithmetic target.
+test: vet fmt-check unit fuzz
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+unit:
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+# Each fuzz target runs for FUZZTIME on top of its seed corpus (which the
+# unit run already executes).
+FUZZ_TARGETS = \
+	./limiter:FuzzLimiter \
+	./limiter:FuzzWindowArithmetic \
+	./configd/alloc:FuzzAlgorithms \
+	./limiter/skew:FuzzMeasure \
+	./internal/ntptest:FuzzRespond \
+	./internal/schema:FuzzDecodeProviderConfig \
+	./internal/schema:FuzzDecodeProviderConfigInput \
+	./internal/schema:FuzzDecodeInstanceRecord \
+	./internal/schema:FuzzDecodeShares \
+	./internal/schema:FuzzDecodeHistoryEntry \
+	./internal/schema:FuzzKeysParse
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg > /tmp/sluice-fuzz.log 2>&1 || { cat /tmp/sluice-fuzz.log; exit 1; }; \
+	done
+
+## bench: the hot-path and slow-path benchmarks, repeated for benchstat.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) ./limiter/ | tee bench.txt
+
+## demo: the best runnable example there is, on the embedded default.
+demo:
+	$(GO) run ./examples/kafka
+
+clean:
+	rm -f bench.txt

@@ -1,0 +1,39 @@
+// Package limiter admits at most a quota of permits in every
+// wall-clock-aligned window, deciding each call locally in nanoseconds.
+//
+// It is the part of sluice that every instance of a service links. Many
+// instances share one downstream API's limit by each enforcing a share of
+// it in the same windows: a window of length W starts at every multiple of
+// W since the Unix epoch, on the instance's clock corrected by its measured
+// offset (SetClockOffset), so the instances agree on boundaries. Joining a
+// provider through etcd, which sets the share with SetQuota as it moves,
+// lives in the subpackage cluster; clock measurement in skew; Prometheus
+// metrics in metrics. This package imports only the standard library.
+//
+// A handler with a latency budget waits for a permit only as long as the
+// budget allows:
+//
+//	lim, err := limiter.New(100, time.Second) // 100 calls per aligned second
+//	if err != nil {
+//		return err
+//	}
+//	defer lim.Close()
+//
+//	if err := lim.Acquire(ctx, 200*time.Millisecond); err != nil {
+//		// errors.Is(err, limiter.ErrTimeout): no permit within 200ms;
+//		// decided at once, without sleeping.
+//		return err
+//	}
+//	callProvider(ctx)
+//
+// The outcomes are typed: ErrTimeout (the permit lies further away than
+// the wait allowed), ErrCanceled (the context ended while waiting; the
+// permit went back), ErrClosed, ErrNoQuota (no share yet) and ErrInvalid.
+// Shadow mode (WithShadow) admits everything and counts what it would have
+// refused; pacing (WithPacing) spreads a window's permits across it;
+// Backoff pauses admissions when the provider answers 429 with Retry-After.
+//
+// Time comes from the system clock, or from a Clock given to WithClock.
+// Tests of waits run under testing/synctest, whose fake time the system
+// clock follows.
+package limiter

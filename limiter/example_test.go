@@ -1,0 +1,69 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluice-go/sluice/limiter"
+)
+
+func Example() {
+	lim, err := limiter.New(3, time.Hour) // 3 calls per aligned hour
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close()
+
+	ctx := context.Background()
+	for i := range 4 {
+		err := lim.Acquire(ctx, 50*time.Millisecond)
+		switch {
+		case errors.Is(err, limiter.ErrTimeout):
+			fmt.Println("call", i, "refused: no permit within 50ms")
+		case err != nil:
+			fmt.Println("call", i, "failed:", err)
+		default:
+			fmt.Println("call", i, "admitted")
+		}
+	}
+	// Output:
+	// call 0 admitted
+	// call 1 admitted
+	// call 2 admitted
+	// call 3 refused: no permit within 50ms
+}
+
+func ExampleLimiter_Reserve() {
+	lim, err := limiter.New(1, time.Hour)
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close()
+
+	lim.TryAcquire() // this hour's permit is gone
+	r, err := lim.Reserve(1, 2*time.Hour)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("valid within the next hour:", r.Delay() > 0 && r.Delay() <= time.Hour)
+	r.Cancel() // not needed after all: the permit goes back
+	// Output: valid within the next hour: true
+}
+
+func ExampleLimiter_TryAcquireN() {
+	lim, err := limiter.New(10, time.Hour)
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close()
+
+	fmt.Println(lim.TryAcquireN(8)) // a batch call of 8
+	fmt.Println(lim.TryAcquireN(8)) // only 2 left this hour
+	fmt.Println(lim.TryAcquireN(2))
+	// Output:
+	// true
+	// false
+	// true
+}

@@ -1,0 +1,200 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+const (
+	resPending = iota
+	resDone
+	resCanceled
+	resFailed
+)
+
+// Reservation is a promise of permits counted in one window, made by
+// Reserve (or internally by Acquire). The permits are the holder's from
+// ReadyAt on; Cancel gives them back.
+//
+// A Reservation keeps its window and time unless the limits change under it:
+// a lowered quota, a Backoff or a new clock offset can move it later (or, if
+// that is past its deadline, fail it), in the order reservations were made.
+// Wait follows such moves; a holder that sleeps on ReadyAt itself should
+// check Err when it wakes.
+type Reservation struct {
+	l     *Limiter
+	n     int64
+	seq   uint64 // order of making
+	asked int64  // corrected ns at which it was made
+
+	// Guarded by l.mu.
+	deadline int64
+	win      int64 // start of the window it is charged to
+	due      int64 // corrected ns; math.MaxInt64 while waiting for quota
+	state    int
+	err      error
+	counted  bool // in Stats.Delayed already
+
+	wake chan struct{} // poked when due or state change; nil for done ones
+}
+
+// ReadyAt returns when the permits become valid, on the system clock. For a
+// Reservation that failed it returns the zero Time.
+func (r *Reservation) ReadyAt() time.Time {
+	d, ok := r.delay()
+	if !ok {
+		return time.Time{}
+	}
+	return time.Now().Add(d)
+}
+
+// Delay returns how long from now until the permits become valid: 0 if they
+// are valid already, and math.MaxInt64 (as a Duration) for a Reservation that
+// failed or still waits for quota.
+func (r *Reservation) Delay() time.Duration {
+	d, ok := r.delay()
+	if !ok {
+		return math.MaxInt64
+	}
+	return d
+}
+
+func (r *Reservation) delay() (time.Duration, bool) {
+	l := r.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r.state == resFailed || r.state == resCanceled || r.due == math.MaxInt64 {
+		return 0, false
+	}
+	return time.Duration(max(0, r.due-l.now())), true
+}
+
+// Err returns nil while the Reservation holds, or the error that ended it:
+// ErrTimeout when a change of limits moved it past its deadline, ErrClosed
+// when the Limiter was closed, ErrCanceled after Cancel.
+func (r *Reservation) Err() error {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	if r.state == resCanceled {
+		return ErrCanceled
+	}
+	return r.err
+}
+
+// Cancel gives the permits back: later callers can take them. Cancelling
+// after ReadyAt still returns them if their window has not ended (the
+// holder says it did not use them). Cancel is idempotent.
+func (r *Reservation) Cancel() {
+	l := r.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r.cancelLocked()
+}
+
+func (r *Reservation) cancelLocked() {
+	l := r.l
+	if r.state != resPending && r.state != resDone {
+		return
+	}
+	if r.due == math.MaxInt64 {
+		l.noQuota = slices.DeleteFunc(l.noQuota, func(x *Reservation) bool { return x == r })
+	} else if !l.closed {
+		now := l.now()
+		l.advanceLocked(now)
+		if r.win >= l.cur.start {
+			l.releaseLocked(r)
+		}
+	}
+	r.state = resCanceled
+	l.counts.canceled += r.n
+}
+
+// Wait sleeps until the permits are valid and returns nil, following any
+// move of the Reservation. If ctx ends first it cancels the Reservation and
+// returns an error matching ErrCanceled (ErrTimeout for an expired
+// deadline) and ctx.Err(). It returns the Reservation's error if it failed.
+func (r *Reservation) Wait(ctx context.Context) error {
+	l := r.l
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		l.mu.Lock()
+		switch r.state {
+		case resDone:
+			l.mu.Unlock()
+			return nil
+		case resFailed:
+			err := r.err
+			l.mu.Unlock()
+			return err
+		case resCanceled:
+			l.mu.Unlock()
+			return ErrCanceled
+		}
+		now := l.now()
+		var d int64
+		if r.due == math.MaxInt64 {
+			if now >= r.deadline {
+				r.cancelLocked()
+				l.counts.canceled -= r.n
+				l.counts.timedOut += r.n
+				l.mu.Unlock()
+				return fmt.Errorf("%w: %w: quota %d stayed below the %d permits asked for", ErrTimeout, ErrNoQuota, l.cur.quota, r.n)
+			}
+			d = r.deadline - now
+		} else {
+			if now >= r.due {
+				r.state = resDone
+				l.mu.Unlock()
+				return nil
+			}
+			d = r.due - now
+		}
+		l.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(time.Duration(d))
+		} else {
+			t.Reset(time.Duration(d))
+		}
+		select {
+		case <-t.C:
+			l.wakeups.Add(1)
+		case <-r.wake:
+			l.wakeups.Add(1)
+		case <-ctx.Done():
+			l.mu.Lock()
+			r.cancelLocked()
+			l.mu.Unlock()
+			return canceledError(ctx.Err())
+		}
+	}
+}
+
+func (r *Reservation) poke() {
+	if r.wake == nil {
+		return
+	}
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func sortReservations(rs []*Reservation) {
+	slices.SortFunc(rs, func(a, b *Reservation) int {
+		switch {
+		case a.seq < b.seq:
+			return -1
+		case a.seq > b.seq:
+			return 1
+		}
+		return 0
+	})
+}

@@ -1,0 +1,146 @@
+package limiter
+
+import (
+	"math"
+	"time"
+)
+
+// waitBuckets are the upper bounds of the wait-time histogram in Stats.
+var waitBuckets = [...]time.Duration{
+	time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond, 25 * time.Millisecond,
+	50 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond,
+	time.Second, 2500 * time.Millisecond, 5 * time.Second, 10 * time.Second,
+}
+
+// WaitBuckets returns the upper bounds of the buckets of
+// Stats.WaitHistogram; the histogram has one more bucket, for longer waits.
+func WaitBuckets() []time.Duration { return waitBuckets[:] }
+
+// counts are the cumulative counters of the slow path; the hot path's
+// admissions are derived from the windows' consumption instead, so that it
+// writes nothing but the state word.
+type counts struct {
+	closedConsumed int64 // permits consumed by windows already closed
+	rejected       int64
+	timedOut       int64
+	canceled       int64
+	delayed        int64
+	shadowAdmitted int64
+	shadowDelayed  int64
+	shadowRejected int64
+	waitSum        time.Duration
+	waitHist       [len(waitBuckets) + 1]int64
+}
+
+func (c *counts) observeWait(d time.Duration) {
+	c.waitSum += d
+	i := 0
+	for i < len(waitBuckets) && d > waitBuckets[i] {
+		i++
+	}
+	c.waitHist[i]++
+}
+
+// Stats is a snapshot of a Limiter's counters and settings. Counters are
+// cumulative since New and count permits, not calls (AcquireN(ctx, 5, …)
+// counts 5).
+type Stats struct {
+	// Admitted is the permits granted: taken at once, or reserved and now
+	// valid. It includes ShadowAdmitted.
+	Admitted int64
+	// Delayed is the permits that had to wait for a later slot or window,
+	// counted when they were reserved.
+	Delayed int64
+	// Rejected is the permits TryAcquire refused.
+	Rejected int64
+	// TimedOut is the permits refused with ErrTimeout: at once because they
+	// could not be valid within the caller's wait, or later because a change
+	// of limits moved them past it.
+	TimedOut int64
+	// Canceled is the permits given back by cancelled waits and Cancel.
+	Canceled int64
+	// ShadowAdmitted is the permits shadow mode admitted beyond the quota;
+	// ShadowDelayed and ShadowRejected split them by what enforcing would
+	// have done: delay them within the caller's wait, or refuse them.
+	ShadowAdmitted, ShadowDelayed, ShadowRejected int64
+	// Wasted is the paced slots that passed unused.
+	Wasted int64
+	// Waiting is the reservations not yet valid (sleeping Acquire calls and
+	// outstanding Reserve results), and WaitingPermits their permits.
+	Waiting        int
+	WaitingPermits int64
+	// WaitTotal is the sum of the waits of Delayed permits' reservations,
+	// and WaitHistogram their distribution over WaitBuckets (one count per
+	// reservation).
+	WaitTotal     time.Duration
+	WaitHistogram [len(waitBuckets) + 1]int64
+
+	// Quota is the current window's quota and Remaining what it can still
+	// admit; Window is its length and WindowStart its start.
+	Quota, Remaining int64
+	Window           time.Duration
+	WindowStart      time.Time
+	// BackoffUntil is when the current Backoff ends; zero if none.
+	BackoffUntil time.Time
+	// ClockOffset is the correction added to the clock.
+	ClockOffset            time.Duration
+	Pacing, Shadow, Closed bool
+}
+
+// Stats returns a snapshot of the Limiter's counters and settings.
+func (l *Limiter) Stats() Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	if !l.closed {
+		l.advanceLocked(now)
+	}
+	var waiting int
+	var waitingN, pendingCur int64
+	for start, bw := range l.book {
+		for r := range bw.res {
+			if r.due > now && r.state == resPending {
+				waiting++
+				waitingN += r.n
+				if start == l.cur.start {
+					pendingCur += r.n
+				}
+			}
+		}
+	}
+	for _, r := range l.noQuota {
+		waiting++
+		waitingN += r.n
+	}
+	c := l.counts
+	st := Stats{
+		Admitted:       c.closedConsumed + l.consumedLocked() - l.wasted.Load() - pendingCur + c.shadowAdmitted,
+		Delayed:        c.delayed,
+		Rejected:       c.rejected,
+		TimedOut:       c.timedOut,
+		Canceled:       c.canceled,
+		ShadowAdmitted: c.shadowAdmitted,
+		ShadowDelayed:  c.shadowDelayed,
+		ShadowRejected: c.shadowRejected,
+		Wasted:         l.wasted.Load(),
+		Waiting:        waiting,
+		WaitingPermits: waitingN,
+		WaitTotal:      c.waitSum,
+		WaitHistogram:  c.waitHist,
+		Quota:          l.cur.quota,
+		Remaining:      int64(l.state.Load() & remMask),
+		Window:         time.Duration(l.sched.cur.window),
+		ClockOffset:    time.Duration(l.offset.Load()),
+		Pacing:         l.pacing,
+		Shadow:         l.shadow.Load(),
+		Closed:         l.closed,
+	}
+	if l.cur.end != math.MinInt64 {
+		st.WindowStart = time.Unix(0, l.cur.start)
+		st.Window = time.Duration(l.cur.end - l.cur.start)
+	}
+	if l.backoffUntil > now {
+		st.BackoffUntil = time.Unix(0, l.backoffUntil)
+	}
+	return st
+}
