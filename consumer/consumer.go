@@ -1,0 +1,615 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sluice-go/sluice/limiter"
+)
+
+// Limiter is what a Consumer needs from a rate limiter: one permit per
+// handler call, and a way to pass on a provider's "retry after".
+// *limiter.Limiter implements it.
+type Limiter interface {
+	// AcquireN returns nil when n permits are granted. When they cannot
+	// be had within maxWait it returns an error matching
+	// limiter.ErrTimeout at once; when ctx ends it returns ctx's error.
+	AcquireN(ctx context.Context, n int64, maxWait time.Duration) error
+	// Backoff grants no permit before now+d.
+	Backoff(d time.Duration)
+}
+
+// Handler makes the outbound call for one message. A nil error means the
+// message is done: its offset may be committed. An error makes the consumer
+// retry the message (with backoff, up to Config.MaxAttempts calls), then
+// send it to the dead-letter topic; return RetryAfter when the provider
+// asked to slow down, Permanent when retrying cannot help.
+//
+// ctx is cancelled when the consumer abandons in-flight work (drain
+// deadline passed, see Run); it is not cancelled merely because Run's
+// context is. Handlers run on several goroutines at once (Config.Workers).
+// A message may be handled more than once (at-least-once delivery): make
+// handlers idempotent. A panic in the handler is recovered and counts as a
+// failed attempt.
+type Handler func(ctx context.Context, msg kafka.Message) error
+
+// Headers added to a dead letter, after the original headers.
+const (
+	HeaderError     = "sluice-error"     // the last handler error's text
+	HeaderAttempts  = "sluice-attempts"  // handler calls made, decimal
+	HeaderTopic     = "sluice-topic"     // the original topic
+	HeaderPartition = "sluice-partition" // the original partition, decimal
+	HeaderOffset    = "sluice-offset"    // the original offset, decimal
+)
+
+// A Consumer reads a topic as a member of a consumer group and calls a
+// Handler for every message, taking one permit from a Limiter before each
+// call. Make one with New and start it with Run; Stats is safe to call at
+// any time, from any goroutine.
+type Consumer struct {
+	cfg     Config
+	lim     Limiter
+	handler Handler
+	log     *slog.Logger
+	rcfg    kafka.ReaderConfig
+	dlq     MessageWriter // nil: no dead-letter topic
+	ownDLQ  *kafka.Writer // the writer New made, closed by Run
+	dlqConn *kafka.Transport
+	count   counters
+	col     *collector
+	ran     atomic.Bool
+}
+
+// New checks cfg (see Config.Validate) and returns a Consumer that will
+// call handler for each message of cfg.Topic, one permit of lim per call.
+// It connects to nothing: Run does. The errors it returns wrap
+// ErrInvalidConfig, or come from registering the metrics.
+func New(cfg Config, lim Limiter, handler Handler, opts ...Option) (*Consumer, error) {
+	var errs []error
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if lim == nil {
+		errs = append(errs, &ConfigError{Field: "lim", Value: nil, Rule: "a Limiter is required"})
+	}
+	if handler == nil {
+		errs = append(errs, &ConfigError{Field: "handler", Value: nil, Rule: "a Handler is required"})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	o := buildOptions(opts)
+	c := &Consumer{cfg: cfg, lim: lim, handler: handler, log: o.log.With("topic", cfg.Topic, "group", cfg.GroupID)}
+
+	c.rcfg = kafka.ReaderConfig{
+		// Closing the Reader waits for the fetches in progress, which the
+		// broker holds for up to MaxWait when there is nothing new: kafka-go's
+		// 10 s default would make every shutdown take that long.
+		MaxWait:       500 * time.Millisecond,
+		StartOffset:   kafka.FirstOffset,
+		QueueCapacity: min(cfg.maxInFlight(), 100),
+		Logger:        kafkaLogger(c.log, slog.LevelDebug),
+		ErrorLogger:   kafkaLogger(c.log, slog.LevelWarn),
+	}
+	if o.readerConfig != nil {
+		o.readerConfig(&c.rcfg)
+	}
+	c.rcfg.Brokers = cfg.Brokers
+	c.rcfg.Topic = cfg.Topic
+	c.rcfg.GroupID = cfg.GroupID
+	c.rcfg.GroupTopics = nil
+	c.rcfg.Partition = 0
+	c.rcfg.CommitInterval = 0
+	if err := c.rcfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: WithReaderConfig: %v", ErrInvalidConfig, err)
+	}
+
+	if cfg.DeadLetterTopic != "" {
+		if o.dlq != nil {
+			c.dlq = o.dlq
+		} else {
+			c.dlqConn = &kafka.Transport{}
+			if d := c.rcfg.Dialer; d != nil { // same security as the reader
+				c.dlqConn.TLS, c.dlqConn.SASL, c.dlqConn.ClientID = d.TLS, d.SASLMechanism, d.ClientID
+			}
+			c.ownDLQ = &kafka.Writer{
+				Addr:         kafka.TCP(cfg.Brokers...),
+				Transport:    c.dlqConn,
+				Balancer:     &kafka.Hash{},
+				RequiredAcks: kafka.RequireAll,
+				BatchTimeout: 5 * time.Millisecond,
+				Logger:       kafkaLogger(c.log, slog.LevelDebug),
+				ErrorLogger:  kafkaLogger(c.log, slog.LevelWarn),
+			}
+			c.dlq = c.ownDLQ
+		}
+	}
+
+	c.col = newCollector(&c.count, cfg.Topic, cfg.GroupID)
+	if o.reg != nil {
+		if err := o.reg.Register(c.col); err != nil {
+			return nil, fmt.Errorf("consumer: registering metrics for topic %q group %q: %w", cfg.Topic, cfg.GroupID, err)
+		}
+	}
+	return c, nil
+}
+
+// Stats returns a snapshot of the consumer's counters.
+func (c *Consumer) Stats() Stats { return c.count.stats() }
+
+// item is one fetched message on its way through a worker.
+type item struct {
+	msg kafka.Message
+	e   *entry
+}
+
+// run holds what one Run shares between its goroutines.
+type run struct {
+	reader *kafka.Reader
+	tr     *tracker
+	slots  chan struct{} // one token per message fetched and not committed
+	lanes  []chan *item
+	dirty  chan struct{} // cap 1: there may be something new to commit
+
+	stopFetch context.CancelFunc
+	fatalOnce sync.Once
+	fatal     error // the first fatal error; read after the goroutines end
+}
+
+// fail records a fatal error (the first one wins) and stops fetching.
+func (r *run) fail(err error) {
+	r.fatalOnce.Do(func() { r.fatal = err })
+	r.stopFetch()
+}
+
+// Run joins the consumer group and handles messages until ctx is cancelled
+// or a fatal error occurs. It can be called once.
+//
+// Delivery is at-least-once: an offset is committed only when every message
+// before it in its partition is done (handled, or written to the
+// dead-letter topic), so a crash re-delivers at most Config.MaxInFlight
+// messages and loses none.
+//
+// When ctx is cancelled Run stops fetching, lets the messages already
+// fetched finish for up to Config.DrainTimeout (cancelling the handlers'
+// context after that), commits what is done, closes the Kafka reader and
+// returns nil. It returns early with an error wrapping ErrHandlerFailed
+// (a message failed every attempt and there is no dead-letter topic) or
+// ErrLimiterClosed, after the same drain. To cut a drain short (a second
+// signal), use RunWithAbort.
+//
+// Rebalances: kafka-go's Reader does not say which generation a message
+// belongs to. When the consumer notices a new generation (kafka-go's
+// rebalance count, checked at each fetch), done but uncommitted messages are
+// not committed any more: the partition's next owner, which may be this
+// consumer, gets them again. A partition is committed again only after a
+// message of it was fetched in the new generation. Between the broker's
+// rebalance and the next fetch, a commit may still be sent for a partition
+// that moved; it only ever covers messages this consumer handled, so at worst
+// it moves that partition's committed offset back (more duplicates, never a
+// lost message).
+func (c *Consumer) Run(ctx context.Context) error {
+	return c.RunWithAbort(ctx, nil)
+}
+
+// RunWithAbort is Run with a way to cut the drain short: when abort is
+// closed (typically on a second SIGINT), messages still being handled are
+// abandoned at once (their handlers' context is cancelled; they are not
+// committed). A nil abort never fires.
+func (c *Consumer) RunWithAbort(ctx context.Context, abort <-chan struct{}) error {
+	if !c.ran.CompareAndSwap(false, true) {
+		return ErrAlreadyRun
+	}
+	if c.ownDLQ != nil {
+		defer func() {
+			if err := c.ownDLQ.Close(); err != nil {
+				c.log.Warn("closing the dead-letter writer", "err", err)
+			}
+			c.dlqConn.CloseIdleConnections()
+		}()
+	}
+
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	defer stopFetch()
+	// Workers and commits outlive ctx by the drain; abortWork ends them.
+	workCtx, abortWork := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer abortWork(nil)
+
+	r := &run{
+		reader: kafka.NewReader(c.rcfg), // rcfg was validated by New: no panic
+		slots:  make(chan struct{}, c.cfg.maxInFlight()),
+		dirty:  make(chan struct{}, 1),
+
+		stopFetch: stopFetch,
+	}
+	r.tr = newTracker(func(n int) {
+		for range n {
+			<-r.slots
+		}
+		c.count.inFlight.Add(-int64(n))
+	})
+	nLanes := c.cfg.workers()
+	if c.cfg.Ordering == OrderNone {
+		r.lanes = []chan *item{make(chan *item, c.cfg.maxInFlight())}
+	} else {
+		r.lanes = make([]chan *item, nLanes)
+		for i := range r.lanes {
+			r.lanes[i] = make(chan *item, c.cfg.maxInFlight())
+		}
+	}
+
+	var workers sync.WaitGroup
+	for i := range nLanes {
+		lane := r.lanes[i%len(r.lanes)]
+		workers.Go(func() { c.work(workCtx, r, lane) })
+	}
+	fetchDone := make(chan struct{})
+	go func() {
+		defer close(fetchDone)
+		defer func() {
+			for _, l := range r.lanes {
+				close(l)
+			}
+		}()
+		c.fetch(fetchCtx, r)
+	}()
+	commitStop := make(chan struct{})
+	commitDone := make(chan struct{})
+	go func() {
+		defer close(commitDone)
+		c.commitLoop(workCtx, r, commitStop)
+	}()
+	c.log.Info("consumer started", "workers", nLanes, "max_in_flight", c.cfg.maxInFlight(), "ordering", c.cfg.Ordering.String())
+
+	// Shutdown, step by step: stop fetching, drain, commit, close.
+	<-fetchDone
+	workersDone := make(chan struct{})
+	go func() {
+		workers.Wait()
+		close(workersDone)
+	}()
+	drain := time.NewTimer(c.cfg.drainTimeout())
+	select {
+	case <-workersDone:
+	case <-drain.C:
+		c.log.Warn("drain deadline passed: abandoning in-flight messages", "deadline", c.cfg.drainTimeout())
+		abortWork(errors.New("consumer: drain deadline passed"))
+	case <-abort:
+		c.log.Warn("drain aborted: abandoning in-flight messages")
+		abortWork(errors.New("consumer: drain aborted"))
+	}
+	drain.Stop()
+	<-workersDone
+	close(commitStop)
+	<-commitDone
+	if err := r.reader.Close(); err != nil {
+		c.log.Warn("closing the reader", "err", err)
+	}
+	st := c.Stats()
+	c.log.Info("consumer stopped", "handled", st.Handled, "dead_lettered", st.DeadLettered,
+		"abandoned", st.Abandoned, "uncommitted", st.InFlight)
+	return r.fatal
+}
+
+// fetch is the only goroutine that calls FetchMessage and Stats on the
+// reader. It returns when ctx ends or the reader is closed.
+func (c *Consumer) fetch(ctx context.Context, r *run) {
+	fetchErrs := 0
+	for {
+		select {
+		case r.slots <- struct{}{}: // back-pressure: blocks while MaxInFlight are outstanding
+		case <-ctx.Done():
+			return
+		}
+		msg, err := r.reader.FetchMessage(ctx)
+		if err != nil {
+			<-r.slots
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, io.EOF) {
+				r.fail(fmt.Errorf("consumer: kafka reader closed unexpectedly: %w", err))
+				return
+			}
+			fetchErrs++
+			c.log.Warn("fetch failed; retrying", "err", err, "failures", fetchErrs)
+			if !wait(ctx, backoff(fetchErrs, 100*time.Millisecond, 5*time.Second)) {
+				return
+			}
+			continue
+		}
+		fetchErrs = 0
+		c.count.inFlight.Add(1)
+		c.count.consumed.Add(1)
+		rs := r.reader.Stats() // counters since the previous call
+		c.count.lag.Store(rs.Lag)
+		if rs.Rebalances > 0 {
+			c.count.rebalances.Add(rs.Rebalances)
+			r.tr.newEpoch()
+			c.log.Info("consumer group generation changed: uncommitted progress will be re-delivered")
+		}
+		e, rewound := r.tr.add(msg.Topic, msg.Partition, msg.Offset)
+		if rewound {
+			c.log.Info("partition re-read from an earlier offset", "partition", msg.Partition, "offset", msg.Offset)
+		}
+		r.lanes[c.lane(msg, len(r.lanes))] <- &item{msg: msg, e: e} // never blocks: each lane holds MaxInFlight
+	}
+}
+
+// lane picks the worker lane of msg so that messages that must keep their
+// order share one.
+func (c *Consumer) lane(msg kafka.Message, n int) int {
+	if n == 1 {
+		return 0
+	}
+	h := uint32(2166136261) // FNV-1a
+	mix := func(b byte) { h = (h ^ uint32(b)) * 16777619 }
+	if c.cfg.Ordering == OrderKey {
+		for _, b := range msg.Key {
+			mix(b)
+		}
+	} else {
+		for i := 0; i < len(msg.Topic); i++ {
+			mix(msg.Topic[i])
+		}
+		for p := uint32(msg.Partition); ; p >>= 8 {
+			mix(byte(p))
+			if p < 256 {
+				break
+			}
+		}
+	}
+	return int(h % uint32(n))
+}
+
+// outcome is what became of one message.
+type outcome int
+
+const (
+	outDone      outcome = iota // handled or dead-lettered: may be committed
+	outAbandoned                // shutdown: not committed, delivered again later
+	outFatal                    // Run must stop
+)
+
+// work handles the items of one lane, in order, until the lane is closed.
+func (c *Consumer) work(ctx context.Context, r *run, lane <-chan *item) {
+	for it := range lane {
+		if ctx.Err() != nil {
+			c.count.abandoned.Add(1)
+			continue
+		}
+		out, err := c.process(ctx, it.msg)
+		switch out {
+		case outDone:
+			if r.tr.done(it.e) {
+				select {
+				case r.dirty <- struct{}{}:
+				default:
+				}
+			}
+		case outAbandoned:
+			c.count.abandoned.Add(1)
+		case outFatal:
+			c.count.abandoned.Add(1)
+			c.log.Error("stopping the consumer", "err", err)
+			r.fail(err)
+		}
+	}
+}
+
+// process takes a permit and calls the handler for msg until it succeeds,
+// or its attempts are used up and it is dead-lettered.
+func (c *Consumer) process(ctx context.Context, msg kafka.Message) (outcome, error) {
+	attempts := 0
+	for {
+		if err := c.acquire(ctx); err != nil {
+			if errors.Is(err, ErrLimiterClosed) {
+				return outFatal, err
+			}
+			return outAbandoned, nil
+		}
+		err := c.call(ctx, msg)
+		if err == nil {
+			c.count.handled.Add(1)
+			return outDone, nil
+		}
+		if ctx.Err() != nil {
+			return outAbandoned, nil // the handler was cut short by shutdown
+		}
+		var ra *RetryAfterError
+		if errors.As(err, &ra) {
+			c.count.retried.Add(1)
+			c.log.Debug("provider asked to retry later", "delay", ra.Delay, "partition", msg.Partition, "offset", msg.Offset)
+			if ra.Delay > 0 {
+				c.lim.Backoff(ra.Delay) // the next permit, this message's included, waits for it
+			} else if !wait(ctx, backoff(1, c.cfg.retryBackoff(), c.cfg.maxBackoff())) {
+				return outAbandoned, nil
+			}
+			continue
+		}
+		attempts++
+		if attempts >= c.cfg.maxAttempts() || IsPermanent(err) {
+			return c.deadLetter(ctx, msg, err, attempts)
+		}
+		c.count.retried.Add(1)
+		c.log.Debug("handler failed; retrying", "err", err, "attempt", attempts, "partition", msg.Partition, "offset", msg.Offset)
+		if !wait(ctx, backoff(attempts, c.cfg.retryBackoff(), c.cfg.maxBackoff())) {
+			return outAbandoned, nil
+		}
+	}
+}
+
+// call runs the handler once, turning a panic into an error.
+func (c *Consumer) call(ctx context.Context, msg kafka.Message) (err error) {
+	if c.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+		defer cancel()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("consumer: handler panicked: %v", p)
+		}
+	}()
+	return c.handler(ctx, msg)
+}
+
+// foreverWait is the maxWait used once a message is known to be throttled:
+// it waits as long as needed, bounded only by ctx.
+const foreverWait = 24 * time.Hour
+
+// acquire waits for one permit, as long as it takes. It returns an error
+// only when ctx ends or the limiter is closed.
+func (c *Consumer) acquire(ctx context.Context) error {
+	start := time.Now()
+	err := c.lim.AcquireN(ctx, 1, c.cfg.maxWait())
+	if err == nil {
+		c.col.observeWait(time.Since(start))
+		return nil
+	}
+	throttled := false
+	for failures := 0; ; {
+		switch {
+		case ctx.Err() != nil:
+			return context.Cause(ctx)
+		case errors.Is(err, limiter.ErrClosed):
+			return fmt.Errorf("%w: %w", ErrLimiterClosed, err)
+		case errors.Is(err, limiter.ErrTimeout) && !throttled:
+			throttled = true
+			c.count.throttled.Add(1)
+			c.log.Debug("throttled: permit further away than MaxWait; waiting for it", "max_wait", c.cfg.maxWait())
+		default:
+			// Not a first timeout (no quota yet, or no permit even within
+			// foreverWait): try again later rather than spin.
+			failures++
+			c.log.Debug("no permit; trying again", "err", err, "failures", failures)
+			if !wait(ctx, backoff(failures, 10*time.Millisecond, time.Second)) {
+				return context.Cause(ctx)
+			}
+		}
+		if err = c.lim.AcquireN(ctx, 1, foreverWait); err == nil {
+			c.col.observeWait(time.Since(start))
+			return nil
+		}
+	}
+}
+
+// deadLetter writes msg to the dead-letter topic, retrying until it is
+// written or ctx ends.
+func (c *Consumer) deadLetter(ctx context.Context, msg kafka.Message, cause error, attempts int) (outcome, error) {
+	if c.dlq == nil {
+		return outFatal, fmt.Errorf("%w: partition %d offset %d failed %d attempt(s): %w",
+			ErrHandlerFailed, msg.Partition, msg.Offset, attempts, cause)
+	}
+	dl := kafka.Message{
+		Topic:   c.cfg.DeadLetterTopic,
+		Key:     msg.Key,
+		Value:   msg.Value,
+		Headers: make([]kafka.Header, 0, len(msg.Headers)+5),
+	}
+	dl.Headers = append(dl.Headers, msg.Headers...)
+	dl.Headers = append(dl.Headers,
+		kafka.Header{Key: HeaderError, Value: []byte(cause.Error())},
+		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(attempts))},
+		kafka.Header{Key: HeaderTopic, Value: []byte(msg.Topic)},
+		kafka.Header{Key: HeaderPartition, Value: []byte(strconv.Itoa(msg.Partition))},
+		kafka.Header{Key: HeaderOffset, Value: []byte(strconv.FormatInt(msg.Offset, 10))},
+	)
+	for failures := 1; ; failures++ {
+		err := c.dlq.WriteMessages(ctx, dl)
+		if err == nil {
+			c.count.deadLettered.Add(1)
+			c.log.Warn("message dead-lettered", "partition", msg.Partition, "offset", msg.Offset,
+				"attempts", attempts, "err", cause)
+			return outDone, nil
+		}
+		c.log.Warn("writing a dead letter failed; retrying", "err", err, "failures", failures)
+		if !wait(ctx, backoff(failures, c.cfg.retryBackoff(), c.cfg.maxBackoff())) {
+			return outAbandoned, nil
+		}
+	}
+}
+
+// commitLoop commits progress whenever there is some, at most once per
+// Config.CommitInterval, and once more when stop is closed (after the
+// workers have finished). Each commit may take up to Config.DrainTimeout.
+// ctx ends only when Run aborts.
+func (c *Consumer) commitLoop(ctx context.Context, r *run, stop <-chan struct{}) {
+	failures := 0
+	for {
+		select {
+		case <-r.dirty:
+		case <-stop:
+			c.commit(ctx, r) // the final commit
+			return
+		}
+		pause := c.cfg.CommitInterval
+		if c.commit(ctx, r) {
+			failures = 0
+		} else {
+			failures++
+			pause = max(pause, backoff(failures, 100*time.Millisecond, 5*time.Second))
+			select { // try again even without new progress
+			case r.dirty <- struct{}{}:
+			default:
+			}
+		}
+		if pause > 0 {
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-stop:
+				t.Stop()
+			}
+		}
+	}
+}
+
+// commit sends one commit covering every partition that has progress. It
+// reports false when the commit failed.
+func (c *Consumer) commit(ctx context.Context, r *run) bool {
+	pts := r.tr.ready()
+	if len(pts) == 0 {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.drainTimeout())
+	defer cancel()
+	if err := r.reader.CommitMessages(ctx, messages(pts)...); err != nil {
+		c.count.commitErrors.Add(1)
+		c.log.Warn("offset commit failed; retrying", "err", err, "partitions", len(pts))
+		return false
+	}
+	c.count.commits.Add(1)
+	r.tr.committed(pts)
+	return true
+}
+
+// wait waits for d or until ctx ends; it reports whether d passed.
+func wait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// kafkaLogger adapts kafka-go's printf logging to l at level.
+func kafkaLogger(l *slog.Logger, level slog.Level) kafka.LoggerFunc {
+	return func(format string, args ...any) {
+		if l.Enabled(context.Background(), level) {
+			l.Log(context.Background(), level, fmt.Sprintf(format, args...), "component", "kafka-go")
+		}
+	}
+}

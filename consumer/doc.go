@@ -1,0 +1,91 @@
+// Package consumer reads a Kafka topic as a member of a consumer group and
+// calls a handler for every message, taking one permit from a rate limiter
+// before each call, so that a fleet of consumers never calls the provider
+// behind the handler faster than its limit, and never loses a message
+// because of that.
+//
+//	lim, err := limiter.New(500, time.Second) // the provider's limit, or this instance's share
+//	if err != nil { … }
+//	c, err := consumer.New(consumer.Config{
+//		Brokers:         []string{"kafka:9092"},
+//		Topic:           "orders",
+//		GroupID:         "billing",
+//		Workers:         16,
+//		DeadLetterTopic: "orders.dead",
+//	}, lim, func(ctx context.Context, m kafka.Message) error {
+//		resp, err := provider.Charge(ctx, m.Value)
+//		if resp.StatusCode == http.StatusTooManyRequests {
+//			return consumer.RetryAfter(resp.RetryAfter, err) // slows the limiter down too
+//		}
+//		return err
+//	}, consumer.WithLogger(slog.Default()), consumer.WithRegisterer(registry))
+//	if err != nil { … }
+//	err = c.Run(ctx) // until ctx is cancelled; then drains, commits and returns
+//
+// # Flow and guarantees
+//
+// One goroutine fetches messages (kafka-go's Reader, FetchMessage), a pool
+// of Config.Workers goroutines takes a permit (Limiter.AcquireN) and calls
+// the handler, and one goroutine commits offsets. Throttling never drops or
+// skips a message: a worker waits for its permit as long as it takes
+// (Config.MaxWait only decides when the wait is reported as throttling),
+// and while it waits, fetching stops once Config.MaxInFlight messages are
+// outstanding. That is the back-pressure: nothing sleeps in the fetch loop,
+// and the group membership's heartbeats go on, so a throttled consumer is
+// not thrown out of its group.
+//
+// Delivery is at-least-once. A partition's offset is committed only up to
+// the last message before which every fetched message of that partition is
+// done (handled, or written to the dead-letter topic). A message holds its
+// place in MaxInFlight until its offset is committed, so a crash re-delivers
+// at most MaxInFlight messages, and loses none. Handlers must therefore be
+// idempotent.
+//
+// Memory: at most MaxInFlight messages are held by the consumer, plus
+// kafka-go's own queue (min(MaxInFlight, 100) messages) and fetch buffers
+// (ReaderConfig.MaxBytes per partition being read).
+//
+// # Ordering
+//
+// Config.Ordering picks what keeps its order: the messages of one
+// partition (OrderPartition, the default), of one key (OrderKey), or
+// nothing (OrderNone). A message that is being retried holds back the
+// messages that must follow it.
+//
+// # Failures
+//
+// A handler error makes the consumer call the handler again after an
+// exponential backoff with jitter (Config.RetryBackoff, Config.MaxBackoff),
+// up to Config.MaxAttempts calls in all; each call takes its own permit.
+// Then the message is produced to Config.DeadLetterTopic with its key,
+// value and headers plus the HeaderError, HeaderAttempts, HeaderTopic,
+// HeaderPartition and HeaderOffset headers, and counts as done. Without a
+// dead-letter topic, Run stops with ErrHandlerFailed and the message stays
+// uncommitted. A RetryAfter error (the provider answered 429 or 503) calls
+// Limiter.Backoff and retries without using up an attempt; a Permanent
+// error skips the retries.
+//
+// # Shutdown and rebalances
+//
+// When Run's context is cancelled, fetching stops, the messages already
+// fetched are finished for up to Config.DrainTimeout, what is done is
+// committed and the Reader is closed. Messages still unfinished at the
+// deadline (or when RunWithAbort's abort channel closes) are abandoned:
+// their handler's context is cancelled and they are delivered again later.
+//
+// kafka-go's Reader does not tell which group generation a message belongs
+// to. The consumer notices a new generation from the Reader's rebalance
+// count and from a partition's offsets going back; it then stops committing
+// the progress made before it, which the partition's new owner re-handles.
+// See Run for the details and the one case where a commit may still reach
+// a partition that moved.
+//
+// # Observability
+//
+// Stats returns the counters at any time. WithRegisterer exports them to
+// Prometheus as sluice_consumer_* metrics (consumed, handled, retried,
+// dead-lettered, abandoned, throttled, throttle wait, commits, rebalances,
+// in flight, lag) and a permit-wait histogram, labelled with the topic and
+// the group. Nothing is registered on the global registry. Logs go to the
+// *slog.Logger given with WithLogger; by default they are discarded.
+package consumer
