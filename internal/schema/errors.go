@@ -1,0 +1,88 @@
+package schema
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// ErrInvalid matches every validation error of this package:
+// errors.Is(err, ErrInvalid) is true for any *ValidationError.
+var ErrInvalid = errors.New("schema: invalid input")
+
+// Sentinel errors wrapped by *ValidationError. Their text says what is
+// allowed; ValidationError adds what was given.
+var (
+	ErrInvalidName        = errors.New(`name must match ^[a-z0-9][a-z0-9._-]{0,127}$`)
+	ErrInvalidInstanceID  = errors.New(`instance id must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+	ErrInvalidLimit       = fmt.Errorf("limit must be a positive integer up to %d", MaxLimit)
+	ErrInvalidWindow      = errors.New(`window must be a duration from 10ms to 1h that divides 24h (e.g. "1s", "100ms", "1m")`)
+	ErrInvalidMode        = errors.New(`mode must be "enforce" or "shadow"`)
+	ErrInvalidAlgorithm   = errors.New(`algorithm must be "even" or "fair"`)
+	ErrInvalidFloor       = errors.New("floor must be an integer from 0 up to the limit")
+	ErrInvalidClockOffset = errors.New("clock offset must be a duration within ±1h")
+	ErrInvalidVersion     = fmt.Errorf("version must be %d (or absent)", Version)
+	ErrInvalidField       = errors.New("value out of range")
+	ErrInvalidShares      = errors.New("shares record is inconsistent")
+	ErrInvalidKey         = errors.New("key does not belong to the sluice key layout")
+	ErrInvalidPrefix      = errors.New(`prefix must start and end with "/" (e.g. "/sluice/")`)
+	ErrUnknownField       = errors.New("unknown field (only the documented fields are accepted)")
+	ErrTooLarge           = fmt.Errorf("record larger than %d bytes", MaxRecordSize)
+	ErrMalformed          = errors.New("malformed JSON")
+)
+
+// ValidationError says which field of a record was wrong, what it held and
+// why. It unwraps to one of the sentinel errors above, and errors.Is(err,
+// ErrInvalid) is true for it.
+//
+// Its message reads like "limit must be a positive integer up to
+// 1000000000000, got -3".
+type ValidationError struct {
+	Field string // JSON field name ("limit"), or "body", "key", "name"
+	Value string // the offending value as given, possibly shortened
+	Err   error  // a sentinel such as ErrInvalidLimit
+}
+
+// Error implements error.
+func (e *ValidationError) Error() string {
+	msg := e.Err.Error()
+	if e.Field != "" && !startsWithField(msg, e.Field) {
+		msg = e.Field + ": " + msg
+	}
+	if e.Value != "" {
+		msg += ", got " + e.Value
+	}
+	return msg
+}
+
+// startsWithField reports whether msg already names field at its start
+// ("limit must be ..."), so it is not repeated.
+func startsWithField(msg, field string) bool {
+	return len(msg) > len(field) && msg[:len(field)] == field && msg[len(field)] == ' '
+}
+
+// Unwrap returns the sentinel error.
+func (e *ValidationError) Unwrap() error { return e.Err }
+
+// Is makes every ValidationError match ErrInvalid.
+func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
+
+// invalid returns a *ValidationError; value is formatted with %v and
+// shortened to 64 bytes, strings quoted.
+func invalid(field string, value any, err error) *ValidationError {
+	var s string
+	switch v := value.(type) {
+	case string:
+		if len(v) > 64 {
+			v = v[:64] + "..."
+		}
+		s = strconv.Quote(v)
+	case nil:
+	default:
+		s = fmt.Sprint(v)
+		if len(s) > 64 {
+			s = s[:64] + "..."
+		}
+	}
+	return &ValidationError{Field: field, Value: s, Err: err}
+}

@@ -1,0 +1,186 @@
+package schema
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// DefaultPrefix is the key prefix used when none is configured.
+const DefaultPrefix = "/sluice/"
+
+// Path segments of the key layout.
+const (
+	providersDir = "providers/"
+	configLeaf   = "config"
+	sharesLeaf   = "shares"
+	instancesDir = "instances/"
+	historyDir   = "history/"
+	electionDir  = "configd/leader"
+)
+
+var (
+	nameRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+	instanceIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+)
+
+// ValidateName reports whether name is a valid provider name:
+// ^[a-z0-9][a-z0-9._-]{0,127}$. The error is a *ValidationError wrapping
+// ErrInvalidName.
+func ValidateName(name string) error {
+	if !nameRE.MatchString(name) {
+		return invalid("name", name, ErrInvalidName)
+	}
+	return nil
+}
+
+// ValidateInstanceID reports whether id is a valid instance ID:
+// ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$. The error is a *ValidationError
+// wrapping ErrInvalidInstanceID.
+func ValidateInstanceID(id string) error {
+	if !instanceIDRE.MatchString(id) {
+		return invalid("id", id, ErrInvalidInstanceID)
+	}
+	return nil
+}
+
+// Keys formats and parses sluice's etcd keys under one prefix. The zero value
+// uses DefaultPrefix. Keys is a small value; copy it freely.
+//
+//	k := schema.DefaultKeys()
+//	k.Config("payments")        // "/sluice/providers/payments/config"
+//	k.Instance("payments", "a") // "/sluice/providers/payments/instances/a"
+type Keys struct {
+	prefix string
+}
+
+// DefaultKeys returns the Keys for DefaultPrefix.
+func DefaultKeys() Keys { return Keys{prefix: DefaultPrefix} }
+
+// NewKeys returns the Keys for prefix, which must start and end with '/',
+// e.g. "/sluice/" or "/team-a/sluice/". An empty prefix means DefaultPrefix.
+func NewKeys(prefix string) (Keys, error) {
+	if prefix == "" {
+		return DefaultKeys(), nil
+	}
+	if len(prefix) < 2 || !strings.HasPrefix(prefix, "/") || !strings.HasSuffix(prefix, "/") ||
+		strings.Contains(prefix, "//") || len(prefix) > 256 {
+		return Keys{}, invalid("prefix", prefix, ErrInvalidPrefix)
+	}
+	return Keys{prefix: prefix}, nil
+}
+
+// Prefix returns the prefix every key starts with.
+func (k Keys) Prefix() string {
+	if k.prefix == "" {
+		return DefaultPrefix
+	}
+	return k.prefix
+}
+
+// Providers returns the prefix under which every provider's keys live; watch
+// it to see every config, instance and shares change.
+func (k Keys) Providers() string { return k.Prefix() + providersDir }
+
+// Provider returns the prefix of one provider's keys (ends with '/').
+func (k Keys) Provider(name string) string { return k.Providers() + name + "/" }
+
+// Config returns the key of a provider's ProviderConfig.
+func (k Keys) Config(name string) string { return k.Provider(name) + configLeaf }
+
+// Shares returns the key of a provider's published Shares.
+func (k Keys) Shares(name string) string { return k.Provider(name) + sharesLeaf }
+
+// Instances returns the prefix of a provider's instance keys (ends with '/');
+// the number of keys under it is the number of live instances.
+func (k Keys) Instances(name string) string { return k.Provider(name) + instancesDir }
+
+// Instance returns the key of one instance's InstanceRecord. Write it with
+// the instance's lease.
+func (k Keys) Instance(name, id string) string { return k.Instances(name) + id }
+
+// History returns the prefix of a provider's audit records (ends with '/').
+func (k Keys) History(name string) string { return k.Provider(name) + historyDir }
+
+// HistoryEntry returns the key of one audit record; seq is zero-padded so
+// keys sort in the order they were written (configd uses Unix nanoseconds).
+func (k Keys) HistoryEntry(name string, seq int64) string {
+	return fmt.Sprintf("%s%020d", k.History(name), seq)
+}
+
+// Election returns the prefix passed to concurrency.NewElection by configd
+// replicas ("<prefix>configd/leader"; the election adds "/<lease id>" for
+// each candidate). The leader's key is the fence for every publish.
+func (k Keys) Election() string { return k.Prefix() + electionDir }
+
+// KeyKind says what a parsed key refers to.
+type KeyKind int
+
+// Kinds of keys.
+const (
+	KindUnknown  KeyKind = iota // not a sluice key, or malformed
+	KindConfig                  // <prefix>providers/<name>/config
+	KindShares                  // <prefix>providers/<name>/shares
+	KindInstance                // <prefix>providers/<name>/instances/<id>
+	KindHistory                 // <prefix>providers/<name>/history/<seq>
+)
+
+// String returns the kind's name.
+func (k KeyKind) String() string {
+	switch k {
+	case KindConfig:
+		return "config"
+	case KindShares:
+		return "shares"
+	case KindInstance:
+		return "instance"
+	case KindHistory:
+		return "history"
+	}
+	return "unknown"
+}
+
+// Key is a parsed provider key.
+type Key struct {
+	Kind     KeyKind
+	Provider string // provider name
+	Instance string // instance ID, for KindInstance
+	Seq      int64  // sequence number, for KindHistory
+}
+
+// Parse parses a key under Providers(). A key that does not belong to the
+// layout (wrong prefix, invalid name or ID, unknown leaf) returns an error
+// wrapping ErrInvalidKey and Key{Kind: KindUnknown}.
+func (k Keys) Parse(key string) (Key, error) {
+	bad := func() (Key, error) {
+		return Key{}, invalid("key", key, ErrInvalidKey)
+	}
+	rest, ok := strings.CutPrefix(key, k.Providers())
+	if !ok {
+		return bad()
+	}
+	name, leaf, ok := strings.Cut(rest, "/")
+	if !ok || ValidateName(name) != nil {
+		return bad()
+	}
+	switch {
+	case leaf == configLeaf:
+		return Key{Kind: KindConfig, Provider: name}, nil
+	case leaf == sharesLeaf:
+		return Key{Kind: KindShares, Provider: name}, nil
+	case strings.HasPrefix(leaf, instancesDir):
+		id := leaf[len(instancesDir):]
+		if ValidateInstanceID(id) != nil {
+			return bad()
+		}
+		return Key{Kind: KindInstance, Provider: name, Instance: id}, nil
+	case strings.HasPrefix(leaf, historyDir):
+		seq, err := strconv.ParseInt(leaf[len(historyDir):], 10, 64)
+		if err != nil || seq < 0 {
+			return bad()
+		}
+		return Key{Kind: KindHistory, Provider: name, Seq: seq}, nil
+	}
+	return bad()
+}

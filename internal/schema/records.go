@@ -1,0 +1,360 @@
+package schema
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Version is the version of every record this package writes. Decoders
+// accept records of this version, or with no version field (taken as this
+// one), and reject newer ones.
+const Version = 1
+
+// Limits enforced by Validate.
+const (
+	MaxLimit      = 1_000_000_000_000 // most permits per window a provider may have
+	MinWindow     = 10 * time.Millisecond
+	MaxWindow     = time.Hour
+	MaxRecordSize = 1 << 20 // bytes; larger bodies and records are rejected
+	DefaultWindow = time.Second
+)
+
+// Duration is a time.Duration encoded in JSON as a string such as "1s" or
+// "250ms".
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// String returns the duration as time.Duration formats it.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON encodes d as a string ("1s").
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// UnmarshalJSON accepts a string in time.ParseDuration syntax. Numbers are
+// rejected: "1000000000" is too easy to misread.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return &json.UnmarshalTypeError{Value: "number " + string(b), Type: durationType}
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return &json.UnmarshalTypeError{Value: "string " + s, Type: durationType}
+	}
+	*d = Duration(v)
+	return nil
+}
+
+var durationType = typeOf[Duration]()
+
+// Mode says whether a provider's limit is enforced.
+type Mode string
+
+// Modes.
+const (
+	ModeEnforce Mode = "enforce" // refuse or delay beyond the share
+	ModeShadow  Mode = "shadow"  // admit everything; count what would have been refused
+)
+
+// Algorithm names how configd splits a provider's limit between instances.
+type Algorithm string
+
+// Algorithms.
+const (
+	AlgorithmEven Algorithm = "even" // limit / live instances
+	AlgorithmFair Algorithm = "fair" // max-min fair by reported demand
+)
+
+// ProviderConfig is an operator's configuration of one provider, stored at
+// Keys.Config(name).
+type ProviderConfig struct {
+	Version   int       `json:"version"`
+	Name      string    `json:"name"`
+	Limit     int64     `json:"limit"`     // permits per window, all instances together
+	Window    Duration  `json:"window"`    // window length; windows start at multiples of it
+	Mode      Mode      `json:"mode"`      // enforce or shadow
+	Algorithm Algorithm `json:"algorithm"` // even or fair
+	Pacing    bool      `json:"pacing"`    // spread each window's permits evenly across it
+	// Floor is the least share (permits per window) the "fair" algorithm
+	// leaves an idle instance so it can start; 0 lets the allocator choose.
+	Floor int64 `json:"floor,omitempty"`
+	// MaxClockOffset is the clock offset beyond which an instance's share is
+	// cut; 0 lets the instance side choose its default.
+	MaxClockOffset Duration `json:"max_clock_offset,omitempty"`
+}
+
+// WithDefaults returns c with empty fields set to their defaults: the
+// current Version, a 1s window, enforce mode and the even algorithm.
+func (c ProviderConfig) WithDefaults() ProviderConfig {
+	if c.Version == 0 {
+		c.Version = Version
+	}
+	if c.Window == 0 {
+		c.Window = Duration(DefaultWindow)
+	}
+	if c.Mode == "" {
+		c.Mode = ModeEnforce
+	}
+	if c.Algorithm == "" {
+		c.Algorithm = AlgorithmEven
+	}
+	return c
+}
+
+// Validate checks every field; the error is a *ValidationError for the
+// first bad field.
+func (c ProviderConfig) Validate() error {
+	if err := validateVersion(c.Version); err != nil {
+		return err
+	}
+	if err := ValidateName(c.Name); err != nil {
+		return err
+	}
+	if err := ValidateLimit(c.Limit); err != nil {
+		return err
+	}
+	if err := ValidateWindow(c.Window.D()); err != nil {
+		return err
+	}
+	if c.Mode != ModeEnforce && c.Mode != ModeShadow {
+		return invalid("mode", string(c.Mode), ErrInvalidMode)
+	}
+	if c.Algorithm != AlgorithmEven && c.Algorithm != AlgorithmFair {
+		return invalid("algorithm", string(c.Algorithm), ErrInvalidAlgorithm)
+	}
+	if c.Floor < 0 || c.Floor > c.Limit {
+		return invalid("floor", c.Floor, ErrInvalidFloor)
+	}
+	if c.MaxClockOffset < 0 || c.MaxClockOffset.D() > time.Hour {
+		return invalid("max_clock_offset", c.MaxClockOffset, ErrInvalidClockOffset)
+	}
+	return nil
+}
+
+// ValidateLimit checks a provider limit: 1..MaxLimit.
+func ValidateLimit(n int64) error {
+	if n < 1 || n > MaxLimit {
+		return invalid("limit", n, ErrInvalidLimit)
+	}
+	return nil
+}
+
+// ValidateWindow checks a window length: MinWindow..MaxWindow, dividing 24h.
+func ValidateWindow(w time.Duration) error {
+	if w < MinWindow || w > MaxWindow || (24*time.Hour)%w != 0 {
+		return invalid("window", w, ErrInvalidWindow)
+	}
+	return nil
+}
+
+func validateVersion(v int) error {
+	if v != 0 && v != Version {
+		return invalid("version", v, ErrInvalidVersion)
+	}
+	return nil
+}
+
+// InstanceRecord is what an instance publishes about itself at
+// Keys.Instance(provider, id), attached to its lease: the key exists exactly
+// as long as the instance is alive. The instance rewrites it every report
+// interval with its demand and clock.
+type InstanceRecord struct {
+	Version int       `json:"version"`
+	ID      string    `json:"id"`             // equals the last segment of the key
+	Host    string    `json:"host,omitempty"` // hostname
+	PID     int       `json:"pid,omitempty"`  // process id
+	Started time.Time `json:"started"`        // when the instance joined
+	Updated time.Time `json:"updated"`        // when this record was written ("last seen")
+	// Demand is the permits per window the instance wants, smoothed.
+	Demand int64 `json:"demand"`
+	// Admitted is the permits admitted in the last complete window.
+	Admitted int64 `json:"admitted"`
+	// ClockOffset is the measured NTP offset (corrected = local + offset);
+	// meaningful only when ClockKnown.
+	ClockOffset Duration `json:"clock_offset"`
+	ClockKnown  bool     `json:"clock_known"`
+	// AppliedGeneration is the Shares.Generation the instance enforces now.
+	AppliedGeneration int64 `json:"applied_generation"`
+}
+
+// Validate checks the record.
+func (r InstanceRecord) Validate() error {
+	if err := validateVersion(r.Version); err != nil {
+		return err
+	}
+	if err := ValidateInstanceID(r.ID); err != nil {
+		return err
+	}
+	switch {
+	case len(r.Host) > 255:
+		return invalid("host", r.Host, ErrInvalidField)
+	case r.PID < 0:
+		return invalid("pid", r.PID, ErrInvalidField)
+	case r.Demand < 0 || r.Demand > MaxLimit:
+		return invalid("demand", r.Demand, ErrInvalidField)
+	case r.Admitted < 0 || r.Admitted > MaxLimit:
+		return invalid("admitted", r.Admitted, ErrInvalidField)
+	case r.AppliedGeneration < 0:
+		return invalid("applied_generation", r.AppliedGeneration, ErrInvalidField)
+	case r.ClockOffset.D() > time.Hour || r.ClockOffset.D() < -time.Hour:
+		return invalid("clock_offset", r.ClockOffset, ErrInvalidClockOffset)
+	}
+	return nil
+}
+
+// Shares is what the configd leader publishes for a provider at
+// Keys.Shares(name): each live instance's quota, in force from the window
+// starting at EffectiveFrom. The sum of Shares never exceeds Total.
+type Shares struct {
+	Version    int    `json:"version"`
+	Provider   string `json:"provider"`
+	Generation int64  `json:"generation"` // grows by one with every publish, across leaders
+	// EffectiveFrom is the start (Unix nanoseconds, a multiple of Window) of
+	// the first window these shares apply to.
+	EffectiveFrom int64    `json:"effective_from"`
+	Window        Duration `json:"window"`
+	Total         int64    `json:"total"`     // the provider's limit these shares split
+	Instances     int      `json:"instances"` // live instances counted; equals len(Shares)
+	// Shares maps instance ID to permits per window.
+	Shares map[string]int64 `json:"shares"`
+	// ConfigRevision is the etcd ModRevision of the ProviderConfig used.
+	ConfigRevision int64     `json:"config_revision"`
+	Published      time.Time `json:"published"`
+	Leader         string    `json:"leader,omitempty"` // the configd replica that published
+}
+
+// EffectiveTime returns EffectiveFrom as a time.Time.
+func (s Shares) EffectiveTime() time.Time { return time.Unix(0, s.EffectiveFrom) }
+
+// Validate checks the record, including that the shares add up to at most
+// Total.
+func (s Shares) Validate() error {
+	if err := validateVersion(s.Version); err != nil {
+		return err
+	}
+	if err := ValidateName(s.Provider); err != nil {
+		return &ValidationError{Field: "provider", Value: err.(*ValidationError).Value, Err: ErrInvalidName}
+	}
+	if s.Generation < 1 {
+		return invalid("generation", s.Generation, ErrInvalidField)
+	}
+	if err := ValidateWindow(s.Window.D()); err != nil {
+		return err
+	}
+	if s.EffectiveFrom < 0 || s.EffectiveFrom%int64(s.Window) != 0 {
+		return invalid("effective_from", s.EffectiveFrom, fmt.Errorf("%w: effective_from must be a window start (a multiple of the window)", ErrInvalidShares))
+	}
+	if s.Total < 0 || s.Total > MaxLimit {
+		return invalid("total", s.Total, ErrInvalidLimit)
+	}
+	if s.Instances != len(s.Shares) {
+		return invalid("instances", s.Instances, fmt.Errorf("%w: instances must equal the number of shares (%d)", ErrInvalidShares, len(s.Shares)))
+	}
+	var sum int64
+	for _, id := range sortedKeys(s.Shares) {
+		if err := ValidateInstanceID(id); err != nil {
+			return err
+		}
+		v := s.Shares[id]
+		if v < 0 || v > MaxLimit {
+			return invalid("shares", v, fmt.Errorf("%w: share of %q must be from 0 to the total", ErrInvalidShares, id))
+		}
+		sum += v
+	}
+	if sum > s.Total {
+		return invalid("shares", sum, fmt.Errorf("%w: shares must add up to at most the total %d", ErrInvalidShares, s.Total))
+	}
+	if s.ConfigRevision < 0 {
+		return invalid("config_revision", s.ConfigRevision, ErrInvalidField)
+	}
+	return nil
+}
+
+// HistoryEntry is one audit record of a config change, stored at
+// Keys.HistoryEntry(name, seq) in the same etcd transaction as the change.
+type HistoryEntry struct {
+	Version  int             `json:"version"`
+	Provider string          `json:"provider"`
+	Who      string          `json:"who"`  // who asked for the change (user@host, or the API's caller)
+	When     time.Time       `json:"when"` // when configd made it
+	Old      *ProviderConfig `json:"old"`  // nil: the provider was created
+	New      *ProviderConfig `json:"new"`  // nil: the provider was deleted
+	// Revision is the etcd revision of the change. It is not stored (the
+	// record's ModRevision is it); readers fill it in.
+	Revision int64 `json:"revision,omitempty"`
+}
+
+// Validate checks the record.
+func (h HistoryEntry) Validate() error {
+	if err := validateVersion(h.Version); err != nil {
+		return err
+	}
+	if err := ValidateName(h.Provider); err != nil {
+		return err
+	}
+	if len(h.Who) > 256 {
+		return invalid("who", h.Who, ErrInvalidField)
+	}
+	if h.Old == nil && h.New == nil {
+		return invalid("new", nil, fmt.Errorf("%w: old and new cannot both be empty", ErrInvalidField))
+	}
+	for _, c := range []*ProviderConfig{h.Old, h.New} {
+		if c == nil {
+			continue
+		}
+		if err := c.Validate(); err != nil {
+			return err
+		}
+		if c.Name != h.Provider {
+			return invalid("name", c.Name, fmt.Errorf("%w: config name must equal the provider %q", ErrInvalidField, h.Provider))
+		}
+	}
+	if h.Revision < 0 {
+		return invalid("revision", h.Revision, ErrInvalidField)
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]int64) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// ParseLimit parses a limit as an operator types it ("300000"), with the
+// same rules and messages as Validate: "1.5", "-3", "abc" and 10^13 are all
+// a *ValidationError wrapping ErrInvalidLimit.
+func ParseLimit(s string) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		return 0, invalid("limit", s, ErrInvalidLimit)
+	}
+	if err := ValidateLimit(n); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// ParseWindow parses a window length such as "1s" or "100ms" and validates
+// it like Validate does.
+func ParseWindow(s string) (time.Duration, error) {
+	w, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return 0, invalid("window", s, ErrInvalidWindow)
+	}
+	if err := ValidateWindow(w); err != nil {
+		return 0, err
+	}
+	return w, nil
+}

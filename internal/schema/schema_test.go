@@ -1,0 +1,389 @@
+package schema
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestKeysLayout(t *testing.T) {
+	k := DefaultKeys()
+	cases := []struct {
+		got, want string
+	}{
+		{k.Prefix(), "/sluice/"},
+		{k.Providers(), "/sluice/providers/"},
+		{k.Provider("pay"), "/sluice/providers/pay/"},
+		{k.Config("pay"), "/sluice/providers/pay/config"},
+		{k.Shares("pay"), "/sluice/providers/pay/shares"},
+		{k.Instances("pay"), "/sluice/providers/pay/instances/"},
+		{k.Instance("pay", "host-1:42"), "/sluice/providers/pay/instances/host-1:42"},
+		{k.History("pay"), "/sluice/providers/pay/history/"},
+		{k.HistoryEntry("pay", 7), "/sluice/providers/pay/history/00000000000000000007"},
+		{k.Election(), "/sluice/configd/leader"},
+		{Keys{}.Config("x"), "/sluice/providers/x/config"},
+	}
+	for _, c := range cases {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+	other, err := NewKeys("/team-a/rl/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := other.Instance("p", "i"); got != "/team-a/rl/providers/p/instances/i" {
+		t.Errorf("custom prefix: got %q", got)
+	}
+}
+
+func TestKeysParse(t *testing.T) {
+	k := DefaultKeys()
+	good := map[string]Key{
+		k.Config("a.b-c_d"):          {Kind: KindConfig, Provider: "a.b-c_d"},
+		k.Shares("p"):                {Kind: KindShares, Provider: "p"},
+		k.Instance("p", "Host-1:99"): {Kind: KindInstance, Provider: "p", Instance: "Host-1:99"},
+		k.HistoryEntry("p", 12345):   {Kind: KindHistory, Provider: "p", Seq: 12345},
+	}
+	for key, want := range good {
+		got, err := k.Parse(key)
+		if err != nil || got != want {
+			t.Errorf("Parse(%q) = %+v, %v; want %+v", key, got, err, want)
+		}
+	}
+	for _, key := range []string{
+		"", "/sluice/", "/sluice/providers/", "/sluice/providers/p", "/sluice/providers/p/",
+		"/sluice/providers/P/config", "/sluice/providers/p/other", "/sluice/providers/p/instances/",
+		"/sluice/providers/p/instances/a/b", "/sluice/providers/p/history/x", "/other/providers/p/config",
+		"/sluice/providers/p/config/x", "/sluice/configd/leader/abc",
+	} {
+		got, err := k.Parse(key)
+		if !errors.Is(err, ErrInvalidKey) || !errors.Is(err, ErrInvalid) || got.Kind != KindUnknown {
+			t.Errorf("Parse(%q) = %+v, %v; want ErrInvalidKey", key, got, err)
+		}
+	}
+}
+
+func TestNewKeysPrefix(t *testing.T) {
+	for _, p := range []string{"/", "sluice/", "/sluice", "//", "/a//b/", "x"} {
+		if _, err := NewKeys(p); !errors.Is(err, ErrInvalidPrefix) {
+			t.Errorf("NewKeys(%q) err = %v, want ErrInvalidPrefix", p, err)
+		}
+	}
+	k, err := NewKeys("")
+	if err != nil || k.Prefix() != DefaultPrefix {
+		t.Errorf("NewKeys(\"\") = %q, %v", k.Prefix(), err)
+	}
+}
+
+func validConfig() ProviderConfig {
+	return ProviderConfig{Name: "payments", Limit: 1000}.WithDefaults()
+}
+
+func TestProviderConfigValidate(t *testing.T) {
+	cases := []struct {
+		name   string
+		modify func(*ProviderConfig)
+		want   error // nil: valid
+	}{
+		{"defaults", func(*ProviderConfig) {}, nil},
+		{"name with dots", func(c *ProviderConfig) { c.Name = "a.b_c-9" }, nil},
+		{"name 128 chars", func(c *ProviderConfig) { c.Name = strings.Repeat("a", 128) }, nil},
+		{"name 129 chars", func(c *ProviderConfig) { c.Name = strings.Repeat("a", 129) }, ErrInvalidName},
+		{"name empty", func(c *ProviderConfig) { c.Name = "" }, ErrInvalidName},
+		{"name upper", func(c *ProviderConfig) { c.Name = "Pay" }, ErrInvalidName},
+		{"name slash", func(c *ProviderConfig) { c.Name = "a/b" }, ErrInvalidName},
+		{"name leading dash", func(c *ProviderConfig) { c.Name = "-a" }, ErrInvalidName},
+		{"name leading dot", func(c *ProviderConfig) { c.Name = ".." }, ErrInvalidName},
+		{"name space", func(c *ProviderConfig) { c.Name = "a b" }, ErrInvalidName},
+		{"name unicode", func(c *ProviderConfig) { c.Name = "zahlungé" }, ErrInvalidName},
+		{"limit 1", func(c *ProviderConfig) { c.Limit = 1 }, nil},
+		{"limit max", func(c *ProviderConfig) { c.Limit = MaxLimit }, nil},
+		{"limit 0", func(c *ProviderConfig) { c.Limit = 0 }, ErrInvalidLimit},
+		{"limit negative", func(c *ProviderConfig) { c.Limit = -3 }, ErrInvalidLimit},
+		{"limit absurd", func(c *ProviderConfig) { c.Limit = MaxLimit + 1 }, ErrInvalidLimit},
+		{"window 10ms", func(c *ProviderConfig) { c.Window = Duration(10 * time.Millisecond) }, nil},
+		{"window 1h", func(c *ProviderConfig) { c.Window = Duration(time.Hour) }, nil},
+		{"window 9ms", func(c *ProviderConfig) { c.Window = Duration(9 * time.Millisecond) }, ErrInvalidWindow},
+		{"window 2h", func(c *ProviderConfig) { c.Window = Duration(2 * time.Hour) }, ErrInvalidWindow},
+		{"window 7s does not divide 24h", func(c *ProviderConfig) { c.Window = Duration(7 * time.Second) }, ErrInvalidWindow},
+		{"window 0", func(c *ProviderConfig) { c.Window = 0 }, ErrInvalidWindow},
+		{"window negative", func(c *ProviderConfig) { c.Window = Duration(-time.Second) }, ErrInvalidWindow},
+		{"mode shadow", func(c *ProviderConfig) { c.Mode = ModeShadow }, nil},
+		{"mode bad", func(c *ProviderConfig) { c.Mode = "off" }, ErrInvalidMode},
+		{"algorithm fair", func(c *ProviderConfig) { c.Algorithm = AlgorithmFair }, nil},
+		{"algorithm bad", func(c *ProviderConfig) { c.Algorithm = "random" }, ErrInvalidAlgorithm},
+		{"floor over limit", func(c *ProviderConfig) { c.Floor = c.Limit + 1 }, ErrInvalidFloor},
+		{"floor negative", func(c *ProviderConfig) { c.Floor = -1 }, ErrInvalidFloor},
+		{"max clock offset 2h", func(c *ProviderConfig) { c.MaxClockOffset = Duration(2 * time.Hour) }, ErrInvalidClockOffset},
+		{"version 2", func(c *ProviderConfig) { c.Version = 2 }, ErrInvalidVersion},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validConfig()
+			tc.modify(&c)
+			err := c.Validate()
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Validate() = %v, want %v", err, tc.want)
+			}
+			var ve *ValidationError
+			if !errors.As(err, &ve) || ve.Field == "" {
+				t.Fatalf("Validate() = %#v, want a *ValidationError naming the field", err)
+			}
+		})
+	}
+}
+
+func TestValidationErrorMessage(t *testing.T) {
+	err := ValidateLimit(-3)
+	if got, want := err.Error(), "limit must be a positive integer up to 1000000000000, got -3"; got != want {
+		t.Errorf("message = %q, want %q", got, want)
+	}
+	err = ValidateWindow(7 * time.Second)
+	if got := err.Error(); !strings.Contains(got, "divides 24h") || !strings.HasSuffix(got, "got 7s") {
+		t.Errorf("window message = %q", got)
+	}
+}
+
+// TestDecodeProviderConfigInput covers every bad body an operator can send.
+func TestDecodeProviderConfigInput(t *testing.T) {
+	cases := []struct {
+		body    string
+		want    error  // nil: valid
+		message string // substring of the error
+	}{
+		{`{"limit":100}`, nil, ""},
+		{`{"name":"payments","limit":100,"window":"100ms","mode":"shadow","algorithm":"fair","pacing":true}`, nil, ""},
+		{`{"limit":1.5}`, ErrInvalidLimit, "got 1.5"},
+		{`{"limit":"100"}`, ErrInvalidLimit, "got a JSON string"},
+		{`{"limit":-3}`, ErrInvalidLimit, "got -3"},
+		{`{"limit":0}`, ErrInvalidLimit, "got 0"},
+		{`{}`, ErrInvalidLimit, "got 0"},
+		{`{"limit":1000000000001}`, ErrInvalidLimit, "got 1000000000001"},
+		{`{"limit":99999999999999999999999}`, ErrInvalidLimit, "got 99999999999999999999999"},
+		{`{"limit":1e3}`, ErrInvalidLimit, "got 1e3"},
+		{`{"limit":100,"window":1000000000}`, ErrInvalidWindow, "got 1000000000"},
+		{`{"limit":100,"window":"7s"}`, ErrInvalidWindow, "got 7s"},
+		{`{"limit":100,"window":"soon"}`, ErrInvalidWindow, `got "soon"`},
+		{`{"limit":100,"window":"5ms"}`, ErrInvalidWindow, "got 5ms"},
+		{`{"limit":100,"mode":"loud"}`, ErrInvalidMode, `got "loud"`},
+		{`{"limit":100,"algorithm":"magic"}`, ErrInvalidAlgorithm, `got "magic"`},
+		{`{"limit":100,"burst":5}`, ErrUnknownField, `"burst"`},
+		{`{"limit":100,"Limit":5}`, nil, ""}, // encoding/json matches field names case-insensitively
+		{`{"name":"other","limit":100}`, ErrInvalidName, `"other"`},
+		{`{"limit":100,"version":2}`, ErrInvalidVersion, "got 2"},
+		{`{"limit":100} {}`, ErrMalformed, "after the JSON object"},
+		{`{"limit":`, ErrMalformed, "truncated"},
+		{`[1,2]`, ErrMalformed, ""},
+		{``, ErrMalformed, "empty"},
+		{`{"limit":100,"pacing":"yes"}`, ErrMalformed, "pacing must be of type boolean"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.body, func(t *testing.T) {
+			c, err := DecodeProviderConfigInput([]byte(tc.body), "payments")
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("err = %v", err)
+				}
+				if c.Name != "payments" || c.Version != Version {
+					t.Fatalf("config = %+v", c)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.message) {
+				t.Fatalf("err = %q, want it to contain %q", err, tc.message)
+			}
+		})
+	}
+}
+
+func TestDecodeTooLarge(t *testing.T) {
+	big := `{"limit":100,"name":"` + strings.Repeat("a", 2<<20) + `"}`
+	if _, err := DecodeProviderConfigInput([]byte(big), ""); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("2 MiB body: err = %v, want ErrTooLarge", err)
+	}
+	if _, err := ReadBody(strings.NewReader(big)); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("ReadBody(2 MiB): err = %v, want ErrTooLarge", err)
+	}
+	exact := bytes.Repeat([]byte(" "), MaxRecordSize)
+	if b, err := ReadBody(bytes.NewReader(exact)); err != nil || len(b) != MaxRecordSize {
+		t.Errorf("ReadBody(1 MiB) = %d bytes, %v", len(b), err)
+	}
+}
+
+func validShares() Shares {
+	return Shares{
+		Provider: "p", Generation: 3, EffectiveFrom: int64(1000 * time.Second), Window: Duration(time.Second),
+		Total: 10, Instances: 3, Shares: map[string]int64{"a": 4, "b": 3, "c": 3}, ConfigRevision: 5,
+		Published: time.Unix(1000, 0).UTC(),
+	}
+}
+
+func TestSharesValidate(t *testing.T) {
+	cases := []struct {
+		name   string
+		modify func(*Shares)
+		want   error
+	}{
+		{"valid", func(*Shares) {}, nil},
+		{"less than total", func(s *Shares) { s.Shares["a"] = 0 }, nil},
+		{"no instances", func(s *Shares) { s.Shares = map[string]int64{}; s.Instances = 0 }, nil},
+		{"over total", func(s *Shares) { s.Shares["a"] = 5 }, ErrInvalidShares},
+		{"negative share", func(s *Shares) { s.Shares["a"] = -1 }, ErrInvalidShares},
+		{"count mismatch", func(s *Shares) { s.Instances = 2 }, ErrInvalidShares},
+		{"not a boundary", func(s *Shares) { s.EffectiveFrom += 1 }, ErrInvalidShares},
+		{"generation 0", func(s *Shares) { s.Generation = 0 }, ErrInvalidField},
+		{"bad id", func(s *Shares) { delete(s.Shares, "c"); s.Shares["c/d"] = 1 }, ErrInvalidInstanceID},
+		{"bad provider", func(s *Shares) { s.Provider = "P" }, ErrInvalidName},
+		{"bad window", func(s *Shares) { s.Window = Duration(7 * time.Second); s.EffectiveFrom = 0 }, ErrInvalidWindow},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := validShares()
+			tc.modify(&s)
+			err := s.Validate()
+			if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+				t.Fatalf("Validate() = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestInstanceRecordValidate(t *testing.T) {
+	ok := InstanceRecord{ID: "host-1:4242", Host: "host-1", PID: 4242, Started: time.Unix(1, 0), Demand: 10}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := []func(*InstanceRecord){
+		func(r *InstanceRecord) { r.ID = "" },
+		func(r *InstanceRecord) { r.ID = "a/b" },
+		func(r *InstanceRecord) { r.PID = -1 },
+		func(r *InstanceRecord) { r.Demand = -1 },
+		func(r *InstanceRecord) { r.Admitted = -1 },
+		func(r *InstanceRecord) { r.AppliedGeneration = -1 },
+		func(r *InstanceRecord) { r.ClockOffset = Duration(2 * time.Hour) },
+		func(r *InstanceRecord) { r.Host = strings.Repeat("h", 256) },
+	}
+	for i, m := range bad {
+		r := ok
+		m(&r)
+		if err := r.Validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("case %d: Validate() = %v, want an error", i, err)
+		}
+	}
+}
+
+func TestHistoryEntryValidate(t *testing.T) {
+	c := validConfig()
+	h := HistoryEntry{Provider: "payments", Who: "ops@host", When: time.Unix(5, 0), New: &c}
+	if err := h.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h2 := h
+	h2.New = nil
+	if err := h2.Validate(); !errors.Is(err, ErrInvalid) {
+		t.Errorf("empty old and new: %v", err)
+	}
+	other := c
+	other.Name = "other"
+	h3 := h
+	h3.Old = &other
+	if err := h3.Validate(); !errors.Is(err, ErrInvalid) {
+		t.Errorf("old names another provider: %v", err)
+	}
+}
+
+// TestRoundTrip encodes each record and decodes it back.
+func TestRoundTrip(t *testing.T) {
+	c := validConfig()
+	c.Floor, c.MaxClockOffset, c.Pacing = 5, Duration(50*time.Millisecond), true
+	b, err := Encode(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte(`"window":"1s"`)) || !bytes.Contains(b, []byte(`"version":1`)) {
+		t.Errorf("encoding = %s", b)
+	}
+	c2, err := DecodeProviderConfig(b)
+	if err != nil || c2 != c {
+		t.Errorf("config round trip: %+v, %v; want %+v", c2, err, c)
+	}
+
+	s := validShares()
+	b, err = Encode(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := DecodeShares(b)
+	if err != nil || s2.Generation != s.Generation || len(s2.Shares) != 3 || s2.Shares["a"] != 4 || !s2.Published.Equal(s.Published) {
+		t.Errorf("shares round trip: %+v, %v", s2, err)
+	}
+	if _, err := Encode(Shares{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Encode(invalid shares) = %v", err)
+	}
+
+	r := InstanceRecord{ID: "i-1", Host: "h", PID: 1, Started: time.Unix(10, 0).UTC(), ClockOffset: Duration(-3 * time.Millisecond), ClockKnown: true}
+	b, err = Encode(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := DecodeInstanceRecord(b)
+	r.Version = Version
+	if err != nil || r2 != r {
+		t.Errorf("instance round trip: %+v, %v", r2, err)
+	}
+
+	h := HistoryEntry{Provider: "payments", Who: "me", When: time.Unix(3, 0).UTC(), Old: &c, New: &c2}
+	b, err = Encode(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := DecodeHistoryEntry(b)
+	if err != nil || *h2.Old != c || *h2.New != c2 || h2.Who != "me" {
+		t.Errorf("history round trip: %+v, %v", h2, err)
+	}
+}
+
+func TestDecodeStoredRecordRejectsNewerVersion(t *testing.T) {
+	if _, err := DecodeProviderConfig([]byte(`{"version":2,"name":"p","limit":1,"window":"1s","mode":"enforce","algorithm":"even"}`)); !errors.Is(err, ErrInvalidVersion) {
+		t.Errorf("version 2: %v", err)
+	}
+	// A stored config gets no defaults: a record written by hand without a
+	// window is malformed, not silently "1s".
+	if _, err := DecodeProviderConfig([]byte(`{"name":"p","limit":1}`)); !errors.Is(err, ErrInvalidWindow) {
+		t.Errorf("no window: %v", err)
+	}
+}
+
+func TestParseLimitAndWindow(t *testing.T) {
+	for _, s := range []string{"1.5", "-3", "0", "abc", "", "10000000000000", "1e3"} {
+		if _, err := ParseLimit(s); !errors.Is(err, ErrInvalidLimit) {
+			t.Errorf("ParseLimit(%q) = %v", s, err)
+		}
+	}
+	if n, err := ParseLimit("300000"); n != 300000 || err != nil {
+		t.Errorf("ParseLimit(300000) = %d, %v", n, err)
+	}
+	if _, err := ParseLimit("1.5"); err == nil || err.Error() != `limit must be a positive integer up to 1000000000000, got "1.5"` {
+		t.Errorf("message: %v", err)
+	}
+	for _, s := range []string{"7s", "5ms", "2h", "soon", "", "-1s"} {
+		if _, err := ParseWindow(s); !errors.Is(err, ErrInvalidWindow) {
+			t.Errorf("ParseWindow(%q) = %v", s, err)
+		}
+	}
+	if w, err := ParseWindow("250ms"); w != 250*time.Millisecond || err != nil {
+		t.Errorf("ParseWindow(250ms) = %v, %v", w, err)
+	}
+}
