@@ -1,0 +1,282 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+const childEnv = "SLUICE_CLUSTER_CHILD" // endpoint|provider|id: run a member until killed
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		runChild(spec)
+		return
+	}
+	goleak.VerifyTestMain(m, etcdtest.IgnoreLeaks()...)
+}
+
+// runChild is a member in its own process, for crash tests.
+func runChild(spec string) {
+	parts := strings.Split(spec, "|")
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{parts[0]}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	m, err := Join(context.Background(), cli, parts[1], WithID(parts[2]), WithLeaseTTL(time.Second))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println("joined", m.ID())
+	select {} // until SIGKILL
+}
+
+var keys = schema.DefaultKeys()
+
+func putConfig(t *testing.T, cli *clientv3.Client, c schema.ProviderConfig) {
+	t.Helper()
+	c.Version = 1
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, keys.Config(c.Name), mustEncode(t, c))
+}
+
+func mustEncode(t *testing.T, v any) string {
+	t.Helper()
+	b, err := schema.Encode(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func put(t *testing.T, cli *clientv3.Client, k, v string, opts ...clientv3.OpOption) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, k, v, opts...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFor polls cond until it holds: Member offers no event for tests to
+// await, and etcd propagation has no fixed bound on a shared machine.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func join(t *testing.T, cli *clientv3.Client, provider, id string, opts ...Option) *Member {
+	t.Helper()
+	opts = append([]Option{WithID(id), WithLeaseTTL(time.Second), WithReportInterval(50 * time.Millisecond), WithChangeMargin(10 * time.Millisecond)}, opts...)
+	m, err := Join(context.Background(), cli, provider, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// enforcing waits until m's limiter enforces quota q in its current window.
+func enforcing(t *testing.T, m *Member, q int64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%s enforcing %d", m.ID(), q), func() bool {
+		return m.Status().Share == q && m.Limiter().Stats().Quota == q
+	})
+}
+
+func TestEvenSplitFollowsMembership(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(100 * time.Millisecond)})
+	a := join(t, cli, "api", "a")
+	b := join(t, cli, "api", "b")
+	c := join(t, cli, "api", "c")
+	for _, m := range []*Member{a, b, c} {
+		enforcing(t, m, 30)
+		if st := m.Status(); st.Source != "even" || !st.Connected || st.Instances != 3 {
+			t.Errorf("%s status %+v", m.ID(), st)
+		}
+	}
+	c.Close() // revokes its lease: the others grow without waiting for a TTL
+	enforcing(t, a, 45)
+	enforcing(t, b, 45)
+
+	// A retune reaches both without restart.
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 200, Window: schema.Duration(100 * time.Millisecond)})
+	enforcing(t, a, 100)
+	enforcing(t, b, 100)
+}
+
+func TestPublishedSharesWinAndAreAcknowledged(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	w := 100 * time.Millisecond
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w)})
+	// A configd leader, as concurrency.Election leaves it.
+	ctx := context.Background()
+	lease, err := cli.Grant(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	a := join(t, cli, "api", "a")
+	b := join(t, cli, "api", "b")
+	// Published shares not naming them yet: a joining instance has nothing.
+	for _, m := range []*Member{a, b} {
+		enforcing(t, m, 0)
+	}
+	from := (time.Now().UnixNano()/int64(w) + 2) * int64(w)
+	put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+		Version: 1, Provider: "api", Generation: 7, EffectiveFrom: from, Window: schema.Duration(w),
+		Total: 90, Instances: 2, Shares: map[string]int64{"a": 60, "b": 30},
+	}))
+	enforcing(t, a, 60)
+	enforcing(t, b, 30)
+	// Both acknowledged generation 7 in their records.
+	waitFor(t, "acknowledgements", func() bool {
+		resp, err := cli.Get(ctx, keys.Instances("api"), clientv3.WithPrefix())
+		if err != nil {
+			return false
+		}
+		acked := 0
+		for _, kv := range resp.Kvs {
+			r, err := schema.DecodeInstanceRecord(kv.Value)
+			if err == nil && r.AppliedGeneration == 7 {
+				acked++
+			}
+		}
+		return acked == 2
+	})
+	// The leader dies: the instances fall back to the even split.
+	if _, err := cli.Revoke(ctx, lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	enforcing(t, a, 45)
+	enforcing(t, b, 45)
+}
+
+func TestFailStaticThenRegisterAgain(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(100 * time.Millisecond)})
+	a := join(t, cli, "api", "a")
+	enforcing(t, a, 40)
+
+	srv.Stop()
+	waitFor(t, "disconnected", func() bool { return !a.Status().Connected })
+	if st := a.Status(); st.Share != 40 || st.LastError == "" {
+		t.Fatalf("during the outage: %+v, want share 40 kept and an error", st)
+	}
+	// Still admitting at the last share while etcd is gone.
+	admitted := 0
+	for a.Limiter().TryAcquire() {
+		admitted++
+	}
+	if admitted == 0 || admitted > 40 {
+		t.Fatalf("admitted %d in a window during the outage, want 1..40", admitted)
+	}
+
+	srv.Restart()
+	waitFor(t, "reconnected", func() bool { return a.Status().Connected })
+	waitFor(t, "registered again", func() bool {
+		resp, err := cli.Get(context.Background(), keys.Instance("api", "a"))
+		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0
+	})
+}
+
+func TestColdStartWithoutEtcd(t *testing.T) {
+	// Nothing listens on this port.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: 100 * time.Millisecond, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	closed := join(t, cli, "api", "cold", WithColdStartTimeout(200*time.Millisecond))
+	if closed.Limiter().TryAcquire() {
+		t.Error("admitted at a cold start without etcd and without a fallback (want fail-closed)")
+	}
+	if st := closed.Status(); st.Connected || st.Source != "fallback" {
+		t.Errorf("status %+v", st)
+	}
+	open := join(t, cli, "api", "cold2", WithColdStartTimeout(200*time.Millisecond), WithFallback(5, time.Hour))
+	n := 0
+	for open.Limiter().TryAcquire() {
+		n++
+	}
+	if n != 5 {
+		t.Errorf("fallback quota 5 admitted %d", n)
+	}
+}
+
+func TestMalformedRecordsKeepTheLastGoodValue(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(100 * time.Millisecond)})
+	a := join(t, cli, "api", "a")
+	enforcing(t, a, 40)
+	for _, bad := range []string{`{"version":1,"name":"api","limit":-3,"window":"1s"}`, `not json`, `{"version":1,"name":"api","limit":5,"window":"1s","extra":1}`} {
+		put(t, cli, keys.Config("api"), bad)
+		waitFor(t, "problem reported", func() bool { return len(a.Status().Problems) == 1 })
+		if st := a.Status(); st.Share != 40 {
+			t.Fatalf("after %q: share %d, want 40 kept", bad, st.Share)
+		}
+	}
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 20, Window: schema.Duration(100 * time.Millisecond)})
+	enforcing(t, a, 20)
+	if p := a.Status().Problems; len(p) != 0 {
+		t.Errorf("problems after repair: %v", p)
+	}
+}
+
+// TestKilledInstanceShareGoesBack runs one member in a separate process,
+// kills it with SIGKILL, and measures how long its share takes to reach
+// the survivors (the lease TTL, 1s here, plus propagation).
+func TestKilledInstanceShareGoesBack(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(100 * time.Millisecond)})
+	a := join(t, cli, "api", "a")
+	b := join(t, cli, "api", "b")
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+srv.Endpoints()[0]+"|api|child")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	enforcing(t, a, 30)
+	enforcing(t, b, 30)
+
+	killed := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	enforcing(t, a, 45)
+	enforcing(t, b, 45)
+	t.Logf("SIGKILLed instance's share reached the others %v after the kill (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
+}

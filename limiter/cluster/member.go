@@ -1,0 +1,196 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter"
+)
+
+// ErrClosed is returned by calls on a Member after Close.
+var ErrClosed = errors.New("cluster: member closed")
+
+// Member is one instance's membership of a provider: it holds an etcd lease
+// under the provider, keeps the limiter's quota equal to the share in force
+// for it, and reports its demand, admissions and clock offset.
+//
+// One goroutine owns all of a Member's state; Close stops it, revokes the
+// lease so the other instances learn at once that this one left, and
+// closes the limiter.
+type Member struct {
+	cli      *clientv3.Client
+	provider string
+	id       string
+	keys     schema.Keys
+	cfg      options
+	lim      *limiter.Limiter
+	log      *slog.Logger
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	ready  chan struct{} // closed after the first successful load
+	once   sync.Once
+
+	mu     sync.Mutex
+	status Status
+}
+
+// Status is a snapshot of what a Member knows and applies.
+type Status struct {
+	// Connected is true while the Member has a live lease and an
+	// up-to-date view of the provider; false while etcd is unreachable,
+	// when the Member keeps its last share (fail-static).
+	Connected bool
+	// Source says where the quota in force comes from: "fallback" (cold
+	// start without etcd, or no provider config yet), "even" (total / live
+	// instances, no configd alive), "shares" (published by configd).
+	Source string
+	// Share is the quota applied, in permits per window; Window its window.
+	Share  int64
+	Window time.Duration
+	// Total is the provider's limit and Instances the live instances seen.
+	Total     int64
+	Instances int
+	// Generation is the shares generation applied (0 if none).
+	Generation int64
+	// Demand is the smoothed permits per window this instance asked for.
+	Demand int64
+	// Problems lists records found malformed in etcd (ignored; the last
+	// good value is kept).
+	Problems []string
+	// LastError is the last etcd error seen, empty when none.
+	LastError string
+}
+
+// Join registers this instance under provider and returns a running Member.
+// It waits for the first view of the provider until ctx ends or the cold
+// start timeout passes (WithColdStartTimeout); if etcd cannot be reached by
+// then, the Member starts on its fallback quota (WithFallbackQuota; 0 by
+// default, so nothing is admitted: fail-closed) and keeps trying in the
+// background. Join returns an error only for invalid arguments or when ctx
+// ends first.
+func Join(ctx context.Context, cli *clientv3.Client, provider string, opts ...Option) (*Member, error) {
+	if cli == nil {
+		return nil, fmt.Errorf("cluster: Join needs an etcd client, got nil")
+	}
+	if err := schema.ValidateName(provider); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		if opt != nil {
+			opt.apply(&o)
+		}
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	keys, err := schema.NewKeys(o.prefix)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	id := o.id
+	if id == "" {
+		id = defaultID()
+	}
+	if err := schema.ValidateInstanceID(id); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	lim, err := limiter.New(o.fallbackQuota, o.fallbackWindow, o.limiterOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	m := &Member{
+		cli:      cli,
+		provider: provider,
+		id:       id,
+		keys:     keys,
+		cfg:      o,
+		lim:      lim,
+		log:      o.logger.With("provider", provider, "instance", id),
+		cancel:   cancel,
+		done:     make(chan struct{}),
+		ready:    make(chan struct{}),
+		status:   Status{Source: "fallback", Share: o.fallbackQuota, Window: o.fallbackWindow},
+	}
+	go m.run(runCtx)
+
+	wait := time.NewTimer(o.coldStart)
+	defer wait.Stop()
+	select {
+	case <-m.ready:
+	case <-wait.C:
+		m.log.Warn("etcd not reachable at start; running on the fallback quota", "quota", o.fallbackQuota)
+	case <-ctx.Done():
+		m.Close()
+		return nil, ctx.Err()
+	}
+	return m, nil
+}
+
+// Limiter returns the limiter this Member keeps at its share. Acquire
+// permits from it; do not set its quota yourself.
+func (m *Member) Limiter() *limiter.Limiter { return m.lim }
+
+// ID returns the instance id this Member registered under.
+func (m *Member) ID() string { return m.id }
+
+// Status returns a snapshot of what the Member knows and applies.
+func (m *Member) Status() Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := m.status
+	st.Problems = append([]string(nil), st.Problems...)
+	return st
+}
+
+// Close leaves the provider: it stops the Member's goroutine, revokes its
+// lease (so the others' shares grow at once) and closes its limiter. It
+// waits at most until ctx ends for the revoke. Close is idempotent.
+func (m *Member) Close() error {
+	m.once.Do(func() {
+		m.cancel()
+		<-m.done
+		m.lim.Close()
+	})
+	return nil
+}
+
+var idUnsafe = regexp.MustCompile(`[^A-Za-z0-9._:-]+`)
+
+// defaultID is host-pid-random, so that restarts never reuse an id whose
+// lease may still be alive.
+func defaultID() string {
+	host, _ := os.Hostname()
+	host = strings.Trim(idUnsafe.ReplaceAllString(host, "-"), "-._:")
+	if host == "" {
+		host = "instance"
+	}
+	var b [3]byte
+	rand.Read(b[:])
+	id := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	if len(id) > 128 {
+		id = id[len(id)-128:]
+		id = strings.TrimLeft(id, "-._:")
+	}
+	return id
+}
+
+func (m *Member) setStatus(f func(*Status)) {
+	m.mu.Lock()
+	f(&m.status)
+	m.mu.Unlock()
+}

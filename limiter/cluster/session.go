@@ -1,0 +1,410 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter"
+)
+
+var errLeaseLost = errors.New("cluster: lease keep-alive ended")
+
+// view is what the Member knows of its provider: the last good record of
+// each kind, the live instances and whether a configd leader is alive.
+// Only the run goroutine touches it.
+type view struct {
+	config    *schema.ProviderConfig
+	shares    *schema.Shares
+	instances map[string]bool
+	leaders   map[string]bool
+	problems  map[string]string // key → why its record was ignored
+}
+
+// applied is what the Member last set on its limiter.
+type applied struct {
+	source string
+	quota  int64
+	window time.Duration
+	gen    int64
+	at     int64
+}
+
+// reporter holds what the last record write said, to write again only on a
+// meaningful change.
+type reporter struct {
+	started   time.Time
+	lastAsked int64
+	lastAt    time.Time
+	demand    float64
+	written   schema.InstanceRecord
+	wroteAt   time.Time
+	haveWrite bool
+}
+
+// run owns the Member's state: it runs sessions with etcd until Close,
+// waiting with capped, jittered backoff between them.
+func (m *Member) run(ctx context.Context) {
+	defer close(m.done)
+	v := &view{instances: map[string]bool{}, leaders: map[string]bool{}, problems: map[string]string{}}
+	var ap applied
+	rep := &reporter{started: time.Now()}
+	backoff := 100 * time.Millisecond
+	connected := false
+	for {
+		start := time.Now()
+		err := m.session(ctx, v, &ap, rep, &connected)
+		if ctx.Err() != nil {
+			return
+		}
+		if connected {
+			connected = false
+			m.log.Warn("etcd unreachable; keeping the last share (fail-static)", "err", err, "share", ap.quota)
+		}
+		m.setStatus(func(s *Status) { s.Connected, s.LastError = false, err.Error() })
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+func (m *Member) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, m.cfg.opTimeout)
+}
+
+// session registers with a fresh lease, loads the provider and follows it
+// until etcd fails or ctx ends; on ctx's end it revokes the lease.
+func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporter, connected *bool) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	octx, ocancel := m.opCtx(sctx)
+	lease, err := m.cli.Grant(octx, int64(math.Ceil(m.cfg.leaseTTL.Seconds())))
+	ocancel()
+	if err != nil {
+		return fmt.Errorf("grant lease: %w", err)
+	}
+	defer func() {
+		// Leave at once rather than after the TTL. Best effort: etcd may be
+		// the reason this session ends.
+		rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
+		m.cli.Revoke(rctx, lease.ID)
+		rcancel()
+	}()
+	rep.haveWrite = false
+	if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
+		return err
+	}
+	ka, err := m.cli.KeepAlive(sctx, lease.ID)
+	if err != nil {
+		return fmt.Errorf("keep lease alive: %w", err)
+	}
+
+	// One transaction, so the four reads share a revision to watch from.
+	octx, ocancel = m.opCtx(sctx)
+	resp, err := m.cli.Txn(octx).Then(
+		clientv3.OpGet(m.keys.Config(m.provider)),
+		clientv3.OpGet(m.keys.Shares(m.provider)),
+		clientv3.OpGet(m.keys.Instances(m.provider), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	).Commit()
+	ocancel()
+	if err != nil {
+		return fmt.Errorf("load provider %s: %w", m.provider, err)
+	}
+	v.config, v.shares = nil, nil
+	clear(v.instances)
+	clear(v.leaders)
+	for i, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			if i == 3 {
+				v.leaders[string(kv.Key)] = true
+				continue
+			}
+			m.observe(v, string(kv.Key), kv.Value, false)
+		}
+	}
+	rev := resp.Header.Revision
+	m.apply(v, ap)
+	if !*connected {
+		*connected = true
+		m.log.Info("connected to etcd", "lease", fmt.Sprintf("%x", lease.ID), "share", ap.quota, "source", ap.source)
+	}
+	m.setStatus(func(s *Status) { s.Connected, s.LastError = true, "" })
+	select {
+	case <-m.ready:
+	default:
+		close(m.ready)
+	}
+
+	wctx := clientv3.WithRequireLeader(sctx)
+	providerEvents := m.cli.Watch(wctx, m.keys.Provider(m.provider), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	leaderEvents := m.cli.Watch(wctx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithKeysOnly())
+	tick := time.NewTicker(m.cfg.report)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case _, ok := <-ka:
+			if !ok {
+				return errLeaseLost
+			}
+		case wr, ok := <-providerEvents:
+			if !ok {
+				return fmt.Errorf("watch provider %s: closed", m.provider)
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("watch provider %s: %w", m.provider, err)
+			}
+			for _, ev := range wr.Events {
+				m.observe(v, string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
+			}
+			if m.apply(v, ap) {
+				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
+					return err
+				}
+			}
+		case wr, ok := <-leaderEvents:
+			if !ok {
+				return errors.New("watch configd leader: closed")
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("watch configd leader: %w", err)
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					delete(v.leaders, string(ev.Kv.Key))
+				} else {
+					v.leaders[string(ev.Kv.Key)] = true
+				}
+			}
+			m.apply(v, ap)
+		case <-tick.C:
+			if err := m.report(sctx, lease.ID, ap, rep, false); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// observe folds one key's value (or deletion) into the view. A record that
+// fails to decode or validate is ignored, logged once and listed in
+// Status.Problems; the last good value stays.
+func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
+	k, err := m.keys.Parse(key)
+	if err != nil || k.Provider != m.provider {
+		return
+	}
+	bad := func(err error) {
+		if v.problems[key] != err.Error() {
+			m.log.Error("ignoring malformed record; keeping the last good value", "key", key, "err", err)
+		}
+		v.problems[key] = err.Error()
+	}
+	good := func() { delete(v.problems, key) }
+	switch k.Kind {
+	case schema.KindConfig:
+		if deleted {
+			v.config = nil
+			good()
+			return
+		}
+		c, err := schema.DecodeProviderConfig(value)
+		if err == nil && c.Name != m.provider {
+			err = fmt.Errorf("config names provider %q", c.Name)
+		}
+		if err != nil {
+			bad(err)
+			return
+		}
+		good()
+		v.config = &c
+	case schema.KindShares:
+		if deleted {
+			v.shares = nil
+			good()
+			return
+		}
+		s, err := schema.DecodeShares(value)
+		if err != nil {
+			bad(err)
+			return
+		}
+		if v.shares != nil && s.Generation < v.shares.Generation {
+			return // an older publish arriving late never undoes a newer one
+		}
+		good()
+		v.shares = &s
+	case schema.KindInstance:
+		if deleted {
+			delete(v.instances, k.Instance)
+		} else {
+			v.instances[k.Instance] = true
+		}
+	}
+	m.setStatus(func(s *Status) {
+		s.Problems = s.Problems[:0]
+		for key, why := range v.problems {
+			s.Problems = append(s.Problems, key+": "+why)
+		}
+		slices.Sort(s.Problems)
+	})
+}
+
+// apply sets the limiter to the share in force and reports whether a new
+// shares generation was applied (which the caller acknowledges at once).
+//
+// With a configd leader alive, the share is the published one (0 for an
+// instance not yet in it, or before the first publish: a joining instance
+// starts with nothing). With no
+// leader, it is total / live instances, from the first window boundary at
+// least the change margin ahead. Without a provider config, the fallback.
+func (m *Member) apply(v *view, ap *applied) bool {
+	lim := m.lim
+	next := applied{source: "fallback", quota: m.cfg.fallbackQuota, window: m.cfg.fallbackWindow}
+	if c := v.config; c != nil {
+		w := c.Window.D()
+		next.window = w
+		switch s := v.shares; {
+		case len(v.leaders) > 0 && s == nil:
+			next.source = "shares" // configd is alive but has not published yet
+		case len(v.leaders) > 0:
+			next.source, next.quota, next.gen, next.at = "shares", s.Shares[m.id], s.Generation, s.EffectiveFrom
+			if sw := s.Window.D(); sw != w {
+				// The window changed and configd has not republished: the
+				// same rate, in the new window, rounded down.
+				next.quota = int64(float64(next.quota) * float64(w) / float64(sw))
+				next.at = 0
+			}
+		default:
+			n := int64(max(1, len(v.instances)))
+			next.source, next.quota = "even", c.Limit/n
+		}
+		lim.SetShadow(c.Mode == schema.ModeShadow)
+		lim.SetPacing(c.Pacing)
+	}
+	if next.source == ap.source && next.quota == ap.quota && next.window == ap.window && next.gen == ap.gen {
+		return false
+	}
+	if next.at == 0 {
+		now := lim.Now().UnixNano() + int64(m.cfg.margin)
+		next.at = now + floorModNeg(now, int64(next.window))
+	}
+	q := min(next.quota, limiter.MaxQuota)
+	if err := lim.SetLimit(q, next.window, time.Unix(0, next.at)); err != nil {
+		if !errors.Is(err, limiter.ErrClosed) {
+			m.log.Error("cannot apply share", "share", q, "window", next.window, "err", err)
+		}
+		return false
+	}
+	newGen := next.gen != ap.gen
+	*ap = next
+	m.log.Info("share applied", "share", q, "window", next.window, "source", next.source,
+		"generation", next.gen, "from", time.Unix(0, next.at).UTC().Format(time.RFC3339Nano))
+	m.setStatus(func(s *Status) {
+		s.Source, s.Share, s.Window, s.Generation = next.source, q, next.window, next.gen
+		s.Instances = len(v.instances)
+		if v.config != nil {
+			s.Total = v.config.Limit
+		}
+	})
+	return newGen && next.gen != 0
+}
+
+// floorModNeg is how far t is from the next multiple of w (0 if it is one).
+func floorModNeg(t, w int64) int64 {
+	r := t % w
+	if r < 0 {
+		r += w
+	}
+	if r == 0 {
+		return 0
+	}
+	return w - r
+}
+
+// report writes the instance record when something changed meaningfully —
+// the applied generation, demand by more than 5% (and one permit), the clock
+// offset by a millisecond — or when it has not been written for ten report
+// intervals; force writes it regardless. Traffic stays flat whatever the
+// request rate: at most one small write per interval.
+func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied, rep *reporter, force bool) error {
+	now := time.Now()
+	st := m.lim.Stats()
+	asked := st.Admitted + st.Rejected + st.TimedOut + st.Canceled
+	if !rep.lastAt.IsZero() {
+		elapsed := now.Sub(rep.lastAt)
+		w := ap.window
+		if w <= 0 {
+			w = m.cfg.fallbackWindow
+		}
+		if elapsed > 0 {
+			perWindow := float64(asked-rep.lastAsked) * float64(w) / float64(elapsed)
+			// Smoothed, with the queue that waits added, so a backlog
+			// weighs even when admissions are capped at the share.
+			rep.demand = 0.5*rep.demand + 0.5*perWindow
+		}
+	}
+	rep.lastAsked, rep.lastAt = asked, now
+	demand := int64(math.Round(rep.demand)) + st.WaitingPermits
+	m.setStatus(func(s *Status) { s.Demand = demand })
+
+	host, _ := os.Hostname()
+	rec := schema.InstanceRecord{
+		Version:           1,
+		ID:                m.id,
+		Host:              host,
+		PID:               os.Getpid(),
+		Started:           rep.started.UTC(),
+		Updated:           now.UTC(),
+		Demand:            demand,
+		Admitted:          st.Admitted,
+		ClockOffset:       schema.Duration(m.lim.ClockOffset()),
+		AppliedGeneration: ap.gen,
+	}
+	if !force && rep.haveWrite && !meaningful(rep.written, rec) && now.Sub(rep.wroteAt) < 10*m.cfg.report {
+		return nil
+	}
+	b, err := schema.Encode(rec)
+	if err != nil {
+		return fmt.Errorf("encode instance record: %w", err)
+	}
+	octx, cancel := m.opCtx(ctx)
+	defer cancel()
+	if _, err := m.cli.Put(octx, m.keys.Instance(m.provider, m.id), string(b), clientv3.WithLease(lease)); err != nil {
+		return fmt.Errorf("write instance record: %w", err)
+	}
+	rep.written, rep.wroteAt, rep.haveWrite = rec, now, true
+	return nil
+}
+
+func meaningful(old, cur schema.InstanceRecord) bool {
+	dd := cur.Demand - old.Demand
+	if dd < 0 {
+		dd = -dd
+	}
+	do := time.Duration(cur.ClockOffset - old.ClockOffset)
+	if do < 0 {
+		do = -do
+	}
+	return cur.AppliedGeneration != old.AppliedGeneration ||
+		(dd > 1 && float64(dd) > 0.05*float64(max(old.Demand, 1))) ||
+		do > time.Millisecond || cur.ClockKnown != old.ClockKnown
+}
