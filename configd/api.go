@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// actorHeader carries who asked for a change (the CLI's --who); the API
+// records it in history together with the caller's address.
+const actorHeader = "X-Sluice-Actor"
+
+// api serves the admin HTTP API over a store. Reads are open; writes need
+// the bearer token when one is configured.
+type api struct {
+	store   *store
+	token   []byte // empty: writes are open
+	log     *slog.Logger
+	metrics *metrics
+	ready   func(ctx context.Context) error // nil error: ready
+	leader  func() bool
+}
+
+// handler returns the API's routes:
+//
+//	GET    /v1/providers                  list
+//	GET    /v1/providers/{name}           get (ETag: the revision)
+//	PUT    /v1/providers/{name}           create or replace (If-Match: revision; If-None-Match: *)
+//	DELETE /v1/providers/{name}           delete (If-Match: revision)
+//	GET    /v1/providers/{name}/instances status: config, shares, instances, malformed records
+//	GET    /v1/providers/{name}/history   history, oldest first
+//	GET    /metrics, /healthz, /readyz
+func (a *api) handler(reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/providers", a.handleList)
+	mux.HandleFunc("GET /v1/providers/{name}", a.handleGet)
+	mux.HandleFunc("PUT /v1/providers/{name}", a.authorized(a.handlePut))
+	mux.HandleFunc("DELETE /v1/providers/{name}", a.authorized(a.handleDelete))
+	mux.HandleFunc("GET /v1/providers/{name}/instances", a.handleStatus)
+	mux.HandleFunc("GET /v1/providers/{name}/history", a.handleHistory)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", a.handleReady)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	return a.instrument(mux)
+}
+
+// requestTimeout bounds each admin request's etcd work, so an unreachable
+// etcd gives a prompt 503 rather than a hung request.
+const requestTimeout = 10 * time.Second
+
+// instrument bounds each request in time and counts requests by route
+// pattern and status.
+func (a *api) instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+		defer cancel()
+		r = r.WithContext(ctx)
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		start := time.Now()
+		next.ServeHTTP(rec, r)
+		route := r.Pattern
+		if route == "" || route == "/" {
+			route = "other"
+		}
+		a.metrics.httpRequests.WithLabelValues(route, strconv.Itoa(rec.status)).Inc()
+		if rec.status >= 400 && rec.status != http.StatusNotFound {
+			a.log.Info("admin request refused", "method", r.Method, "path", r.URL.Path, "status", rec.status,
+				"remote", r.RemoteAddr, "duration", time.Since(start))
+		}
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// authorized wraps a write handler with the bearer-token check: 401 with no
+// token, 403 with a wrong one. The comparison is constant-time (over SHA-256
+// digests, so the length does not leak either) and the token is never
+// logged.
+func (a *api) authorized(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if len(a.token) == 0 {
+			next(w, r)
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || got == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="configd"`)
+			writeError(w, http.StatusUnauthorized, ErrUnauthorized)
+			return
+		}
+		gh, wh := sha256.Sum256([]byte(strings.TrimSpace(got))), sha256.Sum256(a.token)
+		if subtle.ConstantTimeCompare(gh[:], wh[:]) != 1 {
+			writeError(w, http.StatusForbidden, ErrForbidden)
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
+	v, err := a.store.list(r.Context())
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
+	v, err := a.store.get(r.Context(), r.PathValue("name"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(v.Revision, 10)))
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (a *api) handlePut(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := schema.ValidateName(name); err != nil {
+		a.fail(w, err)
+		return
+	}
+	ifRev, err := preconditions(r)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	body, err := schema.ReadBody(http.MaxBytesReader(w, r.Body, schema.MaxRecordSize))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			err = &schema.ValidationError{Field: "body", Value: "more than " + strconv.Itoa(schema.MaxRecordSize) + " bytes", Err: schema.ErrTooLarge}
+		}
+		a.fail(w, err)
+		return
+	}
+	cfg, err := schema.DecodeProviderConfigInput(body, name)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	ch, err := a.store.put(r.Context(), cfg, ifRev, actor(r))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	if ch.Changed {
+		a.log.Info("provider config written", "provider", name, "revision", ch.Revision, "who", actor(r))
+	}
+	writeJSON(w, http.StatusOK, ch)
+}
+
+func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
+	ifRev, err := preconditions(r)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	ch, err := a.store.remove(r.Context(), r.PathValue("name"), ifRev, actor(r))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	a.log.Info("provider deleted", "provider", r.PathValue("name"), "revision", ch.Revision, "who", actor(r))
+	writeJSON(w, http.StatusOK, ch)
+}
+
+func (a *api) handleStatus(w http.ResponseWriter, r *http.Request) {
+	v, err := a.store.status(r.Context(), r.PathValue("name"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (a *api) handleHistory(w http.ResponseWriter, r *http.Request) {
+	v, err := a.store.history(r.Context(), r.PathValue("name"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (a *api) handleReady(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := a.ready(ctx); err != nil {
+		writeError(w, http.StatusServiceUnavailable, fmt.Errorf("not ready: %w", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "leader": a.leader()})
+}
+
+// preconditions turns If-Match / If-None-Match into an expected revision:
+// If-Match: "42" → 42; If-None-Match: * → 0 (create only); neither →
+// anyRevision.
+func preconditions(r *http.Request) (int64, error) {
+	if v := r.Header.Get("If-None-Match"); v != "" {
+		if strings.TrimSpace(v) != "*" {
+			return 0, &schema.ValidationError{Field: "If-None-Match", Value: strconv.Quote(v), Err: errors.New(`If-None-Match supports only "*"`)}
+		}
+		return 0, nil
+	}
+	v := r.Header.Get("If-Match")
+	if v == "" || strings.TrimSpace(v) == "*" {
+		return anyRevision, nil
+	}
+	s := strings.Trim(strings.TrimPrefix(strings.TrimSpace(v), "W/"), `"`)
+	rev, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || rev < 0 {
+		return 0, &schema.ValidationError{Field: "If-Match", Value: strconv.Quote(v), Err: errors.New("If-Match must be a revision such as \"42\" (from GET's ETag)")}
+	}
+	return rev, nil
+}
+
+// actor returns who to record for a write: the X-Sluice-Actor header (made
+// printable, shortened) and the caller's address.
+func actor(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	who := strings.Map(func(c rune) rune {
+		if unicode.IsPrint(c) {
+			return c
+		}
+		return -1
+	}, r.Header.Get(actorHeader))
+	who = truncate(who, 128)
+	if who == "" {
+		return "api@" + host
+	}
+	return who + " via api@" + host
+}
+
+// fail writes err with the status it maps to.
+func (a *api) fail(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, schema.ErrTooLarge):
+		status = http.StatusRequestEntityTooLarge
+	case errors.Is(err, ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, ErrConflict):
+		status = http.StatusConflict
+	case errors.Is(err, ErrMalformedStored):
+		status = http.StatusInternalServerError
+	case errors.Is(err, schema.ErrInvalid):
+		status = http.StatusBadRequest
+	case errors.Is(err, ErrEtcd), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		status = http.StatusServiceUnavailable
+	}
+	if status >= 500 {
+		a.log.Error("admin request failed", "error", err)
+	}
+	writeError(w, status, err)
+}
+
+// errorBody is the JSON of every error answer.
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, errorBody{Error: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // the client may be gone; nothing to do
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+const deleteUsage = `Usage: configd delete NAME [--if-revision R]
+
+Deletes provider NAME's config and published shares; the change is kept in
+history. Running instances keep their last share until they leave.
+--if-revision R deletes only if the provider is still at revision R.
+
+Example:
+  configd delete payments --if-revision 42
+
+Flags:
+`
+
+func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("delete", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	var ifRevision optString
+	fs.Var(&ifRevision, "if-revision", "delete only if the provider is at this revision")
+	pos, err := parseArgs(fs, deleteUsage, args, stdout)
+	if err != nil {
+		return helpOK(err)
+	}
+	name, err := oneName("delete", pos)
+	if err != nil {
+		return err
+	}
+	ifRev := int64(anyRevision)
+	if ifRevision.set {
+		ifRev, err = strconv.ParseInt(ifRevision.val, 10, 64)
+		if err != nil || ifRev < 1 {
+			return usageErrorf("delete: --if-revision must be a revision number >= 1, got %q", ifRevision.val)
+		}
+	}
+	b, closeFn, err := cf.open(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := cf.withTimeout(ctx)
+	defer cancel()
+	ch, err := b.remove(ctx, name, ifRev, cf.who)
+	if err != nil {
+		return err
+	}
+	what := "delete (the stored config was malformed)"
+	if ch.Old != nil {
+		what = describeChange(ch.Old, nil)
+	}
+	fmt.Fprintf(stdout, "%s: %s (revision %d)\n", name, what, ch.Revision)
+	return nil
+}

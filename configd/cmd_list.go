@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+)
+
+const listUsage = `Usage: configd list [--json]
+
+Lists every provider with its limit, window, mode, algorithm, pacing and
+revision, and any malformed config found in etcd.
+
+Flags:
+`
+
+func runList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("list", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseArgs(fs, listUsage, args, stdout)
+	if err != nil {
+		return helpOK(err)
+	}
+	if len(pos) != 0 {
+		return usageErrorf("list: takes no arguments, got %q", pos)
+	}
+	b, closeFn, err := cf.open(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := cf.withTimeout(ctx)
+	defer cancel()
+	v, err := b.list(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, v)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tLIMIT\tWINDOW\tMODE\tALGORITHM\tPACING\tREVISION")
+	for _, p := range v.Providers {
+		c := p.Config
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%t\t%d\n", c.Name, c.Limit, c.Window, c.Mode, c.Algorithm, c.Pacing, p.Revision)
+	}
+	tw.Flush()
+	printMalformed(stdout, v.Malformed)
+	return nil
+}
+
+func printMalformed(w io.Writer, m []malformedView) {
+	if len(m) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nmalformed records (ignored; last good values are kept):\n")
+	for _, r := range m {
+		fmt.Fprintf(w, "  %s (revision %d): %s\n", r.Key, r.Revision, r.Error)
+	}
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+const setUsage = `Usage: configd set NAME --limit N [--window 1s] [--mode enforce|shadow] [--algorithm even|fair]
+                   [--pacing] [--floor N] [--max-clock-offset D] [--if-revision R] [--dry-run]
+
+Creates provider NAME or changes it, and prints the change (old → new). Flags
+not given keep their current values (or defaults for a new provider: window
+1s, mode enforce, algorithm even, no pacing). --limit is required to create.
+
+The write is a transaction on the revision read: if someone else changes the
+provider in between, set fails with a conflict instead of overwriting it.
+--if-revision R makes the write conditional on revision R (from 'configd get';
+0 means "only if it does not exist yet").
+
+Examples:
+  configd set payments --limit 300000
+  configd set payments --limit 250000 --window 100ms --pacing
+  configd set payments --mode shadow --if-revision 42
+
+Flags:
+`
+
+// optString is a string flag that remembers whether it was given.
+type optString struct {
+	val string
+	set bool
+}
+
+func (o *optString) String() string     { return o.val }
+func (o *optString) Set(s string) error { o.val, o.set = s, true; return nil }
+
+func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("set", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	var limit, window, mode, algorithm, floor, maxOffset, ifRevision optString
+	fs.Var(&limit, "limit", "permits per window, all instances together (1..1000000000000)")
+	fs.Var(&window, "window", "window length, 10ms..1h, dividing 24h (default 1s for a new provider)")
+	fs.Var(&mode, "mode", "enforce or shadow")
+	fs.Var(&algorithm, "algorithm", "even or fair")
+	pacing := fs.Bool("pacing", false, "spread each window's permits evenly across it (--pacing=false to turn off)")
+	fs.Var(&floor, "floor", "least share an idle instance keeps under fair (0: allocator default)")
+	fs.Var(&maxOffset, "max-clock-offset", "clock offset beyond which an instance's share is cut (0: instance default)")
+	fs.Var(&ifRevision, "if-revision", "write only if the provider is at this revision (0: only if it does not exist)")
+	dryRun := fs.Bool("dry-run", false, "print the change without making it")
+	pos, err := parseArgs(fs, setUsage, args, stdout)
+	if err != nil {
+		return helpOK(err)
+	}
+	name, err := oneName("set", pos)
+	if err != nil {
+		return err
+	}
+	pacingSet := false
+	fs.Visit(func(f *flag.Flag) { pacingSet = pacingSet || f.Name == "pacing" })
+
+	ifRev := int64(anyRevision)
+	if ifRevision.set {
+		ifRev, err = strconv.ParseInt(ifRevision.val, 10, 64)
+		if err != nil || ifRev < 0 {
+			return usageErrorf("set: --if-revision must be a revision number >= 0, got %q", ifRevision.val)
+		}
+	}
+	b, closeFn, err := cf.open(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := cf.withTimeout(ctx)
+	defer cancel()
+
+	var old *schema.ProviderConfig
+	cfg := schema.ProviderConfig{Name: name}.WithDefaults()
+	cur, err := b.get(ctx, name)
+	switch {
+	case err == nil:
+		old, cfg = &cur.Config, cur.Config
+		if !ifRevision.set {
+			ifRev = cur.Revision // never overwrite a change made after our read
+		}
+	case errors.Is(err, ErrNotFound):
+		if !ifRevision.set {
+			ifRev = 0
+		}
+	case errors.Is(err, ErrMalformedStored):
+		fmt.Fprintf(stderr, "configd: warning: %v; overwriting it\n", err)
+	default:
+		return err
+	}
+	if old == nil && !limit.set {
+		return usageErrorf("set: --limit is required to create provider %q", name)
+	}
+	if limit.set {
+		if cfg.Limit, err = schema.ParseLimit(limit.val); err != nil {
+			return err
+		}
+	}
+	if window.set {
+		w, err := schema.ParseWindow(window.val)
+		if err != nil {
+			return err
+		}
+		cfg.Window = schema.Duration(w)
+	}
+	if mode.set {
+		cfg.Mode = schema.Mode(mode.val)
+	}
+	if algorithm.set {
+		cfg.Algorithm = schema.Algorithm(algorithm.val)
+	}
+	if pacingSet {
+		cfg.Pacing = *pacing
+	}
+	if floor.set {
+		n, err := strconv.ParseInt(floor.val, 10, 64)
+		if err != nil {
+			return &schema.ValidationError{Field: "floor", Value: strconv.Quote(floor.val), Err: schema.ErrInvalidFloor}
+		}
+		cfg.Floor = n
+	}
+	if maxOffset.set {
+		d, err := time.ParseDuration(maxOffset.val)
+		if err != nil {
+			return &schema.ValidationError{Field: "max_clock_offset", Value: strconv.Quote(maxOffset.val), Err: schema.ErrInvalidClockOffset}
+		}
+		cfg.MaxClockOffset = schema.Duration(d)
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if *dryRun {
+		fmt.Fprintf(stdout, "%s: dry run, nothing written: %s\n", name, describeChange(old, &cfg))
+		return nil
+	}
+	ch, err := b.put(ctx, cfg, ifRev, cf.who)
+	if err != nil {
+		return err
+	}
+	if !ch.Changed {
+		fmt.Fprintf(stdout, "%s: unchanged (revision %d)\n", name, ch.Revision)
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s: %s (revision %d)\n", name, describeChange(ch.Old, ch.New), ch.Revision)
+	return nil
+}
+
+// helpOK turns flag.ErrHelp into success.
+func helpOK(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
+// describeChange says what changes from old to new, field by field:
+// "limit 1000 → 2000, window 1s → 500ms", "create limit=1000 window=1s ...",
+// or "delete (was limit=1000 ...)".
+func describeChange(old, new *schema.ProviderConfig) string {
+	switch {
+	case old == nil && new == nil:
+		return "no change"
+	case old == nil:
+		return "create " + summary(*new)
+	case new == nil:
+		return "delete (was " + summary(*old) + ")"
+	}
+	o, n := fields(*old), fields(*new)
+	var parts []string
+	for i := range o {
+		if o[i][1] != n[i][1] {
+			parts = append(parts, fmt.Sprintf("%s %s → %s", o[i][0], o[i][1], n[i][1]))
+		}
+	}
+	if len(parts) == 0 {
+		return "no change"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// fields lists a config's fields as name/value pairs, in display order.
+func fields(c schema.ProviderConfig) [][2]string {
+	return [][2]string{
+		{"limit", strconv.FormatInt(c.Limit, 10)},
+		{"window", c.Window.String()},
+		{"mode", string(c.Mode)},
+		{"algorithm", string(c.Algorithm)},
+		{"pacing", strconv.FormatBool(c.Pacing)},
+		{"floor", strconv.FormatInt(c.Floor, 10)},
+		{"max_clock_offset", c.MaxClockOffset.String()},
+	}
+}
+
+func summary(c schema.ProviderConfig) string {
+	var parts []string
+	for _, f := range fields(c) {
+		parts = append(parts, f[0]+"="+f[1])
+	}
+	return strings.Join(parts, " ")
+}

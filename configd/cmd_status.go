@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+)
+
+const statusUsage = `Usage: configd status NAME [--json]
+
+Shows provider NAME's config, the shares the configd leader published, and a
+table of its live instances: instance, host, share, demand, admitted, clock
+offset, last seen, generation applied. Malformed records found in etcd are
+listed at the end (they are ignored; the last good values stay in force).
+
+Example:
+  configd status payments
+
+Flags:
+`
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseArgs(fs, statusUsage, args, stdout)
+	if err != nil {
+		return helpOK(err)
+	}
+	name, err := oneName("status", pos)
+	if err != nil {
+		return err
+	}
+	b, closeFn, err := cf.open(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := cf.withTimeout(ctx)
+	defer cancel()
+	v, err := b.status(ctx, name)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, v)
+	}
+	printStatus(stdout, v, time.Now())
+	return nil
+}
+
+func printStatus(w io.Writer, v statusView, now time.Time) {
+	fmt.Fprintf(w, "provider:  %s\n", v.Provider)
+	if v.Config != nil {
+		fmt.Fprintf(w, "config:    %s (revision %d)\n", summary(*v.Config), v.ConfigRevision)
+	} else {
+		fmt.Fprintf(w, "config:    none or malformed (revision %d)\n", v.ConfigRevision)
+	}
+	if s := v.Shares; s != nil {
+		fmt.Fprintf(w, "shares:    generation %d, total %d over %d instances, effective from %s (window %s), published by %s at %s\n",
+			s.Generation, s.Total, s.Instances, s.EffectiveTime().UTC().Format(time.RFC3339Nano), s.Window,
+			orDash(s.Leader), s.Published.UTC().Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(w, "shares:    none published (is a 'configd serve' leader running?)\n")
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tHOST\tSHARE\tDEMAND\tADMITTED\tCLOCK OFFSET\tLAST SEEN\tGENERATION")
+	for _, in := range v.Instances {
+		share := "-"
+		if in.HasShare {
+			share = strconv.FormatInt(in.Share, 10)
+		}
+		r := in.Record
+		if r == nil {
+			fmt.Fprintf(tw, "%s\t-\t%s\t-\t-\t-\t-\t-\t(malformed record)\n", in.ID, share)
+			continue
+		}
+		offset := "unknown"
+		if r.ClockKnown {
+			offset = r.ClockOffset.String()
+		}
+		seen := r.Updated
+		if seen.IsZero() {
+			seen = r.Started
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\n", in.ID, orDash(r.Host), share, r.Demand, r.Admitted,
+			offset, ago(now, seen), r.AppliedGeneration)
+	}
+	tw.Flush()
+	if len(v.Instances) == 0 {
+		fmt.Fprintln(w, "(no live instances)")
+	}
+	printMalformed(w, v.Malformed)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// ago formats how long before now t was, e.g. "3s ago".
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	d := now.Sub(t)
+	if d < 0 {
+		d = 0
+	}
+	return d.Round(time.Second).String() + " ago"
+}

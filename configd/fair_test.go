@@ -1,0 +1,241 @@
+package main
+
+import (
+	"errors"
+	"maps"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/configd/alloc"
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+func records(demand map[string]int64) []schema.InstanceRecord {
+	var out []schema.InstanceRecord
+	for _, id := range slices.Sorted(maps.Keys(demand)) {
+		out = append(out, schema.InstanceRecord{ID: id, Demand: demand[id]})
+	}
+	return out
+}
+
+// fairShares is what alloc.Fair gives on the inputs the publisher builds
+// from records with these demands and the default floor.
+func fairShares(t testing.TB, total int64, demand map[string]int64) map[string]int64 {
+	t.Helper()
+	var in []alloc.Instance
+	for _, id := range slices.Sorted(maps.Keys(demand)) {
+		in = append(in, alloc.Instance{ID: id, Demand: float64(demand[id])})
+	}
+	shares, err := alloc.Fair(total, alloc.DefaultFloor(total, len(in)), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for i, s := range shares {
+		out[in[i].ID] = s
+	}
+	return out
+}
+
+// TestAllocate: the adapter picks the config's algorithm, feeds it each
+// record's demand and the config's floor (or alloc's default), and keys
+// the shares by instance ID.
+func TestAllocate(t *testing.T) {
+	even := schema.ProviderConfig{Limit: 10, Algorithm: schema.AlgorithmEven}
+	demand := map[string]int64{"a": 0, "b": 500, "c": 7}
+	cases := []struct {
+		name   string
+		cfg    schema.ProviderConfig
+		demand map[string]int64
+		want   map[string]int64
+	}{
+		// Even ignores demand; the remainder goes to the first IDs.
+		{"even 10/3", even, demand, map[string]int64{"a": 4, "b": 3, "c": 3}},
+		{"even 2/3", schema.ProviderConfig{Limit: 2, Algorithm: schema.AlgorithmEven}, demand, map[string]int64{"a": 1, "b": 1, "c": 0}},
+		{"even, no instances", even, nil, map[string]int64{}},
+		// Fair meets small demands in full and gives the rest to the one
+		// that wants more; the default floor (1) is below every demand.
+		{"fair 300", schema.ProviderConfig{Limit: 300, Algorithm: schema.AlgorithmFair},
+			map[string]int64{"i-a": 10, "i-b": 40, "i-c": 1000}, map[string]int64{"i-a": 10, "i-b": 40, "i-c": 250}},
+		// The default floor, max(1, 1% of an even share), keeps idle
+		// instances at 1; a configured floor raises them.
+		{"fair, default floor", schema.ProviderConfig{Limit: 100, Algorithm: schema.AlgorithmFair},
+			map[string]int64{"a": 0, "b": 0, "c": 1000}, map[string]int64{"a": 1, "b": 1, "c": 98}},
+		{"fair, floor 20", schema.ProviderConfig{Limit: 100, Algorithm: schema.AlgorithmFair, Floor: 20},
+			map[string]int64{"a": 0, "b": 0, "c": 1000}, map[string]int64{"a": 20, "b": 20, "c": 60}},
+	}
+	for _, c := range cases {
+		got, err := allocate(c.cfg, records(c.demand))
+		if err != nil || !maps.Equal(got, c.want) {
+			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+	// The same as alloc.Fair on the same inputs.
+	d := map[string]int64{"i-a": 10, "i-b": 40, "i-c": 1000}
+	got, _ := allocate(schema.ProviderConfig{Limit: 300, Algorithm: schema.AlgorithmFair}, records(d))
+	if want := fairShares(t, 300, d); !maps.Equal(got, want) {
+		t.Errorf("allocate %v, alloc.Fair %v", got, want)
+	}
+	big := map[string]int64{}
+	for i := range 97 {
+		big["i-"+strconv.Itoa(i)] = int64(i) * 1e9
+	}
+	for _, algo := range []schema.Algorithm{schema.AlgorithmEven, schema.AlgorithmFair} {
+		got, err := allocate(schema.ProviderConfig{Limit: schema.MaxLimit, Algorithm: algo}, records(big))
+		if err != nil || sum(got) != schema.MaxLimit || len(got) != 97 {
+			t.Errorf("%s at the max limit: sum %d of %d shares, %v", algo, sum(got), len(got), err)
+		}
+	}
+	if _, err := allocate(schema.ProviderConfig{Limit: 1, Algorithm: "lottery"}, records(demand)); !errors.Is(err, alloc.ErrUnknownAlgorithm) {
+		t.Errorf("unknown algorithm: %v", err)
+	}
+}
+
+func TestHysteresis(t *testing.T) {
+	for total, want := range map[int64]int64{0: 1, 1: 1, 150: 1, 199: 1, 200: 2, 300: 3, 1_000_000: 10_000} {
+		if got := hysteresis(total); got != want {
+			t.Errorf("hysteresis(%d) = %d, want %d", total, got, want)
+		}
+	}
+}
+
+// TestDamp: what is published at once, what waits for the window, and
+// what is dropped as jitter.
+func TestDamp(t *testing.T) {
+	w := time.Second
+	last := time.Unix(1000, 0)
+	cfg := schema.ProviderConfig{Limit: 300, Window: schema.Duration(w), Algorithm: schema.AlgorithmFair}
+	const rev = 7
+	cur := &schema.Shares{Total: 300, Window: schema.Duration(w), ConfigRevision: rev,
+		Shares: map[string]int64{"a": 10, "b": 40, "c": 250}}
+	with := func(kv ...any) map[string]int64 {
+		m := maps.Clone(cur.Shares)
+		for i := 0; i < len(kv); i += 2 {
+			if v := kv[i+1].(int); v < 0 {
+				delete(m, kv[i].(string))
+			} else {
+				m[kv[i].(string)] = int64(v)
+			}
+		}
+		return m
+	}
+	late, soon := last.Add(w), last.Add(w-time.Millisecond)
+	cases := []struct {
+		name      string
+		cur       *schema.Shares
+		cfg       schema.ProviderConfig
+		cfgRev    int64
+		split     map[string]int64
+		now       time.Time
+		want      string
+		wantRetry time.Time
+	}{
+		{"nothing published", nil, cfg, rev, cur.Shares, soon, "", time.Time{}},
+		{"same", cur, cfg, rev, cur.Shares, soon, dampUnchanged, time.Time{}},
+		{"join", cur, cfg, rev, with("c", 200, "d", 50), soon, "", time.Time{}},
+		{"leave", cur, cfg, rev, with("a", -1, "c", 260), soon, "", time.Time{}},
+		{"replaced", cur, cfg, rev, with("a", -1, "d", 10), soon, "", time.Time{}},
+		{"retune", cur, schema.ProviderConfig{Limit: 301, Window: cfg.Window}, rev, with("c", 251), soon, "", time.Time{}},
+		{"new window", cur, schema.ProviderConfig{Limit: 300, Window: schema.Duration(2 * w)}, rev, cur.Shares, soon, "", time.Time{}},
+		{"config changed", cur, cfg, rev + 1, with("a", 11, "c", 249), soon, "", time.Time{}},
+		{"jitter of 3 = 1% of 300", cur, cfg, rev, with("b", 43, "c", 247), late, dampHysteresis, time.Time{}},
+		{"move of 4, a window on", cur, cfg, rev, with("b", 44, "c", 246), late, "", time.Time{}},
+		{"move of 4, within the window", cur, cfg, rev, with("b", 44, "c", 246), soon, dampRate, late},
+	}
+	for _, c := range cases {
+		got, retry := damp(c.cur, last, c.cfg, c.cfgRev, c.split, c.now)
+		if got != c.want || !retry.Equal(c.wantRetry) {
+			t.Errorf("%s: damp = %q, %v; want %q, %v", c.name, got, retry, c.want, c.wantRetry)
+		}
+	}
+	// Small totals: the band is one permit.
+	small := &schema.Shares{Total: 50, Window: schema.Duration(w), ConfigRevision: rev, Shares: map[string]int64{"a": 25, "b": 25}}
+	cfg.Limit = 50
+	if got, _ := damp(small, last, cfg, rev, map[string]int64{"a": 24, "b": 26}, late); got != dampHysteresis {
+		t.Errorf("move of 1 of 50: %q, want hysteresis", got)
+	}
+	if got, _ := damp(small, last, cfg, rev, map[string]int64{"a": 23, "b": 27}, late); got != "" {
+		t.Errorf("move of 2 of 50: %q, want published", got)
+	}
+}
+
+// TestFairSharesFollowDemand: with algorithm fair, the leader publishes
+// exactly what alloc.Fair computes from the demands in the instance
+// records; a change of demand publishes a higher generation, not sooner
+// than a window after the previous publish; a jitter within the hysteresis
+// band publishes nothing.
+func TestFairSharesFollowDemand(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	r := startReplica(t, srv, "r1")
+	const total = 300
+	cliOK(t, "set", "pay", "--limit", itoa(total), "--algorithm", "fair", "--server", r.url())
+	demand := map[string]int64{"i-a": 10, "i-b": 40, "i-c": 1000}
+	leases := map[string]clientv3.LeaseID{}
+	for _, id := range slices.Sorted(maps.Keys(demand)) {
+		leases[id] = addInstanceDemand(t, cli, "pay", id, demand[id])
+	}
+	want := fairShares(t, total, demand)
+	// Water-filling: i-a and i-b want less than an equal share and get
+	// what they want (above the floor of 1); i-c gets the rest.
+	if !maps.Equal(want, map[string]int64{"i-a": 10, "i-b": 40, "i-c": 250}) {
+		t.Fatalf("alloc.Fair gives %v", want)
+	}
+	sh := waitShares(t, cli, "pay", "fair shares of 3 instances", func(s schema.Shares) bool {
+		return s.Instances == 3 && maps.Equal(s.Shares, want)
+	})
+	if sum(sh.Shares) > total || sh.Total != total {
+		t.Fatalf("shares %v add up to %d of total %d", sh.Shares, sum(sh.Shares), sh.Total)
+	}
+	checkTiming(t, sh, DefaultPropagationMargin)
+
+	// Demand moves (i-a 10 → 60): i-a's share grows by 50, well past the
+	// band of 3 permits, and is published as the next generation, but not
+	// sooner than one window after the previous publish (the change comes
+	// within milliseconds of it).
+	demand["i-a"] = 60
+	putDemand(t, cli, "pay", "i-a", leases["i-a"], demand["i-a"])
+	want = fairShares(t, total, demand)
+	sh2 := waitShares(t, cli, "pay", "shares after the demand change", func(s schema.Shares) bool { return maps.Equal(s.Shares, want) })
+	if sh2.Generation != sh.Generation+1 || sum(sh2.Shares) > total {
+		t.Fatalf("after the demand change: generation %d (before %d), shares %v", sh2.Generation, sh.Generation, sh2.Shares)
+	}
+	if gap := sh2.Published.Sub(sh.Published); gap < sh.Window.D() {
+		t.Errorf("republished %v after the previous publish, want at least one window (%v)", gap, sh.Window)
+	}
+	checkTiming(t, sh2, DefaultPropagationMargin)
+
+	// Jitter (i-b 40 → 42): i-b and i-c move by 2 permits, within the band
+	// (max(1, 300/100) = 3): nothing is published. Let a window pass first,
+	// so that only the hysteresis can hold it back.
+	waitFor(t, 5*time.Second, "a window since the last publish", func() bool {
+		return time.Since(sh2.Published) > sh2.Window.D()
+	})
+	series := `configd_shares_damped_total{provider="pay",reason="hysteresis"}`
+	before, _ := strconv.Atoi(r.metricValue(t, series))
+	demand["i-b"] = 42
+	putDemand(t, cli, "pay", "i-b", leases["i-b"], demand["i-b"])
+	var sh3 schema.Shares
+	waitFor(t, 10*time.Second, "the jitter to be damped (or published)", func() bool {
+		sh3, _ = readShares(t, cli, "pay")
+		n, _ := strconv.Atoi(r.metricValue(t, series))
+		return n > before || sh3.Generation != sh2.Generation
+	})
+	if sh3.Generation != sh2.Generation {
+		t.Fatalf("jitter republished: generation %d → %d, shares %v", sh2.Generation, sh3.Generation, sh3.Shares)
+	}
+	// The next change (a join) is the very next generation: nothing was
+	// published in between. It is computed from the jittered demand.
+	demand["i-d"] = 5
+	addInstanceDemand(t, cli, "pay", "i-d", demand["i-d"])
+	want = fairShares(t, total, demand)
+	sh4 := waitShares(t, cli, "pay", "shares after a join", func(s schema.Shares) bool { return s.Instances == 4 })
+	if sh4.Generation != sh2.Generation+1 || !maps.Equal(sh4.Shares, want) || sum(sh4.Shares) > total {
+		t.Fatalf("after the join: generation %d (want %d), shares %v (want %v)", sh4.Generation, sh2.Generation+1, sh4.Shares, want)
+	}
+}

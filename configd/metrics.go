@@ -1,0 +1,74 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are configd's Prometheus metrics, on a registry of its own (embed
+// etcd registers its metrics on the default one).
+type metrics struct {
+	httpRequests    *prometheus.CounterVec
+	leader          prometheus.Gauge
+	leaderChanges   prometheus.Counter
+	publishes       *prometheus.CounterVec
+	publishFailures prometheus.Counter
+	generation      *prometheus.GaugeVec
+	liveInstances   *prometheus.GaugeVec
+	total           *prometheus.GaugeVec
+	malformed       prometheus.Gauge
+	damped          *prometheus.CounterVec
+	historyPruned   prometheus.Counter
+}
+
+func newMetrics(reg *prometheus.Registry) *metrics {
+	m := &metrics{
+		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "configd_http_requests_total", Help: "Admin API requests by route and status code.",
+		}, []string{"route", "code"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "configd_leader", Help: "1 while this replica is the leader that publishes shares.",
+		}),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "configd_leader_terms_total", Help: "Times this replica became leader.",
+		}),
+		publishes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "configd_shares_published_total", Help: "Shares records published, by provider.",
+		}, []string{"provider"}),
+		publishFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "configd_shares_publish_failures_total", Help: "Publishes that failed (etcd errors, invalid allocations).",
+		}),
+		generation: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "configd_shares_generation", Help: "Generation of the shares last published by this replica, by provider.",
+		}, []string{"provider"}),
+		liveInstances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "configd_live_instances", Help: "Live instances (instance keys) the leader counts, by provider.",
+		}, []string{"provider"}),
+		total: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "configd_provider_limit", Help: "Provider limit (permits per window) in force, by provider.",
+		}, []string{"provider"}),
+		malformed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "configd_malformed_records", Help: "Malformed records in etcd the leader currently ignores.",
+		}),
+		damped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "configd_shares_damped_total",
+			Help: "Recomputed shares not published, by provider and reason: hysteresis (every share within the band of its published value) or rate_limit (deferred to one window after the last publish).",
+		}, []string{"provider", "reason"}),
+		historyPruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "configd_history_pruned_total", Help: "History entries deleted by retention (--history-keep).",
+		}),
+	}
+	reg.MustRegister(m.httpRequests, m.leader, m.leaderChanges, m.publishes, m.publishFailures,
+		m.generation, m.liveInstances, m.total, m.malformed, m.damped, m.historyPruned,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// forget drops a deleted provider's series.
+func (m *metrics) forget(provider string) {
+	m.generation.DeleteLabelValues(provider)
+	m.liveInstances.DeleteLabelValues(provider)
+	m.total.DeleteLabelValues(provider)
+	m.publishes.DeleteLabelValues(provider)
+	m.damped.DeletePartialMatch(prometheus.Labels{"provider": provider})
+}

@@ -1,0 +1,342 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+func sum(m map[string]int64) (s int64) {
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+func TestNextBoundary(t *testing.T) {
+	w := time.Second
+	cases := []struct{ t, want int64 }{
+		{0, 0}, {1, int64(w)}, {int64(w), int64(w)}, {int64(w) + 1, 2 * int64(w)},
+	}
+	for _, c := range cases {
+		if got := nextBoundary(time.Unix(0, c.t), w); got != c.want {
+			t.Errorf("nextBoundary(%d) = %d, want %d", c.t, got, c.want)
+		}
+	}
+}
+
+// TestSharesFollowInstances: the leader publishes an even split of the
+// limit over the instances with live leases; a lease revoked (an instance
+// gone) and a retune each publish a new generation, effective from a
+// window boundary at least the propagation margin after publishing.
+func TestSharesFollowInstances(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	r := startReplica(t, srv, "r1")
+	cliOK(t, "set", "pay", "--limit", "100", "--server", r.url())
+	leases := map[string]clientv3.LeaseID{}
+	for _, id := range []string{"i-a", "i-b", "i-c"} {
+		leases[id] = addInstance(t, cli, "pay", id)
+	}
+	sh := waitShares(t, cli, "pay", "3 instances", func(s schema.Shares) bool { return s.Instances == 3 })
+	if want := map[string]int64{"i-a": 34, "i-b": 33, "i-c": 33}; !maps.Equal(sh.Shares, want) || sh.Total != 100 {
+		t.Fatalf("shares %v total %d, want %v", sh.Shares, sh.Total, want)
+	}
+	checkTiming(t, sh, DefaultPropagationMargin)
+	gen := sh.Generation
+
+	if _, err := cli.Revoke(ctxT(t), leases["i-b"]); err != nil {
+		t.Fatal(err)
+	}
+	sh = waitShares(t, cli, "pay", "2 instances", func(s schema.Shares) bool { return s.Instances == 2 })
+	if want := map[string]int64{"i-a": 50, "i-c": 50}; !maps.Equal(sh.Shares, want) || sh.Generation <= gen {
+		t.Fatalf("after revoke: %+v, want %v and generation > %d", sh, want, gen)
+	}
+	gen = sh.Generation
+
+	cliOK(t, "set", "pay", "--limit", "31", "--window", "100ms", "--server", r.url())
+	sh = waitShares(t, cli, "pay", "retune", func(s schema.Shares) bool { return s.Total == 31 })
+	if want := map[string]int64{"i-a": 16, "i-c": 15}; !maps.Equal(sh.Shares, want) || sh.Generation != gen+1 || sh.Window.D() != 100*time.Millisecond {
+		t.Fatalf("after retune: %+v", sh)
+	}
+	checkTiming(t, sh, DefaultPropagationMargin)
+
+	// An instance record rewritten with new demand does not change the even
+	// split, so nothing is published.
+	addInstance(t, cli, "pay", "i-a")
+	out := cliOK(t, "status", "pay", "--server", r.url())
+	for _, want := range []string{"INSTANCE", "i-a", "test-host", "16", "unknown", "generation " + itoa(gen+1)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if sh2, _ := readShares(t, cli, "pay"); sh2.Generation != sh.Generation {
+		t.Errorf("republished (generation %d → %d) though the split did not change", sh.Generation, sh2.Generation)
+	}
+
+	cliOK(t, "delete", "pay", "--server", r.url())
+	waitFor(t, 10*time.Second, "shares deleted", func() bool { _, ok := readShares(t, cli, "pay"); return !ok })
+}
+
+// checkTiming: EffectiveFrom is a window start at least margin after the
+// publish time.
+func checkTiming(t *testing.T, sh schema.Shares, margin time.Duration) {
+	t.Helper()
+	if sh.EffectiveFrom%int64(sh.Window) != 0 {
+		t.Errorf("effective_from %d is not a multiple of the window %v", sh.EffectiveFrom, sh.Window)
+	}
+	if lead := sh.EffectiveTime().Sub(sh.Published); lead < margin || lead >= margin+sh.Window.D() {
+		t.Errorf("effective %v after publishing, want in [%v, %v)", lead, margin, margin+sh.Window.D())
+	}
+}
+
+// TestLeaderFailover: two replicas, one leader publishes; cancelling the
+// leader's ctx (a graceful stop) hands leadership to the other, which
+// publishes higher generations; the old leader's run returns nil.
+func TestLeaderFailover(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	a := startReplica(t, srv, "replica-a")
+	b := startReplica(t, srv, "replica-b")
+	waitFor(t, 10*time.Second, "exactly one leader", func() bool { return a.leading() != b.leading() })
+	leader, standby := a, b
+	if b.leading() {
+		leader, standby = b, a
+	}
+	cliOK(t, "set", "pay", "--limit", "60", "--server", standby.url())
+	addInstance(t, cli, "pay", "i-1")
+	addInstance(t, cli, "pay", "i-2")
+	sh := waitShares(t, cli, "pay", "first leader publishes", func(s schema.Shares) bool { return s.Instances == 2 })
+	if sh.Leader != leader.id {
+		t.Fatalf("published by %q, want the leader %q", sh.Leader, leader.id)
+	}
+	if err := leader.stop(); err != nil {
+		t.Fatalf("leader's serve returned %v", err)
+	}
+	waitFor(t, 10*time.Second, "the standby to lead", standby.leading)
+	addInstance(t, cli, "pay", "i-3")
+	sh2 := waitShares(t, cli, "pay", "new leader publishes", func(s schema.Shares) bool { return s.Instances == 3 })
+	if sh2.Leader != standby.id || sh2.Generation <= sh.Generation || sum(sh2.Shares) != 60 {
+		t.Fatalf("after failover: %+v (before: generation %d)", sh2, sh.Generation)
+	}
+	cliOK(t, "set", "pay", "--limit", "90", "--server", standby.url())
+	sh3 := waitShares(t, cli, "pay", "retune after failover", func(s schema.Shares) bool { return s.Total == 90 })
+	if sh3.Generation != sh2.Generation+1 {
+		t.Errorf("generation %d after %d", sh3.Generation, sh2.Generation)
+	}
+}
+
+// TestFencedPublish: a publisher whose election key is gone (a deposed
+// leader) cannot write shares nor prune history: the transactions compare
+// the key's create revision, and publishing stops with errNotLeader.
+func TestFencedPublish(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ctx := ctxT(t)
+	cfg, _ := schema.Encode(schema.ProviderConfig{Name: "pay", Limit: 10}.WithDefaults())
+	if _, err := cli.Put(ctx, keys.Config("pay"), string(cfg)); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaderKey := keys.Election() + "/deposed"
+	put, err := cli.Put(ctx, leaderKey, "old-leader", clientv3.WithLease(lease.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fence{key: leaderKey, rev: put.Header.Revision}
+	writeHistory(t, cli, "pay", 1, 3)
+	// Deposed: the session's lease is gone, so is the key; another replica
+	// may have created a key of its own.
+	if _, err := cli.Revoke(ctx, lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	p := &publisher{
+		cli: cli, keys: keys, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry()),
+		margin: DefaultPropagationMargin, replica: "old-leader", historyKeep: 2, now: time.Now,
+	}
+	if err := p.run(ctx, f); !errors.Is(err, errNotLeader) {
+		t.Fatalf("run = %v, want errNotLeader", err)
+	}
+	if _, ok := readShares(t, cli, "pay"); ok {
+		t.Fatal("a deposed leader published shares")
+	}
+	if err := p.prune(ctx, f, "pay"); !errors.Is(err, errNotLeader) {
+		t.Fatalf("prune = %v, want errNotLeader", err)
+	}
+	if n := len(historyKeys(t, cli, "pay")); n != 3 {
+		t.Fatalf("a deposed leader pruned history: %d entries left of 3", n)
+	}
+	// The same publisher under a valid fence publishes.
+	put, err = cli.Put(ctx, leaderKey, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.run(rctx, fence{key: leaderKey, rev: put.Header.Revision}) }()
+	waitShares(t, cli, "pay", "publish under a valid fence", func(s schema.Shares) bool { return s.Total == 10 })
+	waitFor(t, 10*time.Second, "history pruned under a valid fence", func() bool { return len(historyKeys(t, cli, "pay")) == 2 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("run after cancel = %v", err)
+	}
+}
+
+// TestMalformedRecords: records broken by hand in etcd are ignored and
+// logged, the last good config stays in force for publishing, and status,
+// list and get show the problem; set repairs it.
+func TestMalformedRecords(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	r := startReplica(t, srv, "r1")
+	ctx := ctxT(t)
+	cliOK(t, "set", "pay", "--limit", "100", "--server", r.url())
+	addInstance(t, cli, "pay", "i-1")
+	addInstance(t, cli, "pay", "i-2")
+	sh := waitShares(t, cli, "pay", "2 instances", func(s schema.Shares) bool { return s.Instances == 2 })
+
+	bad := []struct{ key, value string }{
+		{keys.Config("pay"), `{"name":"pay","limit":-5,"window":"1s","mode":"enforce","algorithm":"even"}`},
+		{keys.Instance("pay", "i-2"), `{"id":"i-2","demand":"lots"}`},
+		{keys.Instance("pay", "i-9"), `not json`},
+	}
+	for _, b := range bad {
+		lease, err := cli.Grant(ctx, 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := []clientv3.OpOption{}
+		if strings.Contains(b.key, "/instances/") {
+			opts = append(opts, clientv3.WithLease(lease.ID))
+		}
+		if _, err := cli.Put(ctx, b.key, b.value, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// i-9 is live (its key exists) though its record is malformed: it is
+	// counted, and the last good limit (100) is split three ways.
+	sh2 := waitShares(t, cli, "pay", "3 instances under the last good config", func(s schema.Shares) bool { return s.Instances == 3 })
+	if sh2.Total != 100 || sum(sh2.Shares) != 100 || sh2.ConfigRevision != sh.ConfigRevision {
+		t.Fatalf("shares under a malformed config: %+v", sh2)
+	}
+	waitFor(t, 5*time.Second, "the malformed records to be logged", func() bool {
+		return strings.Count(r.log.String(), "ignoring malformed record") >= 3
+	})
+
+	for mode, conn := range map[string][]string{"api": {"--server", r.url()}, "etcd": {"--etcd-endpoints", srv.Endpoints()[0]}} {
+		out := cliOK(t, append([]string{"status", "pay"}, conn...)...)
+		for _, want := range []string{"config:    none or malformed", "malformed records", keys.Config("pay"), "limit must be a positive integer", keys.Instance("pay", "i-9"), "(malformed record)", "demand"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: status lacks %q:\n%s", mode, want, out)
+			}
+		}
+		_, err := cliRun(t, append([]string{"get", "pay"}, conn...)...)
+		if err == nil || !strings.Contains(err.Error(), "malformed") || exitCode(err) != 1 {
+			t.Errorf("%s: get of a malformed config: %v (exit %d)", mode, err, exitCode(err))
+		}
+		out = cliOK(t, append([]string{"list"}, conn...)...)
+		if !strings.Contains(out, "malformed records") || !strings.Contains(out, keys.Config("pay")) {
+			t.Errorf("%s: list does not show the malformed config:\n%s", mode, out)
+		}
+	}
+	// Repair: set overwrites the malformed config (its old value shows as
+	// missing), and publishing follows the new one.
+	out := cliOK(t, "set", "pay", "--limit", "90", "--server", r.url())
+	if !strings.Contains(out, "create limit=90") {
+		t.Errorf("set over a malformed config printed %q", out)
+	}
+	waitShares(t, cli, "pay", "repaired config", func(s schema.Shares) bool { return s.Total == 90 && sum(s.Shares) == 90 })
+
+	// Malformed shares written by hand are replaced by the leader with a
+	// higher generation.
+	before, _ := readShares(t, cli, "pay")
+	if _, err := cli.Put(ctx, keys.Shares("pay"), `{"provider":"pay","total":1}`); err != nil {
+		t.Fatal(err)
+	}
+	after := waitShares(t, cli, "pay", "shares repaired", func(s schema.Shares) bool { return s.Total == 90 && s.Generation > before.Generation })
+	if sum(after.Shares) != 90 {
+		t.Errorf("repaired shares: %+v", after)
+	}
+}
+
+// TestServeEmbedded: with no --etcd-endpoints, serve runs its own etcd
+// under --data-dir; configs survive a restart on the same directory.
+func TestServeEmbedded(t *testing.T) {
+	dir := t.TempDir()
+	clientURL, peerURL := "http://"+freeAddr(t), "http://"+freeAddr(t)
+	args := []string{"--data-dir", dir, "--embedded-client-url", clientURL, "--embedded-peer-url", peerURL}
+	r := startReplica(t, nil, "solo", args...)
+	cliOK(t, "set", "pay", "--limit", "42", "--server", r.url())
+	waitFor(t, 10*time.Second, "shares from the embedded leader", func() bool {
+		out, err := cliRun(t, "status", "pay", "--etcd-endpoints", clientURL)
+		return err == nil && strings.Contains(out, "generation 1, total 42")
+	})
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	r2 := startReplica(t, nil, "solo-again", args...)
+	if out := cliOK(t, "get", "pay", "--server", r2.url()); !strings.Contains(out, "42") {
+		t.Errorf("after restart: %s", out)
+	}
+}
+
+// metricValue reads one series from the replica's /metrics: a metric name,
+// with its labels as exposed if it has any
+// (`configd_shares_damped_total{provider="pay",reason="hysteresis"}`). It
+// returns "" when the series is not there.
+func (r *replica) metricValue(t *testing.T, name string) string {
+	resp, err := http.Get(r.url() + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// TestEtcdOutage: when etcd goes away for longer than the session TTL, the
+// leader gives up leadership (its session is gone, so it stops publishing);
+// when etcd is back it campaigns again, leads, and publishes from the
+// generation it left.
+func TestEtcdOutage(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	r := startReplica(t, srv, "r1")
+	cliOK(t, "set", "pay", "--limit", "10", "--server", r.url())
+	addInstance(t, cli, "pay", "i-1")
+	sh := waitShares(t, cli, "pay", "first publish", func(s schema.Shares) bool { return s.Instances == 1 })
+	waitFor(t, 5*time.Second, "leader", func() bool { return r.metricValue(t, "configd_leader") == "1" })
+
+	srv.Stop()
+	waitFor(t, 20*time.Second, "leadership given up during the outage", func() bool { return r.metricValue(t, "configd_leader") == "0" })
+	if status, _ := do(t, "GET", r.url()+"/readyz", nil, ""); status != http.StatusServiceUnavailable {
+		t.Errorf("/readyz during the outage: %d, want 503", status)
+	}
+	srv.Restart()
+	waitFor(t, 30*time.Second, "leader again", func() bool { return r.metricValue(t, "configd_leader") == "1" })
+	addInstance(t, cli, "pay", "i-2")
+	sh2 := waitShares(t, cli, "pay", "publish after the outage", func(s schema.Shares) bool { return s.Instances == 2 })
+	if sh2.Generation <= sh.Generation {
+		t.Errorf("generation %d after the outage, %d before", sh2.Generation, sh.Generation)
+	}
+}

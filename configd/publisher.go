@@ -1,0 +1,583 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// errNotLeader: a fenced write found that this replica no longer holds the
+// election key it campaigned with.
+var errNotLeader = errors.New("configd: not the leader any more")
+
+// DefaultPropagationMargin is how far ahead of "now" a newly published
+// Shares record takes effect, at the least. Shares apply from the first
+// window boundary at least this far ahead, so every instance has received
+// them (one etcd watch round trip, normally a few milliseconds) before
+// they apply. With 1s windows a change applies at the next boundary, or
+// the one after when the next is closer than the margin; with 10ms windows
+// about 20 windows ahead.
+const DefaultPropagationMargin = 200 * time.Millisecond
+
+// fence identifies the leadership a publish is valid under: the election
+// key this replica created and its create revision. Every leader write
+// compares it in the same transaction, so a deposed leader (its session
+// lease expired and the key deleted, or a newer key in its place) can never
+// publish.
+type fence struct {
+	key string
+	rev int64
+}
+
+func (f fence) cmp() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev)
+}
+
+// DefaultHistoryKeep is how many history entries the leader keeps per
+// provider (serve's --history-keep); older ones are deleted.
+const DefaultHistoryKeep = 1000
+
+// maxHistoryKeep is the largest --history-keep.
+const maxHistoryKeep = 1_000_000
+
+// pruneBatch bounds how many history entries one pruning transaction
+// deletes, and so how many keys it reads to find them.
+const pruneBatch = 10_000
+
+// When shares are republished.
+//
+// The leader recomputes a provider's shares whenever something they depend
+// on changes (allocate: the config's algorithm, limit and floor, the live
+// instances and their demand). It publishes them, as a new generation, at
+// once when the provider's limit or window changed, when an instance joined
+// or left, or when the config changed since the published shares were
+// computed (a new algorithm or floor, say). A change of demand alone —
+// shares moving among the same instances under the same config, which only
+// "fair" does — is damped, so that etcd writes stay flat while demand
+// jitters:
+//
+//   - Hysteresis: it is published only when some instance's share differs
+//     from its published share by more than hysteresis(total) =
+//     max(1, ⌊total/100⌋) permits, that is by more than 1% of the total and
+//     by more than one permit. Smaller moves are dropped, not deferred.
+//     Moves are measured against the published shares, not against the
+//     last computation, so a slow drift is published once it leaves the
+//     band.
+//   - Rate: a provider's shares are republished for demand at most once per
+//     window: not before one window after the last publish. A change that
+//     comes sooner is looked at again then (a timer), with the demand known
+//     then, and published if it is still outside the band.
+//
+// Both are counted in configd_shares_damped_total{provider,reason}.
+
+// Reasons for not publishing recomputed shares: damp's answers other than
+// "" (publish). The damped ones are the reason label of
+// configd_shares_damped_total.
+const (
+	dampUnchanged  = "unchanged"  // the shares are what is published: nothing to do
+	dampHysteresis = "hysteresis" // every share within hysteresis(total) of the published one
+	dampRate       = "rate_limit" // outside the band, but less than a window since the last publish
+)
+
+// hysteresis returns the band (permits) within which a demand-only change
+// of a share is not published: max(1, ⌊total/100⌋). For an integer change
+// d, d > ⌊total/100⌋ exactly when d > total/100.
+func hysteresis(total int64) int64 { return max(1, total/100) }
+
+// damp decides whether shares just computed (split, under cfg at config
+// revision cfgRev) wait instead of replacing the published ones (cur,
+// published at last, as this replica saw it). It returns "" to publish now,
+// dampUnchanged, dampHysteresis, or dampRate with the time to look again.
+// See "When shares are republished".
+func damp(cur *schema.Shares, last time.Time, cfg schema.ProviderConfig, cfgRev int64, split map[string]int64, now time.Time) (reason string, retry time.Time) {
+	if cur == nil || cur.Total != cfg.Limit || cur.Window != cfg.Window || len(cur.Shares) != len(split) {
+		return "", time.Time{}
+	}
+	var moved int64 // the largest change of one share
+	for id, v := range split {
+		old, ok := cur.Shares[id]
+		if !ok {
+			return "", time.Time{} // another set of instances
+		}
+		moved = max(moved, v-old, old-v)
+	}
+	switch {
+	case moved == 0:
+		return dampUnchanged, time.Time{}
+	case cur.ConfigRevision != cfgRev:
+		return "", time.Time{} // the operator changed the config
+	case moved <= hysteresis(cfg.Limit):
+		return dampHysteresis, time.Time{}
+	}
+	if next := last.Add(cfg.Window.D()); now.Before(next) {
+		return dampRate, next
+	}
+	return "", time.Time{}
+}
+
+// publisher is the leader's work: watch every provider's config and
+// instance keys, publish each provider's Shares record whenever the split
+// changes (see "When shares are republished"), and keep each provider's
+// history to its last historyKeep entries. One goroutine (run) owns all of
+// its state.
+type publisher struct {
+	cli         *clientv3.Client
+	keys        schema.Keys
+	log         *slog.Logger
+	metrics     *metrics
+	margin      time.Duration
+	replica     string
+	historyKeep int64 // history entries kept per provider; 0: all (no pruning)
+	now         func() time.Time
+
+	// State, owned by run.
+	providers map[string]*providerState
+	malformed map[string]string // key → error, for records ignored now
+	dirty     map[string]bool   // providers changed since their last publish
+	// history is, per provider, the number of history entries as last
+	// counted, plus one for every entry created since: never less than
+	// the true count, so it says when to count again and prune.
+	history map[string]int64
+}
+
+// providerState is what the leader knows of one provider.
+type providerState struct {
+	cfg    *schema.ProviderConfig // last good config; nil: none
+	cfgRev int64                  // ModRevision of cfg
+	keyRev int64                  // ModRevision of the config key now (even if malformed); 0: absent
+	// instances by ID; a malformed record keeps the last good one, or an
+	// empty record: the key (the lease) alone makes an instance live.
+	instances map[string]schema.InstanceRecord
+	shares    *schema.Shares // the shares record in etcd, decoded; nil: none or malformed
+	published time.Time      // when shares were published (clamped to when this replica saw them)
+	sharesKey bool           // a shares key exists (maybe malformed)
+	maxGen    int64          // highest generation known for this provider
+	due       time.Time      // a damped change to look at again then; zero: none
+}
+
+func (st *providerState) empty() bool {
+	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.sharesKey
+}
+
+// run publishes until ctx ends or leadership is lost (errNotLeader). It
+// reloads everything after a broken watch.
+func (p *publisher) run(ctx context.Context, f fence) error {
+	for {
+		rev, err := p.load(ctx)
+		if err == nil {
+			if err = p.publishAll(ctx, f); err == nil {
+				err = p.watch(ctx, f, rev)
+			}
+		}
+		if errors.Is(err, errNotLeader) || ctx.Err() != nil {
+			return err
+		}
+		p.log.Warn("publisher: reloading state from etcd", "error", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// load reads every provider's keys except its history entries (only
+// counted) and rebuilds the state; it returns the revision read at.
+func (p *publisher) load(ctx context.Context) (int64, error) {
+	old, oldMalformed, oldDirty, oldHistory := p.providers, p.malformed, p.dirty, p.history
+	p.providers = map[string]*providerState{}
+	p.malformed = map[string]string{}
+	p.dirty = map[string]bool{}
+	p.history = map[string]int64{}
+	// Per provider, two key ranges around history/ (config before it;
+	// instances and shares after it) and a count of history/.
+	ops := func(name string, rev int64) []clientv3.Op {
+		prov, hist := p.keys.Provider(name), p.keys.History(name)
+		return []clientv3.Op{
+			clientv3.OpGet(prov, clientv3.WithRange(hist), clientv3.WithRev(rev)),
+			clientv3.OpGet(clientv3.GetPrefixRangeEnd(hist), clientv3.WithRange(clientv3.GetPrefixRangeEnd(prov)), clientv3.WithRev(rev)),
+			clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithRev(rev)),
+		}
+	}
+	visit := func(name string, resps []*etcdserverpb.ResponseOp) {
+		for _, r := range resps[:2] {
+			for _, kv := range r.GetResponseRange().Kvs {
+				p.apply(mvccpb.PUT, kv)
+			}
+		}
+		if n := resps[2].GetResponseRange().Count; n > 0 && schema.ValidateName(name) == nil {
+			p.history[name] = n
+		}
+	}
+	stray := func(kv *mvccpb.KeyValue) { p.apply(mvccpb.PUT, kv) }
+	rev, err := scanProviders(ctx, p.cli, p.keys, ops, visit, stray)
+	if err != nil {
+		p.providers, p.malformed, p.dirty, p.history = old, oldMalformed, oldDirty, oldHistory
+		return 0, err
+	}
+	// Keep last good configs and instance records across a reload.
+	for name, st := range p.providers {
+		if o := old[name]; o != nil {
+			if st.cfg == nil && st.keyRev != 0 && o.cfg != nil {
+				st.cfg, st.cfgRev = o.cfg, o.cfgRev
+			}
+			if o.maxGen > st.maxGen {
+				st.maxGen = o.maxGen
+			}
+		}
+	}
+	for name := range p.providers {
+		p.dirty[name] = true
+	}
+	p.metrics.malformed.Set(float64(len(p.malformed)))
+	return rev, nil
+}
+
+// watch applies changes from rev+1 on and publishes after each batch, and
+// when a damped change is due.
+func (p *publisher) watch(ctx context.Context, f fence, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := p.cli.Watch(clientv3.WithRequireLeader(wctx), p.keys.Providers(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if due, ok := p.nextDue(); ok {
+			timer.Reset(due.Sub(p.now()))
+		} else {
+			timer.Stop()
+		}
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return errors.New("watch closed")
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("watch: %w", err)
+			}
+			for _, ev := range wr.Events {
+				p.apply(ev.Type, ev.Kv)
+			}
+			p.metrics.malformed.Set(float64(len(p.malformed)))
+		case <-timer.C:
+		}
+		if err := p.publishAll(ctx, f); err != nil {
+			return err
+		}
+	}
+}
+
+// nextDue returns the earliest time a damped change is to be looked at
+// again.
+func (p *publisher) nextDue() (time.Time, bool) {
+	var next time.Time
+	for _, st := range p.providers {
+		if !st.due.IsZero() && (next.IsZero() || st.due.Before(next)) {
+			next = st.due
+		}
+	}
+	return next, !next.IsZero()
+}
+
+func (p *publisher) state(name string) *providerState {
+	st := p.providers[name]
+	if st == nil {
+		st = &providerState{instances: map[string]schema.InstanceRecord{}}
+		p.providers[name] = st
+	}
+	return st
+}
+
+// apply folds one key change into the state. Malformed records are logged
+// once, listed in p.malformed, and otherwise ignored: the last good value
+// stays.
+func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
+	key := string(kv.Key)
+	k, err := p.keys.Parse(key)
+	if err != nil {
+		p.bad(key, kv.ModRevision, err)
+		return
+	}
+	put := typ == mvccpb.PUT
+	if k.Kind == schema.KindHistory {
+		if put && kv.Version == 1 { // created
+			p.history[k.Provider]++
+		}
+		return
+	}
+	delete(p.malformed, key)
+	st := p.state(k.Provider)
+	p.dirty[k.Provider] = true
+	switch k.Kind {
+	case schema.KindConfig:
+		if !put {
+			st.cfg, st.cfgRev, st.keyRev = nil, 0, 0
+			break
+		}
+		st.keyRev = kv.ModRevision
+		cfg, err := schema.DecodeProviderConfig(kv.Value)
+		if err == nil && cfg.Name != k.Provider {
+			err = fmt.Errorf("config names provider %q", cfg.Name)
+		}
+		if err != nil {
+			p.bad(key, kv.ModRevision, err)
+			return
+		}
+		st.cfg, st.cfgRev = &cfg, kv.ModRevision
+	case schema.KindInstance:
+		if !put {
+			delete(st.instances, k.Instance)
+			break
+		}
+		rec, err := schema.DecodeInstanceRecord(kv.Value)
+		if err == nil && rec.ID != k.Instance {
+			err = fmt.Errorf("record id %q does not match its key", rec.ID)
+		}
+		if err != nil {
+			p.bad(key, kv.ModRevision, err)
+			if _, ok := st.instances[k.Instance]; !ok {
+				st.instances[k.Instance] = schema.InstanceRecord{ID: k.Instance}
+			}
+			return
+		}
+		st.instances[k.Instance] = rec
+	case schema.KindShares:
+		st.sharesKey = put
+		st.shares = nil
+		if !put {
+			break
+		}
+		st.maxGen = max(st.maxGen, kv.Version) // survives a malformed record
+		sh, err := schema.DecodeShares(kv.Value)
+		if err == nil && sh.Provider != k.Provider {
+			err = fmt.Errorf("shares record names provider %q", sh.Provider)
+		}
+		if err != nil {
+			p.bad(key, kv.ModRevision, err)
+			return
+		}
+		st.shares = &sh
+		// A replica whose clock is ahead of ours must not hold publishing back.
+		st.published = sh.Published
+		if now := p.now(); now.Before(st.published) {
+			st.published = now
+		}
+		st.maxGen = max(st.maxGen, sh.Generation)
+	}
+	if st.empty() {
+		delete(p.providers, k.Provider)
+		p.metrics.forget(k.Provider)
+	}
+}
+
+func (p *publisher) bad(key string, rev int64, err error) {
+	if _, seen := p.malformed[key]; !seen {
+		p.log.Warn("ignoring malformed record; keeping the last good value", "key", key, "revision", rev, "error", err)
+	}
+	p.malformed[key] = err.Error()
+}
+
+// publishAll publishes, in name order, every provider that changed since
+// it was last published or whose damped change is due, and prunes the
+// history of every provider that has more than historyKeep entries. A
+// provider whose publish failed stays to be retried with the next change.
+func (p *publisher) publishAll(ctx context.Context, f fence) error {
+	now := p.now()
+	for name, st := range p.providers {
+		if !st.due.IsZero() && !now.Before(st.due) {
+			p.dirty[name] = true
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.dirty)) {
+		st := p.providers[name]
+		if st == nil {
+			delete(p.dirty, name)
+			continue
+		}
+		err := p.publish(ctx, f, name, st)
+		if err == nil {
+			delete(p.dirty, name)
+			continue
+		}
+		if errors.Is(err, errNotLeader) || ctx.Err() != nil {
+			return err
+		}
+		p.metrics.publishFailures.Inc()
+		p.log.Error("publish failed", "provider", name, "error", err)
+	}
+	if p.historyKeep <= 0 {
+		return nil
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.history)) {
+		if p.history[name] <= p.historyKeep {
+			continue
+		}
+		if err := p.prune(ctx, f, name); err != nil {
+			if errors.Is(err, errNotLeader) || ctx.Err() != nil {
+				return err
+			}
+			p.log.Error("pruning history failed", "provider", name, "error", err)
+		}
+	}
+	return nil
+}
+
+// publish writes the provider's Shares record if the split changed and is
+// not damped, fenced on leadership and on the config revision it was
+// computed from.
+func (p *publisher) publish(ctx context.Context, f fence, name string, st *providerState) error {
+	st.due = time.Time{}
+	cfgKey, sharesKey := p.keys.Config(name), p.keys.Shares(name)
+	if st.cfg == nil {
+		if st.keyRev != 0 || !st.sharesKey {
+			return nil // malformed config and nothing good known: keep what is published
+		}
+		// Provider deleted: remove its shares (configd delete does this
+		// too, in the same transaction as the delete).
+		return p.commit(ctx, f, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", 0), clientv3.OpDelete(sharesKey))
+	}
+	cfg := *st.cfg
+	ids := slices.Sorted(maps.Keys(st.instances))
+	recs := make([]schema.InstanceRecord, len(ids))
+	for i, id := range ids {
+		recs[i] = st.instances[id]
+	}
+	split, err := allocate(cfg, recs)
+	if err != nil {
+		return fmt.Errorf("allocation failed: %w", err)
+	}
+	p.metrics.liveInstances.WithLabelValues(name).Set(float64(len(ids)))
+	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))
+	now := p.now()
+	switch reason, retry := damp(st.shares, st.published, cfg, st.cfgRev, split, now); reason {
+	case "":
+	case dampUnchanged:
+		return nil
+	default:
+		st.due = retry
+		p.metrics.damped.WithLabelValues(name, reason).Inc()
+		p.log.Debug("shares not republished", "provider", name, "reason", reason, "retry", retry)
+		return nil
+	}
+	sh := schema.Shares{
+		Version:        schema.Version,
+		Provider:       name,
+		Generation:     st.maxGen + 1,
+		EffectiveFrom:  nextBoundary(now.Add(p.margin), cfg.Window.D()),
+		Window:         cfg.Window,
+		Total:          cfg.Limit,
+		Instances:      len(split),
+		Shares:         split,
+		ConfigRevision: st.cfgRev,
+		Published:      now.UTC(),
+		Leader:         p.replica,
+	}
+	val, err := schema.Encode(sh) // validates: the shares add up to at most the limit
+	if err != nil {
+		return fmt.Errorf("allocation refused: %w", err)
+	}
+	err = p.commit(ctx, f, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", st.keyRev), clientv3.OpPut(sharesKey, string(val)))
+	if err != nil {
+		return err
+	}
+	st.shares, st.published, st.sharesKey, st.maxGen = &sh, now, true, sh.Generation
+	p.metrics.publishes.WithLabelValues(name).Inc()
+	p.metrics.generation.WithLabelValues(name).Set(float64(sh.Generation))
+	p.log.Info("shares published", "provider", name, "generation", sh.Generation, "total", sh.Total,
+		"instances", sh.Instances, "effective_from", sh.EffectiveTime().UTC())
+	return nil
+}
+
+// prune deletes the oldest history entries of provider name beyond
+// p.historyKeep (history keys sort by time), in transactions fenced on
+// leadership, at most pruneBatch at a time. Each deletes a key range up to
+// the newest entry it means to delete, and only if no entry in that range
+// changed since the entries were read, so that an entry written meanwhile
+// with an older key (a writer whose clock is behind) is never deleted
+// unread: exactly historyKeep entries remain.
+func (p *publisher) prune(ctx context.Context, f fence, name string) error {
+	prefix := p.keys.History(name)
+	for conflicts := 0; ; {
+		cnt, err := p.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return etcdError(err)
+		}
+		excess := cnt.Count - p.historyKeep
+		if excess <= 0 {
+			p.history[name] = cnt.Count
+			return nil
+		}
+		rev := cnt.Header.Revision
+		oldest, err := p.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithLimit(min(excess, pruneBatch)), clientv3.WithRev(rev))
+		if err != nil {
+			return etcdError(err)
+		}
+		if len(oldest.Kvs) == 0 {
+			return nil // deleted meanwhile
+		}
+		end := string(oldest.Kvs[len(oldest.Kvs)-1].Key) + "\x00"
+		resp, err := p.cli.Txn(ctx).
+			If(f.cmp(), clientv3.Compare(clientv3.ModRevision(prefix), "<", rev+1).WithRange(end)).
+			Then(clientv3.OpDelete(prefix, clientv3.WithRange(end))).
+			Else(clientv3.OpGet(f.key)).
+			Commit()
+		if err != nil {
+			return etcdError(err)
+		}
+		if !resp.Succeeded {
+			if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != f.rev {
+				return errNotLeader
+			}
+			if conflicts++; conflicts == 3 {
+				return errors.New("history changed under the pruning three times in a row")
+			}
+			continue
+		}
+		deleted := resp.Responses[0].GetResponseDeleteRange().Deleted
+		p.metrics.historyPruned.Add(float64(deleted))
+		p.log.Info("history pruned", "provider", name, "deleted", deleted, "keep", p.historyKeep)
+	}
+}
+
+// commit runs op if this replica still leads and cond holds. A failed
+// condition on the config is not an error: the watch brings the change and
+// the next publish uses it.
+func (p *publisher) commit(ctx context.Context, f fence, cond clientv3.Cmp, op clientv3.Op) error {
+	resp, err := p.cli.Txn(ctx).If(f.cmp(), cond).Then(op).Else(clientv3.OpGet(f.key)).Commit()
+	if err != nil {
+		return etcdError(err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 || kvs[0].CreateRevision != f.rev {
+		return errNotLeader
+	}
+	return nil
+}
+
+// nextBoundary returns the first multiple of w (since the Unix epoch) at or
+// after t, in Unix nanoseconds.
+func nextBoundary(t time.Time, w time.Duration) int64 {
+	ns, wn := t.UnixNano(), int64(w)
+	b := ns / wn * wn
+	if b < ns {
+		b += wn
+	}
+	return b
+}

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+const serveUsage = `Usage: configd serve [flags]
+
+Runs the daemon: the admin HTTP API, leader election between replicas, and
+(on the leader) publishing every provider's shares.
+
+With --etcd-endpoints it uses that etcd cluster; without, it starts an
+embedded single-node etcd with its data under --data-dir, so one machine
+needs nothing else.
+
+The leader publishes each provider's shares with the provider's algorithm
+(even or fair). Joins, leaves and config changes are published at once; a
+change of demand alone (fair) only when some share moves by more than 1% of
+the limit and more than one permit, and at most once per window. It also
+keeps the last --history-keep history entries per provider and deletes
+older ones.
+
+Writes through the API need 'Authorization: Bearer TOKEN' when
+--admin-token-file is set. serve refuses to listen on a non-loopback address
+without a token, unless --insecure.
+
+The first SIGINT/SIGTERM shuts down gracefully (drains requests, resigns
+leadership); a second one aborts.
+
+Examples:
+  configd serve --data-dir /var/lib/configd
+  configd serve --listen 0.0.0.0:7070 --admin-token-file /etc/configd/token \
+      --etcd-endpoints https://etcd-1:2379,https://etcd-2:2379 \
+      --etcd-ca ca.pem --etcd-cert client.pem --etcd-key client-key.pem
+
+Flags:
+`
+
+// Config is serve's configuration. DefaultConfig gives the defaults,
+// registerFlags binds it to flags, Validate checks it.
+type Config struct {
+	Listen            string        // admin API address
+	AdminTokenFile    string        // bearer token for writes; empty: writes open
+	Insecure          bool          // allow a non-loopback Listen without a token
+	Etcd              etcdFlags     // external etcd; no endpoints: embedded
+	DataDir           string        // embedded etcd's data
+	EmbeddedClientURL string        // embedded etcd's client URL
+	EmbeddedPeerURL   string        // embedded etcd's peer URL
+	Prefix            string        // etcd key prefix
+	ReplicaID         string        // this replica's name in the election
+	SessionTTL        time.Duration // election session TTL; a dead leader is replaced after at most this
+	Margin            time.Duration // propagation margin before new shares apply
+	HistoryKeep       int64         // history entries kept per provider; older ones are pruned
+	ShutdownTimeout   time.Duration // how long a graceful shutdown may drain
+	LogLevel          string        // debug, info, warn, error
+	LogFormat         string        // text or json
+}
+
+// DefaultConfig returns serve's defaults.
+func DefaultConfig() Config {
+	return Config{
+		Listen:            "127.0.0.1:7070",
+		DataDir:           "configd.etcd",
+		EmbeddedClientURL: "http://127.0.0.1:2379",
+		EmbeddedPeerURL:   "http://127.0.0.1:2380",
+		Prefix:            schema.DefaultPrefix,
+		ReplicaID:         defaultReplicaID(),
+		SessionTTL:        10 * time.Second,
+		Margin:            DefaultPropagationMargin,
+		HistoryKeep:       DefaultHistoryKeep,
+		ShutdownTimeout:   10 * time.Second,
+		LogLevel:          "info",
+		LogFormat:         "text",
+		Etcd:              etcdFlags{dialTimeout: 5 * time.Second},
+	}
+}
+
+func defaultReplicaID() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+func (c *Config) registerFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Listen, "listen", c.Listen, "admin API address (host:port)")
+	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding the bearer token required for writes")
+	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow listening beyond loopback without --admin-token-file")
+	c.Etcd.register(fs)
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "embedded etcd's data directory (without --etcd-endpoints)")
+	fs.StringVar(&c.EmbeddedClientURL, "embedded-client-url", c.EmbeddedClientURL, "embedded etcd's client URL")
+	fs.StringVar(&c.EmbeddedPeerURL, "embedded-peer-url", c.EmbeddedPeerURL, "embedded etcd's peer URL")
+	fs.StringVar(&c.Prefix, "prefix", c.Prefix, "etcd key prefix")
+	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in the leader election")
+	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "leader session TTL, whole seconds (a dead leader is replaced within it)")
+	fs.DurationVar(&c.Margin, "propagation-margin", c.Margin, "new shares apply from the first window boundary at least this far ahead")
+	fs.Int64Var(&c.HistoryKeep, "history-keep", c.HistoryKeep, "history entries kept per provider; the leader deletes older ones")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown may take")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+}
+
+// ConfigError says which setting of Config is wrong.
+type ConfigError struct {
+	Field string
+	Value string
+	Err   error
+}
+
+// Error implements error: "--listen \"x\": must be host:port ...".
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("--%s %q: %v", e.Field, e.Value, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// Is makes a ConfigError a usage error (exit code 2).
+func (e *ConfigError) Is(target error) bool { return target == errUsage }
+
+// Validate checks the config; the error is a *ConfigError.
+func (c Config) Validate() error {
+	host, port, err := net.SplitHostPort(c.Listen)
+	if err != nil || port == "" {
+		return &ConfigError{"listen", c.Listen, errors.New("must be host:port, e.g. 127.0.0.1:7070")}
+	}
+	if !isLoopback(host) && c.AdminTokenFile == "" && !c.Insecure {
+		return &ConfigError{"listen", c.Listen, errors.New("refusing to listen beyond loopback without --admin-token-file (or pass --insecure)")}
+	}
+	if c.Etcd.given() {
+		if _, err := c.Etcd.config(); err != nil {
+			return err
+		}
+	} else {
+		if c.DataDir == "" {
+			return &ConfigError{"data-dir", c.DataDir, errors.New("must be set when no --etcd-endpoints are given")}
+		}
+		for name, v := range map[string]string{"embedded-client-url": c.EmbeddedClientURL, "embedded-peer-url": c.EmbeddedPeerURL} {
+			if u, err := url.Parse(v); err != nil || u.Scheme != "http" || u.Host == "" {
+				return &ConfigError{name, v, errors.New("must be a URL such as http://127.0.0.1:2379")}
+			}
+		}
+	}
+	if _, err := schema.NewKeys(c.Prefix); err != nil {
+		return &ConfigError{"prefix", c.Prefix, err}
+	}
+	if c.ReplicaID == "" || len(c.ReplicaID) > 128 || strings.ContainsAny(c.ReplicaID, " \t\n/") {
+		return &ConfigError{"replica-id", c.ReplicaID, errors.New("must be 1 to 128 characters, no spaces or slashes")}
+	}
+	if c.SessionTTL < time.Second || c.SessionTTL%time.Second != 0 || c.SessionTTL > time.Hour {
+		return &ConfigError{"session-ttl", c.SessionTTL.String(), errors.New("must be whole seconds from 1s to 1h")}
+	}
+	if c.Margin < 0 || c.Margin > time.Minute {
+		return &ConfigError{"propagation-margin", c.Margin.String(), errors.New("must be from 0 to 1m")}
+	}
+	if c.HistoryKeep < 1 || c.HistoryKeep > maxHistoryKeep {
+		return &ConfigError{"history-keep", strconv.FormatInt(c.HistoryKeep, 10), fmt.Errorf("must be from 1 to %d", maxHistoryKeep)}
+	}
+	if c.ShutdownTimeout <= 0 {
+		return &ConfigError{"shutdown-timeout", c.ShutdownTimeout.String(), errors.New("must be positive")}
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return &ConfigError{"log-level", c.LogLevel, err}
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return &ConfigError{"log-format", c.LogFormat, errors.New("must be text or json")}
+	}
+	return nil
+}
+
+// isLoopback reports whether host (from host:port) is a loopback address.
+// An empty host means every interface, so it is not.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+func newLogger(w io.Writer, c Config) *slog.Logger {
+	level, _ := parseLevel(c.LogLevel)
+	opts := &slog.HandlerOptions{Level: level}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := DefaultConfig()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg.registerFlags(fs)
+	if err := parseFlags(fs, serveUsage, args, stdout); err != nil {
+		return helpOK(err)
+	}
+	if fs.NArg() != 0 {
+		return usageErrorf("serve: takes no arguments, got %q", fs.Args())
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	return serve(ctx, cfg, stderr)
+}
+
+// serve runs the daemon until ctx ends, then shuts down gracefully.
+func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
+	log := newLogger(logOut, cfg)
+	var token []byte
+	if cfg.AdminTokenFile != "" {
+		b, err := os.ReadFile(cfg.AdminTokenFile)
+		if err != nil {
+			return fmt.Errorf("--admin-token-file: %w", err)
+		}
+		token = []byte(strings.TrimSpace(string(b)))
+		if len(token) < 16 {
+			return &ConfigError{"admin-token-file", cfg.AdminTokenFile, errors.New("the token must be at least 16 characters")}
+		}
+	}
+	keys, _ := schema.NewKeys(cfg.Prefix)
+
+	var cli *clientv3.Client
+	var err error
+	if cfg.Etcd.given() {
+		cli, err = cfg.Etcd.dial()
+	} else {
+		var emb *embedded
+		emb, err = startEmbedded(cfg.DataDir, cfg.EmbeddedClientURL, cfg.EmbeddedPeerURL, logOut)
+		if err != nil {
+			return err
+		}
+		defer emb.close()
+		log.Info("embedded etcd ready", "data_dir", cfg.DataDir, "client_url", cfg.EmbeddedClientURL)
+		cli, err = clientv3.New(clientv3.Config{Endpoints: emb.endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	}
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg)
+	st := &store{cli: cli, keys: keys, log: log}
+	el := &elector{
+		cli: cli, prefix: keys.Election(), id: cfg.ReplicaID, ttl: cfg.SessionTTL, log: log, metrics: m,
+		pub: &publisher{
+			cli: cli, keys: keys, log: log.With("replica", cfg.ReplicaID), metrics: m, margin: cfg.Margin,
+			replica: cfg.ReplicaID, historyKeep: cfg.HistoryKeep, now: time.Now,
+		},
+	}
+	a := &api{
+		store: st, token: token, log: log, metrics: m, leader: el.leading.Load,
+		ready: func(ctx context.Context) error {
+			_, err := cli.Get(ctx, keys.Election(), clientv3.WithCountOnly())
+			return err
+		},
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           a.handler(reg),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
+	var wg sync.WaitGroup
+	leadCtx, stopLeading := context.WithCancel(ctx)
+	defer stopLeading()
+	wg.Go(func() { el.run(leadCtx) })
+	serveErr := make(chan error, 1)
+	wg.Go(func() { serveErr <- srv.Serve(ln) })
+	log.Info("configd serving", "listen", ln.Addr().String(), "replica", cfg.ReplicaID,
+		"writes_need_token", len(token) > 0, "prefix", keys.Prefix())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining requests and resigning (a second signal aborts)")
+	case runErr = <-serveErr:
+		log.Error("admin API stopped", "error", runErr)
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("admin API did not drain in time", "error", err)
+		srv.Close()
+	}
+	stopLeading()
+	wg.Wait()
+	log.Info("configd stopped")
+	if errors.Is(runErr, http.ErrServerClosed) {
+		runErr = nil
+	}
+	return runErr
+}

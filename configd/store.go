@@ -1,0 +1,381 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// Errors of the store operations, shared by the admin API (which maps them
+// to HTTP statuses) and the CLI.
+var (
+	// ErrNotFound: no such provider.
+	ErrNotFound = errors.New("configd: provider not found")
+	// ErrConflict: the provider changed since the revision the caller read.
+	ErrConflict = errors.New("configd: conflict: the provider was changed by someone else since it was read")
+	// ErrUnauthorized: a write without a bearer token.
+	ErrUnauthorized = errors.New("configd: a bearer token is required for writes (--token-file)")
+	// ErrForbidden: a write with a wrong bearer token.
+	ErrForbidden = errors.New("configd: the bearer token is not valid")
+	// ErrMalformedStored: a record in etcd fails to decode or validate (it
+	// was written by hand or by a newer version). Overwrite it with set, or
+	// delete it.
+	ErrMalformedStored = errors.New("configd: malformed record in etcd")
+	// ErrEtcd: an etcd request failed (unreachable, timed out, refused).
+	ErrEtcd = errors.New("configd: etcd request failed")
+)
+
+// etcdError wraps an etcd client error with ErrEtcd.
+func etcdError(err error) error { return fmt.Errorf("%w: %w", ErrEtcd, err) }
+
+// anyRevision as ifRev means "whatever is there now" (last writer wins,
+// though still without losing a concurrent write between our read and our
+// write); 0 means "must not exist yet".
+const anyRevision = -1
+
+// maxPutAttempts bounds the read-modify-write retries of an unconditional
+// write that keeps losing races.
+const maxPutAttempts = 10
+
+// historyShown is how many history entries history returns (the newest).
+const historyShown = 100
+
+// backend is what the CLI subcommands need; *store implements it over etcd
+// and *apiClient over the admin API, with identical results.
+type backend interface {
+	list(ctx context.Context) (listView, error)
+	get(ctx context.Context, name string) (providerView, error)
+	put(ctx context.Context, cfg schema.ProviderConfig, ifRev int64, who string) (changeView, error)
+	remove(ctx context.Context, name string, ifRev int64, who string) (changeView, error)
+	status(ctx context.Context, name string) (statusView, error)
+	history(ctx context.Context, name string) ([]schema.HistoryEntry, error)
+}
+
+// providerView is one provider's config and the etcd revision it was read
+// at (the value to pass as --if-revision / If-Match).
+type providerView struct {
+	Config   schema.ProviderConfig `json:"config"`
+	Revision int64                 `json:"revision"`
+}
+
+// malformedView is a record found in etcd that failed to decode or validate.
+type malformedView struct {
+	Key      string `json:"key"`
+	Revision int64  `json:"revision"`
+	Error    string `json:"error"`
+}
+
+// listView is the answer of list.
+type listView struct {
+	Providers []providerView  `json:"providers"`
+	Malformed []malformedView `json:"malformed,omitempty"`
+}
+
+// changeView describes a write: the config before (nil: created) and after
+// (nil: deleted), and the revision of the write (the current one when
+// nothing changed).
+type changeView struct {
+	Old      *schema.ProviderConfig `json:"old"`
+	New      *schema.ProviderConfig `json:"new"`
+	Revision int64                  `json:"revision"`
+	Changed  bool                   `json:"changed"`
+}
+
+// instanceView is one live instance as status shows it.
+type instanceView struct {
+	ID       string                 `json:"id"`
+	Record   *schema.InstanceRecord `json:"record,omitempty"` // nil when malformed
+	Share    int64                  `json:"share"`
+	HasShare bool                   `json:"has_share"` // a share is published for it
+	LeaseID  int64                  `json:"lease_id"`
+	Error    string                 `json:"error,omitempty"` // why the record is malformed
+}
+
+// statusView is the answer of status: config, published shares, live
+// instances, and every malformed record found on the way.
+type statusView struct {
+	Provider       string                 `json:"provider"`
+	Config         *schema.ProviderConfig `json:"config"` // nil when malformed
+	ConfigRevision int64                  `json:"config_revision"`
+	Shares         *schema.Shares         `json:"shares"` // nil when none published or malformed
+	Instances      []instanceView         `json:"instances"`
+	Malformed      []malformedView        `json:"malformed,omitempty"`
+}
+
+// store is the one implementation of the provider operations over etcd,
+// used by the admin API handlers and by the CLI's direct mode. It is safe
+// for concurrent use.
+type store struct {
+	cli  *clientv3.Client
+	keys schema.Keys
+	log  *slog.Logger // malformed records are logged here; nil: not logged
+	now  func() time.Time
+}
+
+func (s *store) clock() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
+func (s *store) malformed(key string, rev int64, err error) malformedView {
+	if s.log != nil {
+		s.log.Warn("ignoring malformed record", "key", key, "revision", rev, "error", err)
+	}
+	return malformedView{Key: key, Revision: rev, Error: err.Error()}
+}
+
+// get returns a provider's config. A malformed stored config is an error
+// wrapping schema.ErrInvalid that says so.
+func (s *store) get(ctx context.Context, name string) (providerView, error) {
+	if err := schema.ValidateName(name); err != nil {
+		return providerView{}, err
+	}
+	resp, err := s.cli.Get(ctx, s.keys.Config(name))
+	if err != nil {
+		return providerView{}, etcdError(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return providerView{}, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	kv := resp.Kvs[0]
+	cfg, err := schema.DecodeProviderConfig(kv.Value)
+	if err != nil {
+		s.malformed(string(kv.Key), kv.ModRevision, err)
+		return providerView{}, fmt.Errorf("%w: config of %q at revision %d: %v (fix it with set, or delete it)", ErrMalformedStored, name, kv.ModRevision, err)
+	}
+	return providerView{Config: cfg, Revision: kv.ModRevision}, nil
+}
+
+// list returns every provider, sorted by name. It reads each provider's
+// config key and nothing else (scanProviders): instance records and history
+// entries are never fetched, so a long history does not slow it.
+func (s *store) list(ctx context.Context) (listView, error) {
+	out := listView{Providers: []providerView{}}
+	configOnly := func(name string, rev int64) []clientv3.Op {
+		return []clientv3.Op{clientv3.OpGet(s.keys.Config(name), clientv3.WithRev(rev))}
+	}
+	visit := func(_ string, resps []*etcdserverpb.ResponseOp) {
+		for _, kv := range resps[0].GetResponseRange().Kvs {
+			if k, err := s.keys.Parse(string(kv.Key)); err != nil || k.Kind != schema.KindConfig {
+				continue // under an invalid provider name: not a provider
+			}
+			cfg, err := schema.DecodeProviderConfig(kv.Value)
+			if err != nil {
+				out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
+				continue
+			}
+			out.Providers = append(out.Providers, providerView{Config: cfg, Revision: kv.ModRevision})
+		}
+	}
+	if _, err := scanProviders(ctx, s.cli, s.keys, configOnly, visit, func(*mvccpb.KeyValue) {}); err != nil {
+		return listView{}, err
+	}
+	slices.SortFunc(out.Providers, func(a, b providerView) int { return strings.Compare(a.Config.Name, b.Config.Name) })
+	return out, nil
+}
+
+// put creates or replaces a provider's config in one transaction that
+// compares the config's revision and writes a history record. ifRev is the
+// revision the caller read (0: must not exist), or anyRevision.
+func (s *store) put(ctx context.Context, cfg schema.ProviderConfig, ifRev int64, who string) (changeView, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return changeView{}, err
+	}
+	val, err := schema.Encode(cfg)
+	if err != nil {
+		return changeView{}, err
+	}
+	return s.write(ctx, cfg.Name, &cfg, string(val), ifRev, who)
+}
+
+// remove deletes a provider's config and its published shares, with a
+// history record. Instance keys stay until their leases end.
+func (s *store) remove(ctx context.Context, name string, ifRev int64, who string) (changeView, error) {
+	if err := schema.ValidateName(name); err != nil {
+		return changeView{}, err
+	}
+	return s.write(ctx, name, nil, "", ifRev, who)
+}
+
+// write puts (newCfg != nil) or deletes the config of name.
+func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderConfig, val string, ifRev int64, who string) (changeView, error) {
+	key := s.keys.Config(name)
+	for attempt := 1; ; attempt++ {
+		resp, err := s.cli.Get(ctx, key)
+		if err != nil {
+			return changeView{}, etcdError(err)
+		}
+		var cur int64
+		var old *schema.ProviderConfig
+		if len(resp.Kvs) > 0 {
+			kv := resp.Kvs[0]
+			cur = kv.ModRevision
+			if c, err := schema.DecodeProviderConfig(kv.Value); err == nil {
+				old = &c
+			} else {
+				// Overwriting or deleting a malformed record is how an
+				// operator repairs it; history shows it as old = null.
+				s.malformed(key, cur, err)
+			}
+		}
+		if ifRev != anyRevision && ifRev != cur {
+			return changeView{}, conflict(name, ifRev, cur)
+		}
+		if newCfg == nil && len(resp.Kvs) == 0 {
+			return changeView{}, fmt.Errorf("%w: %q", ErrNotFound, name)
+		}
+		if newCfg != nil && old != nil && *old == *newCfg {
+			return changeView{Old: old, New: newCfg, Revision: cur}, nil
+		}
+		now := s.clock()
+		hist, err := schema.Encode(schema.HistoryEntry{Provider: name, Who: truncate(who, 256), When: now.UTC(), Old: old, New: newCfg})
+		if err != nil {
+			return changeView{}, err
+		}
+		ops := []clientv3.Op{clientv3.OpPut(s.keys.HistoryEntry(name, now.UnixNano()), string(hist))}
+		if newCfg != nil {
+			ops = append(ops, clientv3.OpPut(key, val))
+		} else {
+			ops = append(ops, clientv3.OpDelete(key), clientv3.OpDelete(s.keys.Shares(name)))
+		}
+		tresp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", cur)).
+			Then(ops...).
+			Commit()
+		if err != nil {
+			return changeView{}, etcdError(err)
+		}
+		if tresp.Succeeded {
+			return changeView{Old: old, New: newCfg, Revision: tresp.Header.Revision, Changed: true}, nil
+		}
+		if ifRev != anyRevision || attempt >= maxPutAttempts {
+			return changeView{}, conflict(name, cur, -1)
+		}
+	}
+}
+
+func conflict(name string, want, now int64) error {
+	if now < 0 {
+		return fmt.Errorf("%w: %q changed after revision %d; read it again and retry", ErrConflict, name, want)
+	}
+	if now == 0 {
+		return fmt.Errorf("%w: %q expected at revision %d, but it does not exist", ErrConflict, name, want)
+	}
+	return fmt.Errorf("%w: %q expected at revision %d, but it is at revision %d; read it again and retry", ErrConflict, name, want, now)
+}
+
+// status reads a provider's config, shares and instances in one consistent
+// snapshot (one transaction).
+func (s *store) status(ctx context.Context, name string) (statusView, error) {
+	if err := schema.ValidateName(name); err != nil {
+		return statusView{}, err
+	}
+	tresp, err := s.cli.Txn(ctx).Then(
+		clientv3.OpGet(s.keys.Config(name)),
+		clientv3.OpGet(s.keys.Shares(name)),
+		clientv3.OpGet(s.keys.Instances(name), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return statusView{}, etcdError(err)
+	}
+	cfgKVs := tresp.Responses[0].GetResponseRange().Kvs
+	sharesKVs := tresp.Responses[1].GetResponseRange().Kvs
+	instKVs := tresp.Responses[2].GetResponseRange().Kvs
+	if len(cfgKVs) == 0 && len(instKVs) == 0 && len(sharesKVs) == 0 {
+		return statusView{}, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	out := statusView{Provider: name, Instances: []instanceView{}}
+	if len(cfgKVs) > 0 {
+		kv := cfgKVs[0]
+		out.ConfigRevision = kv.ModRevision
+		if c, err := schema.DecodeProviderConfig(kv.Value); err == nil {
+			out.Config = &c
+		} else {
+			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
+		}
+	}
+	if len(sharesKVs) > 0 {
+		kv := sharesKVs[0]
+		if sh, err := schema.DecodeShares(kv.Value); err == nil && sh.Provider == name {
+			out.Shares = &sh
+		} else {
+			if err == nil {
+				err = fmt.Errorf("shares record names provider %q", sh.Provider)
+			}
+			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
+		}
+	}
+	for _, kv := range instKVs {
+		k, err := s.keys.Parse(string(kv.Key))
+		if err != nil || k.Kind != schema.KindInstance {
+			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, fmt.Errorf("unexpected key under instances/: %w", err)))
+			continue
+		}
+		iv := instanceView{ID: k.Instance, LeaseID: kv.Lease}
+		rec, err := schema.DecodeInstanceRecord(kv.Value)
+		if err == nil && rec.ID != k.Instance {
+			err = fmt.Errorf("record id %q does not match its key", rec.ID)
+		}
+		if err != nil {
+			iv.Error = err.Error()
+			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
+		} else {
+			iv.Record = &rec
+		}
+		if out.Shares != nil {
+			iv.Share, iv.HasShare = out.Shares.Shares[k.Instance]
+		}
+		out.Instances = append(out.Instances, iv)
+	}
+	return out, nil
+}
+
+// history returns the newest historyShown changes of a provider, oldest
+// first. Malformed entries are logged and skipped.
+func (s *store) history(ctx context.Context, name string) ([]schema.HistoryEntry, error) {
+	if err := schema.ValidateName(name); err != nil {
+		return nil, err
+	}
+	resp, err := s.cli.Get(ctx, s.keys.History(name), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(historyShown))
+	if err != nil {
+		return nil, etcdError(err)
+	}
+	out := []schema.HistoryEntry{}
+	for i := len(resp.Kvs) - 1; i >= 0; i-- {
+		kv := resp.Kvs[i]
+		h, err := schema.DecodeHistoryEntry(kv.Value)
+		if err != nil {
+			s.malformed(string(kv.Key), kv.ModRevision, err)
+			continue
+		}
+		h.Revision = kv.ModRevision
+		out = append(out, h)
+	}
+	if len(out) == 0 {
+		if _, err := s.get(ctx, name); errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
