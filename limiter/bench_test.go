@@ -100,26 +100,49 @@ func BenchmarkPaced(b *testing.B) {
 	}
 }
 
-// BenchmarkSlowPath measures a waiter that is queued and woken: each
-// iteration reserves a permit in a future window of a limiter whose
-// windows are 10ms, and waits for it.
+// BenchmarkSlowPath measures the queue: a reservation made in a future
+// window and cancelled (the bookkeeping of a waiter, no sleep), and a
+// waiter queued and woken, reporting how late after its permit became
+// valid it returned (the sleep itself is the window's length).
 func BenchmarkSlowPath(b *testing.B) {
-	l, err := limiter.New(1<<20, 10*time.Millisecond)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		r, err := l.Reserve(1<<20, time.Second) // the whole of the next window
+	b.Run("reserve+cancel", func(b *testing.B) {
+		l, err := limiter.New(1, time.Hour)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := r.Wait(ctx); err != nil {
+		defer l.Close()
+		l.TryAcquire()
+		b.ReportAllocs()
+		for b.Loop() {
+			r, err := l.Reserve(1, 2*time.Hour)
+			if err != nil {
+				b.Fatal(err)
+			}
+			r.Cancel()
+		}
+	})
+	b.Run("wait", func(b *testing.B) {
+		l, err := limiter.New(1<<20, 10*time.Millisecond)
+		if err != nil {
 			b.Fatal(err)
 		}
-	}
+		defer l.Close()
+		ctx := context.Background()
+		var late time.Duration
+		b.ReportAllocs()
+		for b.Loop() {
+			r, err := l.Reserve(1<<20, time.Second) // the whole of the next window
+			if err != nil {
+				b.Fatal(err)
+			}
+			due := r.ReadyAt()
+			if err := r.Wait(ctx); err != nil {
+				b.Fatal(err)
+			}
+			late += time.Since(due)
+		}
+		b.ReportMetric(float64(late.Microseconds())/float64(b.N), "late-µs/op")
+	})
 }
 
 // BenchmarkWaiters queues 10,000 concurrent waiters on a limiter with one
@@ -149,6 +172,7 @@ func BenchmarkWaiters(b *testing.B) {
 				wg.Wait()
 				l.Close()
 				b.ReportMetric(float64(after.heap-before.heap)/float64(n), "heap-B/waiter")
+				b.ReportMetric(float64(after.stack-before.stack)/float64(n), "stack-B/waiter")
 			}
 		})
 	}

@@ -2,17 +2,19 @@ package limiter
 
 import "errors"
 
-// Sentinel errors. Every refusal wraps exactly one of these (and, for
-// cancellation, also the context's error), so callers branch with errors.Is.
+// Sentinel errors. Every refusal wraps one of these — a wait that ran out of
+// quota wraps both ErrTimeout and ErrNoQuota, and one ended by its context
+// also wraps the context's error — so callers branch with errors.Is.
 var (
 	// ErrTimeout means the earliest permit lies further away than the
 	// caller's maxWait or its context's deadline. Acquire returns it at once,
 	// without sleeping, when that is known up front.
 	ErrTimeout = errors.New("limiter: no permit within the allowed wait")
 
-	// ErrCanceled means the caller's context ended while it waited; the error
-	// also matches the context's own error (context.Canceled or
-	// context.DeadlineExceeded). The reserved permit was given back.
+	// ErrCanceled means the caller's context was cancelled while it waited;
+	// the error also matches context.Canceled. The reserved permit was given
+	// back. (A context whose deadline passes gives ErrTimeout and
+	// context.DeadlineExceeded instead.)
 	ErrCanceled = errors.New("limiter: wait canceled")
 
 	// ErrClosed means the Limiter was closed.

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -36,8 +37,13 @@ func FuzzLimiter(f *testing.F) {
 				}
 			}
 			setFrom(time.Now().UnixNano()/int64(w), q)
+			var mu sync.Mutex
 			admitted := map[int64]int64{}
-			admit := func(n int64) { admitted[time.Now().UnixNano()/int64(w)] += n }
+			admit := func(n int64) {
+				mu.Lock()
+				admitted[time.Now().UnixNano()/int64(w)] += n
+				mu.Unlock()
+			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			for i := 2; i+1 < len(ops); i += 2 {

@@ -626,3 +626,58 @@ func TestStatsCountsEveryOutcome(t *testing.T) {
 		}
 	})
 }
+
+func TestScheduledChangesTakeEffectInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const w = time.Second
+		l := mustNew(t, 10, w)
+		t0 := time.Now()
+		drain := func() (n int) {
+			for l.TryAcquire() {
+				n++
+			}
+			return n
+		}
+		// A shrink at window 1 and a growth at window 2, sent in a row: the
+		// growth must not swallow the shrink.
+		if err := l.SetQuota(5, t0.Add(w)); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetQuota(8, t0.Add(2*w)); err != nil {
+			t.Fatal(err)
+		}
+		// A change named earlier than one already scheduled replaces it.
+		if err := l.SetQuota(3, t0.Add(4*w)); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetQuota(6, t0.Add(3*w)); err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []int{10, 5, 8, 6, 6} {
+			if got := drain(); got != want {
+				t.Errorf("window %d admitted %d, want %d", i, got, want)
+			}
+			time.Sleep(w)
+		}
+	})
+}
+
+func TestWindowLengthChangesAtASharedBoundary(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := mustNew(t, 10, time.Second)
+		t0 := time.Now()
+		time.Sleep(1500 * time.Millisecond)
+		// 1s → 3s asked from 1.5s: the first shared boundary is 3s.
+		if err := l.SetLimit(30, 3*time.Second, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if st := l.Stats(); st.Window != time.Second {
+			t.Fatalf("window changed mid-window: %v", st.Window)
+		}
+		time.Sleep(t0.Add(3 * time.Second).Sub(time.Now()))
+		st := l.Stats()
+		if st.Window != 3*time.Second || st.Quota != 30 || !st.WindowStart.Equal(t0.Add(3*time.Second)) {
+			t.Fatalf("at 3s: window %v quota %d start %v", st.Window, st.Quota, st.WindowStart.Sub(t0))
+		}
+	})
+}

@@ -35,7 +35,7 @@ func WithClock(c Clock) Option {
 }
 
 // WithPacing spreads each window's permits evenly across it: permit k of a
-// window of length W and quota q becomes valid at start + k·W/q instead of
+// window of length W and quota q becomes valid at start + ⌊k·W/q⌋ instead of
 // all at the start. Permits a paced window did not use by their slot time
 // are dropped rather than saved up, so pacing never produces a burst. Off by
 // default; SetPacing changes it at run time.

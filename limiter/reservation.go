@@ -22,8 +22,13 @@ const (
 // A Reservation keeps its window and time unless the limits change under it:
 // a lowered quota, a Backoff or a new clock offset can move it later (or, if
 // that is past its deadline, fail it), in the order reservations were made.
-// Wait follows such moves; a holder that sleeps on ReadyAt itself should
-// check Err when it wakes.
+// One made by Reserve never moves earlier than the time it first gave. Wait
+// follows such moves; a holder that sleeps until ReadyAt itself should check
+// Err when it wakes.
+//
+// Cancel gives the permits back to callers that ask after it; waiters
+// already placed keep their times (as with golang.org/x/time/rate), so a
+// cancellation is O(1) however many wait.
 type Reservation struct {
 	l     *Limiter
 	n     int64
@@ -37,12 +42,14 @@ type Reservation struct {
 	state    int
 	err      error
 	counted  bool // in Stats.Delayed already
+	holder   bool // made by Reserve: its holder uses it at ReadyAt, so it never moves earlier
 
 	wake chan struct{} // poked when due or state change; nil for done ones
 }
 
 // ReadyAt returns when the permits become valid, on the system clock. For a
-// Reservation that failed it returns the zero Time.
+// Reservation that failed or was cancelled, or that still waits for a
+// quota, it returns the zero Time.
 func (r *Reservation) ReadyAt() time.Time {
 	d, ok := r.delay()
 	if !ok {
@@ -170,6 +177,12 @@ func (r *Reservation) Wait(ctx context.Context) error {
 			l.wakeups.Add(1)
 		case <-ctx.Done():
 			l.mu.Lock()
+			if r.state == resPending && r.due != math.MaxInt64 && l.now() >= r.due {
+				// Valid at the same instant: the permit wins.
+				r.state = resDone
+				l.mu.Unlock()
+				return nil
+			}
 			r.cancelLocked()
 			l.mu.Unlock()
 			return canceledError(ctx.Err())

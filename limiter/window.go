@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"time"
 )
 
@@ -69,45 +71,105 @@ type params struct {
 	window int64 // length in ns
 }
 
-// schedule is the quota and window in force now and, optionally, a change
-// that takes effect at a boundary both windows share.
+// schedule is the quota and window in force now and the changes scheduled
+// to take effect later, in order of time. Each change starts at a boundary
+// of both the window before it and its own.
 type schedule struct {
 	cur     params
-	next    params
-	from    int64 // corrected Unix ns at which next takes effect
-	hasNext bool
+	changes []change
+}
+
+type change struct {
+	from int64 // corrected Unix ns at which p takes effect
+	p    params
 }
 
 // at returns the params in force at corrected time t.
 func (s *schedule) at(t int64) params {
-	if s.hasNext && t >= s.from {
-		return s.next
+	p := s.cur
+	for _, c := range s.changes {
+		if c.from > t {
+			break
+		}
+		p = c.p
 	}
-	return s.cur
+	return p
 }
 
-// final reports whether the params in force at t can never change again
-// without a new call.
-func (s *schedule) final(t int64) bool { return !s.hasNext || t >= s.from }
+// nextChange returns the time of the first change after t, and false if
+// there is none: the params in force at t hold for good.
+func (s *schedule) nextChange(t int64) (int64, bool) {
+	for _, c := range s.changes {
+		if c.from > t {
+			return c.from, true
+		}
+	}
+	return 0, false
+}
 
-// span is one window: its bounds and quota, and the pacing interval between
-// its slots (0 when permits are not paced).
+// advance folds the changes in effect by t into cur.
+func (s *schedule) advance(t int64) {
+	i := 0
+	for i < len(s.changes) && s.changes[i].from <= t {
+		s.cur = s.changes[i].p
+		i++
+	}
+	s.changes = s.changes[i:]
+}
+
+// set schedules p from time from on, replacing every change scheduled at
+// or after it; changes before it stay.
+func (s *schedule) set(from int64, p params) {
+	i := 0
+	for i < len(s.changes) && s.changes[i].from < from {
+		i++
+	}
+	s.changes = append(s.changes[:i:i], change{from: from, p: p})
+}
+
+// span is one window: its bounds and quota, and whether its permits are
+// paced (slot k valid at start + k·(end−start)/quota) or all valid at start.
 type span struct {
 	start, end int64
 	quota      int64
-	interval   int64
+	paced      bool
 }
 
-// spanAt returns the window that contains corrected time t.
+// spanAt returns the window that contains corrected time t. Windows at the
+// ends of int64 time are cut short rather than wrapped around.
 func (s *schedule) spanAt(t int64, pacing bool) span {
 	p := s.at(t)
 	start := t - floorMod(t, p.window)
-	sp := span{start: start, end: start + p.window, quota: p.quota}
-	if pacing && p.quota > 0 {
-		sp.interval = max(1, p.window/p.quota)
+	if start > t {
+		start = math.MinInt64
 	}
-	return sp
+	end := start + p.window
+	if end < start {
+		end = math.MaxInt64
+	}
+	return span{start: start, end: end, quota: p.quota, paced: pacing && p.quota > 0}
 }
 
 // slotTime is when slot k of the window becomes valid.
-func (sp span) slotTime(k int64) int64 { return sp.start + k*sp.interval }
+func (sp span) slotTime(k int64) int64 {
+	if !sp.paced || k <= 0 {
+		return sp.start
+	}
+	return sp.start + mulDiv(k, sp.end-sp.start, sp.quota)
+}
+
+// slotAt is the newest slot of the window valid at t (for t ≥ start).
+func (sp span) slotAt(t int64) int64 {
+	return min(mulDiv(t-sp.start, sp.quota, sp.end-sp.start), sp.quota-1)
+}
+
+// mulDiv returns a·b/c, rounded down, for a, b ≥ 0 and c > 0, saturating
+// at math.MaxInt64: exact where a·b overflows int64.
+func mulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(min(q, math.MaxInt64))
+}

@@ -1,0 +1,217 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Backoff pauses the limiter: no permit is valid before now+d. Call it when
+// the provider answers 429 or 503 with Retry-After, so that a limit set too
+// high on our side does not keep hammering it. Waiters whose permits fall
+// inside the pause are moved after it, in their order, or fail with
+// ErrTimeout at once if that is beyond their deadline. A d of 0 or less
+// does nothing; a later Backoff that ends earlier than the current one does
+// not shorten it.
+func (l *Limiter) Backoff(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	until := addClamped(now, d)
+	if until <= l.backoffUntil || l.closed {
+		return
+	}
+	l.advanceLocked(now)
+	rs := l.unplaceLocked(now)
+	l.backoffUntil = until
+	l.advanceLocked(now)
+	l.replaceLocked(rs, now, 0)
+}
+
+// SetQuota sets the quota from the first window that starts at or after at,
+// keeping the window length in force then. An at not after now (the zero
+// Time included) changes the current window at once: if more than q of its
+// permits are already taken, none is admitted until the next window. Use
+// the same at on every instance to switch them at the same boundary. q
+// must lie between 0 and MaxQuota.
+//
+// Waiters are placed again under the new quota, in the order they asked:
+// a raise serves them earlier, a drop moves them later and fails those it
+// moves past their deadline with ErrTimeout. Waiters for quota are placed
+// as soon as it suffices.
+func (l *Limiter) SetQuota(q int64, at time.Time) error {
+	l.mu.Lock()
+	w := l.sched.at(clampUnixNano(at)).window
+	l.mu.Unlock()
+	return l.SetLimit(q, time.Duration(w), at)
+}
+
+// SetLimit sets the quota and the window length together, from at on. A
+// change of window length takes effect at the first instant at or after at
+// (and after the current window) that is a boundary of both the old and the
+// new window, so that no window is cut short; a change of quota alone, as in
+// SetQuota. Changes scheduled for later are kept in order: a call replaces
+// those scheduled at or after its own start, and leaves earlier ones alone,
+// so two changes sent in a row take effect one after the other.
+func (l *Limiter) SetLimit(q int64, window time.Duration, at time.Time) error {
+	if err := ValidateQuota(q); err != nil {
+		return err
+	}
+	if err := ValidateWindow(window); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	now := l.now()
+	l.advanceLocked(now)
+	rs := l.unplaceLocked(now)
+	p := params{quota: q, window: int64(window)}
+	atNs := now
+	if !at.IsZero() {
+		atNs = clampUnixNano(at)
+	}
+	if p.window == l.sched.cur.window && atNs <= now {
+		// From now on, p: the current window changes at once and every
+		// scheduled change is dropped.
+		l.sched = schedule{cur: p}
+		l.setCurrentQuotaLocked(q)
+	} else {
+		// From the first boundary, at or after at and after the current
+		// window, that the window in force there and the new one share.
+		from := max(atNs, l.cur.end)
+		cw := l.sched.at(from).window
+		step := p.window / gcd(p.window, cw) * cw // lcm
+		from += floorMod(-from, step)
+		l.sched.set(from, p)
+	}
+	l.replaceLocked(rs, now, 0)
+	return nil
+}
+
+// setCurrentQuotaLocked changes the current window's quota to q, keeping
+// what it consumed: in one compare-and-swap against the hot path, so no
+// admission between reading and writing the word is lost.
+func (l *Limiter) setCurrentQuotaLocked(q int64) {
+	old := l.cur.quota
+	l.cur = l.sched.spanAt(l.cur.start, l.pacing)
+	l.cur.quota = q
+	l.quota.Store(q)
+	l.paced.Store(l.cur.pacedWindow())
+	for {
+		s := l.state.Load()
+		rem := int64(s&remMask) + q - old - l.overCur
+		over := max(0, -rem)
+		if l.state.CompareAndSwap(s, s&^remMask|uint64(max(0, rem))) {
+			l.overCur = over
+			return
+		}
+	}
+}
+
+// SetPacing turns pacing on or off (see WithPacing), from now on.
+func (l *Limiter) SetPacing(on bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pacing == on {
+		return
+	}
+	l.pacing = on
+	if l.cur.end != math.MinInt64 {
+		l.cur.paced = on && l.cur.quota > 0
+		l.paced.Store(l.cur.pacedWindow())
+	}
+}
+
+// SetShadow turns shadow mode on or off (see WithShadow), from now on.
+// Waiters already sleeping keep their permits and times.
+func (l *Limiter) SetShadow(on bool) { l.shadow.Store(on) }
+
+// SetClockOffset sets the correction added to the clock: the limiter's time
+// becomes the clock's time plus d, which moves every window boundary by the
+// change. Call it with each new NTP measurement. Waiters are placed again on
+// the new time, in order, with their real deadlines kept. A correction that
+// moves time backwards does not reopen a window already closed: the current
+// window lasts until its end on the new clock.
+func (l *Limiter) SetClockOffset(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if time.Duration(l.offset.Load()) == d {
+		return
+	}
+	before := l.now()
+	if l.closed {
+		l.setOffsetLocked(d)
+		return
+	}
+	l.advanceLocked(before)
+	rs := l.unplaceLocked(before)
+	l.setOffsetLocked(d)
+	now := l.now()
+	l.advanceLocked(now)
+	l.replaceLocked(rs, now, now-before)
+}
+
+// ClockOffset returns the correction set by SetClockOffset or
+// WithClockOffset.
+func (l *Limiter) ClockOffset() time.Duration { return time.Duration(l.offset.Load()) }
+
+// Now returns the limiter's time: its clock plus the clock offset. Window
+// boundaries are multiples of the window length on this time.
+func (l *Limiter) Now() time.Time { return time.Unix(0, l.now()) }
+
+// Close releases every waiter with ErrClosed and makes every later call
+// fail: TryAcquire reports false, Acquire and Reserve return ErrClosed.
+// Close is idempotent and always returns nil.
+func (l *Limiter) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	now := l.now()
+	l.advanceLocked(now)
+	for _, r := range l.unplaceLocked(now) {
+		r.state, r.err = resFailed, ErrClosed
+		r.poke()
+	}
+	l.closed = true
+	l.advanceLocked(now)
+	return nil
+}
+
+func addClamped(t int64, d time.Duration) int64 {
+	switch {
+	case d > 0 && t > math.MaxInt64-int64(d):
+		return math.MaxInt64
+	case d < 0 && t < math.MinInt64-int64(d):
+		return math.MinInt64
+	}
+	return t + int64(d)
+}
+
+// clampUnixNano is t in Unix ns, clamped to the range int64 can hold
+// (years 1678 to 2262).
+func clampUnixNano(t time.Time) int64 {
+	switch {
+	case t.Before(time.Unix(0, math.MinInt64)):
+		return math.MinInt64
+	case t.After(time.Unix(0, math.MaxInt64)):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
+}
+
+// canceledError is the error of a wait whose context ended.
+func canceledError(ctxErr error) error {
+	if ctxErr == context.DeadlineExceeded {
+		return fmt.Errorf("%w: %w", ErrTimeout, ctxErr)
+	}
+	return fmt.Errorf("%w: %w", ErrCanceled, ctxErr)
+}

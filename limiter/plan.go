@@ -1,0 +1,301 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Placing permits that are not available now: in the current window's
+// later paced slots, or in a future window, first fit from the earliest,
+// in the order callers asked. A placed Reservation is charged to its window
+// — the current one in the state word, future ones in the book — so the
+// window's quota counts it before anyone else.
+
+// placement is where a reservation fits: a window and a slot in it.
+type placement struct {
+	win  span
+	slot int64 // first slot taken, for pacing
+	due  int64 // when the last of its permits is valid
+}
+
+type fitStatus int
+
+const (
+	fits fitStatus = iota
+	full           // no room in the window
+	late           // room, but past the deadline
+)
+
+// reserve is the slow path shared by AcquireN and Reserve. It returns a nil
+// Reservation and a nil error when wait is set and the permits were taken
+// at once.
+func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, wait bool) (*Reservation, error) {
+	if n < 1 || n > MaxQuota {
+		return nil, fmt.Errorf("%w: n must be between 1 and %d permits, got %d", ErrInvalid, int64(MaxQuota), n)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, canceledError(err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, ErrClosed
+	}
+	now := l.now()
+	l.advanceLocked(now)
+	if l.takeLocked(n, now) {
+		if wait {
+			return nil, nil
+		}
+		return &Reservation{l: l, n: n, win: l.cur.start, due: now, state: resDone}, nil
+	}
+	deadline := addClamped(now, max(maxWait, 0))
+	if d, ok := ctx.Deadline(); ok {
+		deadline = min(deadline, addClamped(now, time.Until(d)))
+	}
+	if l.shadow.Load() {
+		// Admit at once; count what enforcing would have done.
+		if err := l.placeLocked(n, now, deadline, math.MinInt64, nil); err == nil || (wait && err == ErrNoQuota) {
+			l.counts.shadowDelayed += n
+		} else {
+			l.counts.shadowRejected += n
+		}
+		l.counts.shadowAdmitted += n
+		if wait {
+			return nil, nil
+		}
+		return &Reservation{l: l, n: n, win: math.MinInt64, due: now, state: resDone}, nil
+	}
+	r := l.newReservation(n, now, deadline, !wait)
+	err := l.placeLocked(n, now, deadline, math.MinInt64, r)
+	switch {
+	case err == nil:
+		return r, nil
+	case err == ErrNoQuota && wait && deadline > now:
+		r.due, r.state = math.MaxInt64, resPending
+		l.noQuota = append(l.noQuota, r)
+		return r, nil
+	case err == ErrNoQuota:
+		l.counts.timedOut += n
+		return nil, fmt.Errorf("%w: %w: quota %d is below the %d permits asked for", ErrTimeout, ErrNoQuota, l.cur.quota, n)
+	}
+	l.counts.timedOut += n
+	return nil, fmt.Errorf("%w: %d permits not available within %v", ErrTimeout, n, time.Duration(deadline-now))
+}
+
+func (l *Limiter) newReservation(n, now, deadline int64, holder bool) *Reservation {
+	l.nextSeq++
+	return &Reservation{l: l, n: n, seq: l.nextSeq, asked: now, deadline: deadline, holder: holder, wake: make(chan struct{}, 1)}
+}
+
+// placeLocked finds the earliest place, at or after now, minDue and the end
+// of any backoff, where n permits are free and valid no later than
+// deadline, and, if r is not nil, charges r to it. It returns ErrTimeout
+// when that place lies beyond deadline and ErrNoQuota when the quota in
+// force is below n for good.
+func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation) error {
+	t := max(now, l.backoffUntil, minDue)
+	if t < l.cur.end {
+		p, st := l.placeCurrentLocked(n, t, deadline, r != nil)
+		switch st {
+		case fits:
+			if r != nil {
+				l.bookLocked(r, p)
+			}
+			return nil
+		case late:
+			return ErrTimeout
+		}
+	}
+	p, err := l.placeFutureLocked(n, t, deadline)
+	if err != nil || r == nil {
+		return err
+	}
+	bw := l.bookWindowLocked(p.win.start)
+	bw.charged += n
+	bw.next = max(bw.next, p.slot+n)
+	if l.scanFrom == p.win.start && max(bw.charged, bw.next) >= p.win.quota {
+		l.scanFrom = p.win.end
+	}
+	l.bookLocked(r, p)
+	return nil
+}
+
+// placeCurrentLocked places n permits in the current window, valid at t or
+// later, taking them from the state word at once if commit is set: a
+// compare-and-swap, as the hot path may be taking permits meanwhile.
+func (l *Limiter) placeCurrentLocked(n, t, deadline int64, commit bool) (placement, fitStatus) {
+	w := l.cur
+	for {
+		s := l.state.Load()
+		k := w.quota - int64(s&remMask)
+		p, ok := fit(w, k, n, t)
+		switch {
+		case !ok:
+			return placement{}, full
+		case p.due > deadline:
+			return placement{}, late
+		case !commit:
+			return p, fits
+		}
+		if l.state.CompareAndSwap(s, s&^remMask|uint64(w.quota-p.slot-n)) {
+			if p.slot > k {
+				l.wasted.Add(p.slot - k)
+			}
+			return p, fits
+		}
+	}
+}
+
+// placeFutureLocked finds the earliest window after the current one, from
+// time t on, with n permits free.
+func (l *Limiter) placeFutureLocked(n, t, deadline int64) (placement, error) {
+	ws := max(t, l.cur.end, l.scanFrom)
+	for {
+		w := l.sched.spanAt(ws, l.pacing)
+		next, changes := l.sched.nextChange(w.start)
+		if w.quota < n && !changes {
+			return placement{}, ErrNoQuota
+		}
+		if w.start > deadline {
+			return placement{}, ErrTimeout
+		}
+		if w.quota >= n {
+			var k int64
+			if bw := l.book[w.start]; bw != nil {
+				k = bw.charged
+				if w.paced {
+					k = max(k, bw.next)
+				}
+			}
+			if p, ok := fit(w, k, n, t); ok {
+				if p.due > deadline {
+					return placement{}, ErrTimeout
+				}
+				return p, nil
+			}
+			next = w.end
+		}
+		if next <= ws {
+			return placement{}, ErrTimeout // the end of time
+		}
+		ws = next
+	}
+}
+
+// fit places n permits in window w whose slots before k are taken, valid
+// at t or later.
+func fit(w span, k, n, t int64) (placement, bool) {
+	if w.paced && t > w.start {
+		// Paced slots whose time has passed are gone.
+		k = max(k, w.slotAt(t)-(n-1))
+	}
+	if k+n > w.quota {
+		return placement{}, false
+	}
+	due := max(w.slotTime(k+n-1), t)
+	if due >= w.end {
+		return placement{}, false
+	}
+	return placement{win: w, slot: k, due: due}, true
+}
+
+func (l *Limiter) bookWindowLocked(start int64) *bookWindow {
+	bw := l.book[start]
+	if bw == nil {
+		bw = &bookWindow{res: make(map[*Reservation]struct{})}
+		l.book[start] = bw
+	}
+	return bw
+}
+
+// bookLocked records r as placed at p; its permits are already charged.
+func (l *Limiter) bookLocked(r *Reservation, p placement) {
+	r.win, r.due, r.state = p.win.start, p.due, resPending
+	l.bookWindowLocked(p.win.start).res[r] = struct{}{}
+	if !r.counted {
+		r.counted = true
+		l.counts.delayed += r.n
+		l.counts.observeWait(time.Duration(p.due - r.asked))
+	}
+}
+
+// releaseLocked gives reservation r's permits back: to the state word if
+// its window is the current one, else to its future window. Permits of a
+// window already closed are gone.
+func (l *Limiter) releaseLocked(r *Reservation) {
+	bw := l.book[r.win]
+	if bw != nil {
+		delete(bw.res, r)
+	}
+	switch {
+	case r.win == l.cur.start:
+		l.addRemainingLocked(r.n)
+	case r.win > l.cur.start && bw != nil:
+		bw.charged -= r.n
+		l.scanFrom = min(l.scanFrom, r.win)
+	}
+	if bw != nil && len(bw.res) == 0 && bw.charged == 0 {
+		delete(l.book, r.win)
+	}
+}
+
+// unplaceLocked takes every reservation not yet valid at now out of its
+// window, giving its permits back, and returns them with the waiters for
+// quota, in the order they were made: the limits are about to change.
+func (l *Limiter) unplaceLocked(now int64) []*Reservation {
+	var rs []*Reservation
+	for _, bw := range l.book {
+		for r := range bw.res {
+			if r.state == resPending && r.due > now {
+				rs = append(rs, r)
+			}
+		}
+	}
+	for _, r := range rs {
+		l.releaseLocked(r)
+	}
+	rs = append(rs, l.noQuota...)
+	l.noQuota = nil
+	sortReservations(rs)
+	return rs
+}
+
+// replaceLocked places the reservations unplaceLocked returned again, in
+// order, under the new limits. shift is how far the limiter's time moved
+// (a new clock offset): deadlines, which stand for real time, move with it,
+// and a Reserve holder's permits, which it will use at the real time it was
+// told, never move earlier than that. A reservation that cannot be placed by
+// its deadline fails with ErrTimeout; Acquire waiters are woken to follow
+// their new time.
+func (l *Limiter) replaceLocked(rs []*Reservation, now, shift int64) {
+	// What the current window admitted beyond a lowered quota stays
+	// admitted: count it, and admit nothing more in this window.
+	l.counts.closedConsumed += l.overCur
+	l.overCur = 0
+	l.scanFrom = math.MinInt64
+	for _, r := range rs {
+		r.deadline = addClamped(r.deadline, time.Duration(shift))
+		minDue := int64(math.MinInt64)
+		if r.holder && r.due != math.MaxInt64 {
+			minDue = addClamped(r.due, time.Duration(shift))
+		}
+		err := l.placeLocked(r.n, now, r.deadline, minDue, r)
+		switch {
+		case err == nil:
+		case err == ErrNoQuota && r.deadline > now && !r.holder:
+			r.due, r.state = math.MaxInt64, resPending
+			l.noQuota = append(l.noQuota, r)
+			continue
+		default:
+			r.state, r.err = resFailed, ErrTimeout
+			if err == ErrNoQuota {
+				r.err = fmt.Errorf("%w: %w", ErrTimeout, ErrNoQuota)
+			}
+			l.counts.timedOut += r.n
+		}
+		r.poke()
+	}
+}
