@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/internal/etcdtest"
 )
 
 // Tests run against an in-process kfake cluster, one per test, or against
@@ -25,10 +26,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
 	}
+	if os.Getenv(sharedChildEnv) != "" {
+		os.Exit(sharedChildMain())
+	}
 	// Every goroutine must be gone when the tests end: kfake's and
 	// kafka-go's included (clusters, readers, writers and transports are
-	// all closed by the tests), so nothing is ignored.
-	goleak.VerifyTestMain(m)
+	// all closed by the tests). Only the embedded etcd's process-wide
+	// loops, which are not sluice's, are ignored.
+	goleak.VerifyTestMain(m, etcdtest.IgnoreLeaks()...)
 }
 
 // testKafka is a Kafka-protocol cluster for one test.
