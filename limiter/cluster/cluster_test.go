@@ -15,7 +15,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/ntptest"
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 const childEnv = "SLUICE_CLUSTER_CHILD" // endpoint|provider|id: run a member until killed
@@ -279,4 +281,47 @@ func TestKilledInstanceShareGoesBack(t *testing.T) {
 	enforcing(t, a, 45)
 	enforcing(t, b, 45)
 	t.Logf("SIGKILLed instance's share reached the others %v after the kill (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
+}
+
+// TestClockMonitorCorrectsAndCuts runs a Member with an NTP monitor against
+// a test SNTP responder over real UDP: the measured offset corrects the
+// limiter's clock and is reported; when the server goes silent and the
+// offset becomes unknown, the share is cut to half; it comes back when the
+// server answers again.
+func TestClockMonitorCorrectsAndCuts(t *testing.T) {
+	ntpSrv, err := ntptest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ntpSrv.Close()
+	ntpSrv.SetOffset(250 * time.Millisecond)
+	mon, err := skew.New(skew.WithServers(ntpSrv.Addr()), skew.WithInterval(50*time.Millisecond),
+		skew.WithTimeout(100*time.Millisecond), skew.WithStaleness(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(time.Second)})
+	a := join(t, cli, "api", "a", WithClockMonitor(mon))
+
+	near := func(d, want time.Duration) bool { return d > want-time.Millisecond && d < want+time.Millisecond }
+	waitFor(t, "offset applied", func() bool { return near(a.Limiter().ClockOffset(), 250*time.Millisecond) })
+	enforcing(t, a, 100)
+	waitFor(t, "offset reported", func() bool {
+		resp, err := cli.Get(context.Background(), keys.Instance("api", "a"))
+		if err != nil || len(resp.Kvs) != 1 {
+			return false
+		}
+		r, err := schema.DecodeInstanceRecord(resp.Kvs[0].Value)
+		return err == nil && r.ClockKnown && near(r.ClockOffset.D(), 250*time.Millisecond)
+	})
+
+	ntpSrv.SetMode(ntptest.Silent)
+	enforcing(t, a, 50)
+	if st := a.Status(); st.ClockKnown {
+		t.Errorf("status says the clock is known while NTP is silent: %+v", st)
+	}
+	ntpSrv.SetMode(ntptest.Answer)
+	enforcing(t, a, 100)
 }

@@ -67,6 +67,10 @@ type Status struct {
 	Generation int64
 	// Demand is the smoothed permits per window this instance asked for.
 	Demand int64
+	// ClockKnown and ClockUncertainty are the clock measurement's (see
+	// WithClockMonitor); the offset applied is the limiter's ClockOffset.
+	ClockKnown       bool
+	ClockUncertainty time.Duration
 	// Problems lists records found malformed in etcd (ignored; the last
 	// good value is kept).
 	Problems []string

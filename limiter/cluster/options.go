@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
+	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 // Defaults of a Member's options.
@@ -38,6 +39,7 @@ type options struct {
 	fallbackWindow time.Duration
 	logger         *slog.Logger
 	limiterOpts    []limiter.Option
+	clock          *skew.Monitor
 }
 
 func defaultOptions() options {
@@ -133,4 +135,16 @@ func WithLogger(l *slog.Logger) Option {
 // (a clock, an initial clock offset).
 func WithLimiterOptions(opts ...limiter.Option) Option {
 	return optionFunc(func(o *options) { o.limiterOpts = append(o.limiterOpts, opts...) })
+}
+
+// WithClockMonitor makes the Member measure its clock with mon, which it
+// runs until Close (do not run it yourself). Each report interval the
+// Member corrects its limiter's window boundaries by the measured offset
+// (limiter.SetClockOffset), reports the offset in its record, and enforces
+// skew.EnforcedShare of its share: the full share while the offset is known
+// within the provider's max_clock_offset (default skew.DefaultBound of the
+// window), less when the uncertainty is larger, half when the offset is
+// unknown. Without a monitor the clock is trusted as it is.
+func WithClockMonitor(mon *skew.Monitor) Option {
+	return optionFunc(func(o *options) { o.clock = mon })
 }

@@ -8,12 +8,14 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
+	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 var errLeaseLost = errors.New("cluster: lease keep-alive ended")
@@ -32,7 +34,7 @@ type view struct {
 // applied is what the Member last set on its limiter.
 type applied struct {
 	source string
-	quota  int64
+	quota  int64 // enforced: the share, less any cut for clock uncertainty
 	window time.Duration
 	gen    int64
 	at     int64
@@ -54,6 +56,11 @@ type reporter struct {
 // waiting with capped, jittered backoff between them.
 func (m *Member) run(ctx context.Context) {
 	defer close(m.done)
+	if mon := m.cfg.clock; mon != nil {
+		var wg sync.WaitGroup
+		wg.Go(func() { mon.Run(ctx) })
+		defer wg.Wait()
+	}
 	v := &view{instances: map[string]bool{}, leaders: map[string]bool{}, problems: map[string]string{}}
 	var ap applied
 	rep := &reporter{started: time.Now()}
@@ -197,6 +204,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			}
 			m.apply(v, ap)
 		case <-tick.C:
+			m.apply(v, ap) // follows the clock measurement
 			if err := m.report(sctx, lease.ID, ap, rep, false); err != nil {
 				return err
 			}
@@ -299,6 +307,7 @@ func (m *Member) apply(v *view, ap *applied) bool {
 		}
 		lim.SetShadow(c.Mode == schema.ModeShadow)
 		lim.SetPacing(c.Pacing)
+		next.quota = m.clockCut(next.quota, w, c.MaxClockOffset.D())
 	}
 	if next.source == ap.source && next.quota == ap.quota && next.window == ap.window && next.gen == ap.gen {
 		return false
@@ -326,6 +335,22 @@ func (m *Member) apply(v *view, ap *applied) bool {
 		}
 	})
 	return newGen && next.gen != 0
+}
+
+// clockCut corrects the limiter's clock by the latest measurement and
+// returns the share to enforce under its uncertainty (see
+// WithClockMonitor). Without a monitor it returns q.
+func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
+	mon := m.cfg.clock
+	if mon == nil {
+		return q
+	}
+	meas := mon.Current()
+	if meas.Known {
+		m.lim.SetClockOffset(meas.Offset)
+	}
+	m.setStatus(func(s *Status) { s.ClockKnown, s.ClockUncertainty = meas.Known, meas.Uncertainty })
+	return skew.EnforcedShare(q, w, meas, bound)
 }
 
 // floorModNeg is how far t is from the next multiple of w (0 if it is one).
@@ -377,6 +402,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		Demand:            demand,
 		Admitted:          st.Admitted,
 		ClockOffset:       schema.Duration(m.lim.ClockOffset()),
+		ClockKnown:        m.cfg.clock != nil && m.cfg.clock.Current().Known,
 		AppliedGeneration: ap.gen,
 	}
 	if !force && rep.haveWrite && !meaningful(rep.written, rec) && now.Sub(rep.wroteAt) < 10*m.cfg.report {
