@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -324,4 +326,32 @@ func TestClockMonitorCorrectsAndCuts(t *testing.T) {
 	}
 	ntpSrv.SetMode(ntptest.Answer)
 	enforcing(t, a, 100)
+}
+
+func TestCollectorReportsStatus(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(100 * time.Millisecond)})
+	a := join(t, cli, "api", "a")
+	enforcing(t, a, 40)
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(NewCollector(a, prometheus.Labels{"provider": "api"})); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP sluice_member_connected 1 while the member has a live etcd lease and a current view; 0 while etcd is unreachable and the last share is kept (fail-static).
+# TYPE sluice_member_connected gauge
+sluice_member_connected{provider="api"} 1
+# HELP sluice_member_share_permits The share enforced, in permits per window.
+# TYPE sluice_member_share_permits gauge
+sluice_member_share_permits{provider="api"} 40
+# HELP sluice_member_source 1 for where the share comes from: fallback, even (no configd alive) or shares (published by configd).
+# TYPE sluice_member_source gauge
+sluice_member_source{provider="api",source="even"} 1
+sluice_member_source{provider="api",source="fallback"} 0
+sluice_member_source{provider="api",source="shares"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), MetricConnected, MetricShare, MetricSource); err != nil {
+		t.Error(err)
+	}
 }
