@@ -86,6 +86,7 @@ type Limiter struct {
 	noQuota      []*Reservation        // waiting for a quota ≥ n, first come first
 	nextSeq      uint64                // reservation order
 	overCur      int64                 // permits the current window took beyond a lowered quota
+	guard        int64                 // clock uncertainty: no admission this close to a boundary
 	backoffUntil int64
 	closed       bool
 	counts       counts
@@ -242,7 +243,7 @@ func (l *Limiter) advanceLocked(now int64) {
 	if now >= l.cur.end {
 		l.roll(now)
 	}
-	slow := l.closed || now < l.backoffUntil
+	slow := l.closed || now < l.backoffUntil || now < l.cur.open()
 	for {
 		s := l.state.Load()
 		next := s &^ slowBit
@@ -261,7 +262,7 @@ func (l *Limiter) advanceLocked(now int64) {
 func (l *Limiter) roll(now int64) {
 	l.sched.advance(now)
 	old := l.cur
-	l.cur = l.sched.spanAt(now, l.pacing)
+	l.cur = l.spanLocked(now)
 	var charged, next int64
 	for start, bw := range l.book {
 		switch {
@@ -296,7 +297,12 @@ func (l *Limiter) roll(now int64) {
 		}
 	}
 	l.overCur = 0
-	l.end.Store(l.cur.end)
+	l.end.Store(l.cur.shut())
+}
+
+// spanLocked is the window that contains t, with the guard band in force.
+func (l *Limiter) spanLocked(t int64) span {
+	return l.sched.spanAt(t, l.pacing).withGuard(l.guard)
 }
 
 // pacedWindow is the window's length if it is paced, else 0: what the hot
@@ -320,7 +326,7 @@ func (l *Limiter) consumedLocked() int64 {
 // takeLocked takes n permits from the current window if they are valid at
 // now and nobody waits for them.
 func (l *Limiter) takeLocked(n, now int64) bool {
-	if now < l.backoffUntil || l.closed || now >= l.cur.end || now < l.cur.start {
+	if now < l.backoffUntil || l.closed || now >= l.cur.shut() || now < l.cur.open() {
 		return false
 	}
 	p, st := l.placeCurrentLocked(n, now, now, true)

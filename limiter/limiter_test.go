@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -680,4 +681,82 @@ func TestWindowLengthChangesAtASharedBoundary(t *testing.T) {
 			t.Fatalf("at 3s: window %v quota %d start %v", st.Window, st.Quota, st.WindowStart.Sub(t0))
 		}
 	})
+}
+
+func TestClockUncertaintyKeepsABandAtBoundaries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const w = time.Second
+		l := mustNew(t, 10, w)
+		t0 := time.Now()
+		l.SetClockUncertainty(100 * time.Millisecond)
+		if l.TryAcquire() {
+			t.Fatal("admitted at the window's start, inside the band")
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- l.Acquire(context.Background(), time.Second) }()
+		synctest.Wait()
+		if err := <-errc; err != nil || since(t0) != 100*time.Millisecond {
+			t.Fatalf("waiter: %v at %v, want admitted when the band ends (100ms)", err, since(t0))
+		}
+		time.Sleep(799 * time.Millisecond)
+		if !l.TryAcquire() {
+			t.Fatal("refused 1ms before the closing band")
+		}
+		time.Sleep(time.Millisecond)
+		if l.TryAcquire() {
+			t.Fatal("admitted inside the closing band")
+		}
+		if st := l.Stats(); st.ClockUncertainty != 100*time.Millisecond {
+			t.Errorf("Stats.ClockUncertainty = %v", st.ClockUncertainty)
+		}
+	})
+}
+
+// TestClockUncertaintyBoundsSkew runs two instances whose clocks are off by
+// ±u from true time, each asking for permits every millisecond (so they
+// bunch at their window starts), and counts admissions by true time: with
+// the band the aligned windows hold at most the total; without it, a window
+// gets one instance's next share early.
+func TestClockUncertaintyBoundsSkew(t *testing.T) {
+	for _, guarded := range []bool{true, false} {
+		t.Run(fmt.Sprintf("guard=%v", guarded), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const (
+					w = 100 * time.Millisecond
+					u = 5 * time.Millisecond
+					q = 10
+				)
+				var mu sync.Mutex
+				perWindow := map[int64]int64{}
+				var wg sync.WaitGroup
+				for _, off := range []time.Duration{u, -u} {
+					l := mustNew(t, q, w, WithClockOffset(off))
+					if guarded {
+						l.SetClockUncertainty(u)
+					}
+					wg.Go(func() {
+						for range 1000 {
+							if l.TryAcquire() {
+								mu.Lock()
+								perWindow[time.Now().UnixNano()/int64(w)]++
+								mu.Unlock()
+							}
+							time.Sleep(time.Millisecond)
+						}
+					})
+				}
+				wg.Wait()
+				var most int64
+				for _, n := range perWindow {
+					most = max(most, n)
+				}
+				if guarded && most > 2*q {
+					t.Errorf("with the band an aligned window admitted %d > %d", most, 2*q)
+				}
+				if !guarded && most <= 2*q {
+					t.Errorf("without the band the test saw no overshoot (most %d): it cannot tell the band works", most)
+				}
+			})
+		})
+	}
 }

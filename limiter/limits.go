@@ -100,7 +100,7 @@ func (l *Limiter) SetLimit(q int64, window time.Duration, at time.Time) error {
 // admission between reading and writing the word is lost.
 func (l *Limiter) setCurrentQuotaLocked(q int64) {
 	old := l.cur.quota
-	l.cur = l.sched.spanAt(l.cur.start, l.pacing)
+	l.cur = l.spanLocked(l.cur.start)
 	l.cur.quota = q
 	l.quota.Store(q)
 	l.paced.Store(l.cur.pacedWindow())
@@ -156,6 +156,33 @@ func (l *Limiter) SetClockOffset(d time.Duration) {
 	now := l.now()
 	l.advanceLocked(now)
 	l.replaceLocked(rs, now, now-before)
+}
+
+// SetClockUncertainty sets how far, at most, the corrected clock may be
+// from true time (an NTP measurement's uncertainty). The limiter then
+// admits nothing within u of a window boundary: every permit of one of its
+// windows then falls inside the same aligned window in true time, whichever
+// way its clock is off, so clock error cannot push an aligned window over
+// the quota, even when permits bunch at a window's start. The band is capped
+// just under half the window. 0 (the default) trusts the clock; a negative
+// u counts as 0. Waiters are placed again, in order, outside the band.
+func (l *Limiter) SetClockUncertainty(u time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := max(int64(u), 0)
+	if g == l.guard || l.closed {
+		return
+	}
+	now := l.now()
+	l.advanceLocked(now)
+	rs := l.unplaceLocked(now)
+	l.guard = g
+	if l.cur.end != math.MinInt64 {
+		l.cur = l.cur.withGuard(g)
+		l.end.Store(l.cur.shut())
+	}
+	l.advanceLocked(now)
+	l.replaceLocked(rs, now, 0)
 }
 
 // ClockOffset returns the correction set by SetClockOffset or

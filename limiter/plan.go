@@ -154,7 +154,7 @@ func (l *Limiter) placeCurrentLocked(n, t, deadline int64, commit bool) (placeme
 func (l *Limiter) placeFutureLocked(n, t, deadline int64) (placement, error) {
 	ws := max(t, l.cur.end, l.scanFrom)
 	for {
-		w := l.sched.spanAt(ws, l.pacing)
+		w := l.spanLocked(ws)
 		next, changes := l.sched.nextChange(w.start)
 		if w.quota < n && !changes {
 			return placement{}, ErrNoQuota
@@ -188,6 +188,7 @@ func (l *Limiter) placeFutureLocked(n, t, deadline int64) (placement, error) {
 // fit places n permits in window w whose slots before k are taken, valid
 // at t or later.
 func fit(w span, k, n, t int64) (placement, bool) {
+	t = max(t, w.open())
 	if w.paced && t > w.start {
 		// Paced slots whose time has passed are gone.
 		k = max(k, w.slotAt(t)-(n-1))
@@ -196,7 +197,7 @@ func fit(w span, k, n, t int64) (placement, bool) {
 		return placement{}, false
 	}
 	due := max(w.slotTime(k+n-1), t)
-	if due >= w.end {
+	if due >= w.shut() {
 		return placement{}, false
 	}
 	return placement{win: w, slot: k, due: due}, true

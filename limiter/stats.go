@@ -82,9 +82,10 @@ type Stats struct {
 	WindowStart      time.Time
 	// BackoffUntil is when the current Backoff ends; zero if none.
 	BackoffUntil time.Time
-	// ClockOffset is the correction added to the clock.
-	ClockOffset            time.Duration
-	Pacing, Shadow, Closed bool
+	// ClockOffset is the correction added to the clock, and
+	// ClockUncertainty the guard band kept at window boundaries.
+	ClockOffset, ClockUncertainty time.Duration
+	Pacing, Shadow, Closed        bool
 }
 
 // Stats returns a snapshot of the Limiter's counters and settings.
@@ -114,26 +115,27 @@ func (l *Limiter) Stats() Stats {
 	}
 	c := l.counts
 	st := Stats{
-		Admitted:       c.closedConsumed + l.consumedLocked() - l.wasted.Load() - pendingCur + c.shadowAdmitted,
-		Delayed:        c.delayed,
-		Rejected:       c.rejected,
-		TimedOut:       c.timedOut,
-		Canceled:       c.canceled,
-		ShadowAdmitted: c.shadowAdmitted,
-		ShadowDelayed:  c.shadowDelayed,
-		ShadowRejected: c.shadowRejected,
-		Wasted:         l.wasted.Load(),
-		Waiting:        waiting,
-		WaitingPermits: waitingN,
-		WaitTotal:      c.waitSum,
-		WaitHistogram:  c.waitHist,
-		Quota:          l.cur.quota,
-		Remaining:      int64(l.state.Load() & remMask),
-		Window:         time.Duration(l.sched.cur.window),
-		ClockOffset:    time.Duration(l.offset.Load()),
-		Pacing:         l.pacing,
-		Shadow:         l.shadow.Load(),
-		Closed:         l.closed,
+		Admitted:         c.closedConsumed + l.consumedLocked() - l.wasted.Load() - pendingCur + c.shadowAdmitted,
+		Delayed:          c.delayed,
+		Rejected:         c.rejected,
+		TimedOut:         c.timedOut,
+		Canceled:         c.canceled,
+		ShadowAdmitted:   c.shadowAdmitted,
+		ShadowDelayed:    c.shadowDelayed,
+		ShadowRejected:   c.shadowRejected,
+		Wasted:           l.wasted.Load(),
+		Waiting:          waiting,
+		WaitingPermits:   waitingN,
+		WaitTotal:        c.waitSum,
+		WaitHistogram:    c.waitHist,
+		Quota:            l.cur.quota,
+		Remaining:        int64(l.state.Load() & remMask),
+		Window:           time.Duration(l.sched.cur.window),
+		ClockOffset:      time.Duration(l.offset.Load()),
+		ClockUncertainty: time.Duration(l.guard),
+		Pacing:           l.pacing,
+		Shadow:           l.shadow.Load(),
+		Closed:           l.closed,
 	}
 	if l.cur.end != math.MinInt64 {
 		st.WindowStart = time.Unix(0, l.cur.start)

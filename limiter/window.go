@@ -133,6 +133,7 @@ type span struct {
 	start, end int64
 	quota      int64
 	paced      bool
+	guard      int64 // nothing is admitted within guard of either end
 }
 
 // spanAt returns the window that contains corrected time t. Windows at the
@@ -149,6 +150,19 @@ func (s *schedule) spanAt(t int64, pacing bool) span {
 	}
 	return span{start: start, end: end, quota: p.quota, paced: pacing && p.quota > 0}
 }
+
+// withGuard sets the window's guard band, at most just under half the
+// window so that some of it stays open.
+func (sp span) withGuard(g int64) span {
+	sp.guard = max(0, min(g, (sp.end-sp.start-1)/2))
+	return sp
+}
+
+// open is the first instant of the window at which permits are admitted.
+func (sp span) open() int64 { return sp.start + sp.guard }
+
+// shut is the instant from which the window admits nothing more.
+func (sp span) shut() int64 { return sp.end - sp.guard }
 
 // slotTime is when slot k of the window becomes valid.
 func (sp span) slotTime(k int64) int64 {

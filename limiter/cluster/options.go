@@ -140,7 +140,9 @@ func WithLimiterOptions(opts ...limiter.Option) Option {
 // WithClockMonitor makes the Member measure its clock with mon, which it
 // runs until Close (do not run it yourself). Each report interval the
 // Member corrects its limiter's window boundaries by the measured offset
-// (limiter.SetClockOffset), reports the offset in its record, and enforces
+// (limiter.SetClockOffset), keeps a band of the measurement's uncertainty
+// at each boundary (limiter.SetClockUncertainty), reports the offset in its
+// record, and enforces
 // skew.EnforcedShare of its share: the full share while the offset is known
 // within the provider's max_clock_offset (default skew.DefaultBound of the
 // window), less when the uncertainty is larger, half when the offset is

@@ -348,6 +348,9 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 	meas := mon.Current()
 	if meas.Known {
 		m.lim.SetClockOffset(meas.Offset)
+		m.lim.SetClockUncertainty(meas.Uncertainty)
+	} else {
+		m.lim.SetClockUncertainty(0) // no bound to keep: the share is halved instead
 	}
 	m.setStatus(func(s *Status) { s.ClockKnown, s.ClockUncertainty = meas.Known, meas.Uncertainty })
 	return skew.EnforcedShare(q, w, meas, bound)

@@ -24,7 +24,8 @@ func DefaultBound(window time.Duration) time.Duration {
 //
 //   - q ≤ 0: 0.
 //   - m.Known and u ≤ bound: q, no cut. The instance corrects its window
-//     boundaries by m.Offset (limiter.SetClockOffset).
+//     boundaries by m.Offset (limiter.SetClockOffset) and keeps a band of u
+//     at each boundary (limiter.SetClockUncertainty), which makes E = 0.
 //   - m.Known and u > bound: max(⌊q·(1 − 2u/W)⌋, ⌊q/2⌋).
 //   - m.Known false, or W ≤ 0: ⌊q/2⌋.
 //
@@ -56,8 +57,11 @@ func DefaultBound(window time.Duration) time.Duration {
 // at most the permits it admits within u ≤ bound of a boundary — at most one
 // with pacing, 2·bound/W = 4% of q at twice the average rate. What no share
 // cut short of ⌊q/2⌋ can bound is an unpaced instance that admits a burst in
-// the last u of one window and another at the start of the next; configd
-// total headroom or pacing covers that case.
+// the last u of one window and another at the start of the next. The
+// limiter's guard band closes that case: with limiter.SetClockUncertainty(u)
+// an instance admits nothing within u of its boundaries, so every permit of
+// a local window lands in its own aligned window, E = 0 and s = q is safe,
+// bunched or not (cluster.WithClockMonitor sets both).
 func EnforcedShare(q int64, window time.Duration, m Measurement, bound time.Duration) int64 {
 	if q <= 0 {
 		return 0
