@@ -176,7 +176,9 @@ func cliOK(t testing.TB, args ...string) string {
 
 // addInstance registers a simulated instance of provider: an instance
 // record (demand 10) on a lease of its own (60 s, so it does not expire
-// during a test; revoke it to make the instance leave).
+// during a test; revoke it to make the instance leave). The instance
+// acknowledges every shares generation published from now on (see sim);
+// instancesOf(t, cli, provider).silence(id) opts it out.
 func addInstance(t testing.TB, cli *clientv3.Client, provider, id string) clientv3.LeaseID {
 	t.Helper()
 	return addInstanceDemand(t, cli, provider, id, 10)
@@ -194,17 +196,11 @@ func addInstanceDemand(t testing.TB, cli *clientv3.Client, provider, id string, 
 }
 
 // putDemand rewrites an instance's record on its lease with a new demand,
-// as an instance does every report interval.
+// as an instance does every report interval. The record keeps the
+// generation the instance acknowledged.
 func putDemand(t testing.TB, cli *clientv3.Client, provider, id string, lease clientv3.LeaseID, demand int64) {
 	t.Helper()
-	rec := schema.InstanceRecord{ID: id, Host: "test-host", PID: 1000, Started: time.Now().UTC(), Updated: time.Now().UTC(), Demand: demand}
-	b, err := schema.Encode(rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cli.Put(ctxT(t), keys.Instance(provider, id), string(b), clientv3.WithLease(lease)); err != nil {
-		t.Fatal(err)
-	}
+	instancesOf(t, cli, provider).put(id, lease, demand)
 }
 
 // readShares returns the provider's published shares, or false when none

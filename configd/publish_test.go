@@ -40,7 +40,10 @@ func TestNextBoundary(t *testing.T) {
 // TestSharesFollowInstances: the leader publishes an even split of the
 // limit over the instances with live leases; a lease revoked (an instance
 // gone) and a retune each publish a new generation, effective from a
-// window boundary at least the propagation margin after publishing.
+// window boundary at least the propagation margin after publishing. The
+// instances acknowledge (sim), so a join reaches the even split through
+// the safe handover: the old holders shrink first, the newcomers grow in a
+// later publish.
 func TestSharesFollowInstances(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
@@ -50,9 +53,10 @@ func TestSharesFollowInstances(t *testing.T) {
 	for _, id := range []string{"i-a", "i-b", "i-c"} {
 		leases[id] = addInstance(t, cli, "pay", id)
 	}
-	sh := waitShares(t, cli, "pay", "3 instances", func(s schema.Shares) bool { return s.Instances == 3 })
-	if want := map[string]int64{"i-a": 34, "i-b": 33, "i-c": 33}; !maps.Equal(sh.Shares, want) || sh.Total != 100 {
-		t.Fatalf("shares %v total %d, want %v", sh.Shares, sh.Total, want)
+	want := map[string]int64{"i-a": 34, "i-b": 33, "i-c": 33}
+	sh := waitShares(t, cli, "pay", "the even split of 3 instances", func(s schema.Shares) bool { return maps.Equal(s.Shares, want) })
+	if sh.Total != 100 || sh.Instances != 3 {
+		t.Fatalf("shares %+v, want %v of 100", sh, want)
 	}
 	checkTiming(t, sh, DefaultPropagationMargin)
 	gen := sh.Generation
@@ -60,8 +64,9 @@ func TestSharesFollowInstances(t *testing.T) {
 	if _, err := cli.Revoke(ctxT(t), leases["i-b"]); err != nil {
 		t.Fatal(err)
 	}
-	sh = waitShares(t, cli, "pay", "2 instances", func(s schema.Shares) bool { return s.Instances == 2 })
-	if want := map[string]int64{"i-a": 50, "i-c": 50}; !maps.Equal(sh.Shares, want) || sh.Generation <= gen {
+	want = map[string]int64{"i-a": 50, "i-c": 50}
+	sh = waitShares(t, cli, "pay", "the even split of 2 instances", func(s schema.Shares) bool { return maps.Equal(s.Shares, want) })
+	if sh.Instances != 2 || sh.Generation <= gen {
 		t.Fatalf("after revoke: %+v, want %v and generation > %d", sh, want, gen)
 	}
 	gen = sh.Generation
@@ -118,7 +123,9 @@ func TestLeaderFailover(t *testing.T) {
 	cliOK(t, "set", "pay", "--limit", "60", "--server", standby.url())
 	addInstance(t, cli, "pay", "i-1")
 	addInstance(t, cli, "pay", "i-2")
-	sh := waitShares(t, cli, "pay", "first leader publishes", func(s schema.Shares) bool { return s.Instances == 2 })
+	sh := waitShares(t, cli, "pay", "first leader publishes the even split", func(s schema.Shares) bool {
+		return maps.Equal(s.Shares, map[string]int64{"i-1": 30, "i-2": 30})
+	})
 	if sh.Leader != leader.id {
 		t.Fatalf("published by %q, want the leader %q", sh.Leader, leader.id)
 	}
@@ -127,7 +134,11 @@ func TestLeaderFailover(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the standby to lead", standby.leading)
 	addInstance(t, cli, "pay", "i-3")
-	sh2 := waitShares(t, cli, "pay", "new leader publishes", func(s schema.Shares) bool { return s.Instances == 3 })
+	// The new leader resumes from the published shares and grants: i-1 and
+	// i-2 shrink, acknowledge, and i-3 grows to the even split.
+	sh2 := waitShares(t, cli, "pay", "new leader publishes the even split", func(s schema.Shares) bool {
+		return maps.Equal(s.Shares, map[string]int64{"i-1": 20, "i-2": 20, "i-3": 20})
+	})
 	if sh2.Leader != standby.id || sh2.Generation <= sh.Generation || sum(sh2.Shares) != 60 {
 		t.Fatalf("after failover: %+v (before: generation %d)", sh2, sh.Generation)
 	}
@@ -136,6 +147,14 @@ func TestLeaderFailover(t *testing.T) {
 	if sh3.Generation != sh2.Generation+1 {
 		t.Errorf("generation %d after %d", sh3.Generation, sh2.Generation)
 	}
+	// Nothing was published between the first leader's last generation and
+	// the new leader's first: it resumed from what etcd held.
+	for _, p := range instancesOf(t, cli, "pay").publications() {
+		if p.Generation == sh.Generation+1 && (p.Leader != standby.id || p.Instances != 3) {
+			t.Errorf("the generation after the failover: %+v", p)
+		}
+	}
+	instancesOf(t, cli, "pay").checkHandover(t)
 }
 
 // TestFencedPublish: a publisher whose election key is gone (a deposed
@@ -200,6 +219,10 @@ func TestFencedPublish(t *testing.T) {
 // TestMalformedRecords: records broken by hand in etcd are ignored and
 // logged, the last good config stays in force for publishing, and status,
 // list and get show the problem; set repairs it.
+//
+// An instance whose record is malformed cannot acknowledge a generation,
+// so a share it gives up is not handed on (the safe handover): i-2's record
+// is broken only once the three-way split is reached.
 func TestMalformedRecords(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
@@ -208,32 +231,38 @@ func TestMalformedRecords(t *testing.T) {
 	cliOK(t, "set", "pay", "--limit", "100", "--server", r.url())
 	addInstance(t, cli, "pay", "i-1")
 	addInstance(t, cli, "pay", "i-2")
-	sh := waitShares(t, cli, "pay", "2 instances", func(s schema.Shares) bool { return s.Instances == 2 })
+	sh := waitShares(t, cli, "pay", "the even split of 2 instances", func(s schema.Shares) bool {
+		return maps.Equal(s.Shares, map[string]int64{"i-1": 50, "i-2": 50})
+	})
 
-	bad := []struct{ key, value string }{
-		{keys.Config("pay"), `{"name":"pay","limit":-5,"window":"1s","mode":"enforce","algorithm":"even"}`},
-		{keys.Instance("pay", "i-2"), `{"id":"i-2","demand":"lots"}`},
-		{keys.Instance("pay", "i-9"), `not json`},
-	}
-	for _, b := range bad {
-		lease, err := cli.Grant(ctx, 60)
-		if err != nil {
-			t.Fatal(err)
-		}
+	putBad := func(key, value string) {
+		t.Helper()
 		opts := []clientv3.OpOption{}
-		if strings.Contains(b.key, "/instances/") {
+		if strings.Contains(key, "/instances/") {
+			lease, err := cli.Grant(ctx, 60)
+			if err != nil {
+				t.Fatal(err)
+			}
 			opts = append(opts, clientv3.WithLease(lease.ID))
 		}
-		if _, err := cli.Put(ctx, b.key, b.value, opts...); err != nil {
+		if _, err := cli.Put(ctx, key, value, opts...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	putBad(keys.Config("pay"), `{"name":"pay","limit":-5,"window":"1s","mode":"enforce","algorithm":"even"}`)
+	putBad(keys.Instance("pay", "i-9"), `not json`)
 	// i-9 is live (its key exists) though its record is malformed: it is
 	// counted, and the last good limit (100) is split three ways.
-	sh2 := waitShares(t, cli, "pay", "3 instances under the last good config", func(s schema.Shares) bool { return s.Instances == 3 })
-	if sh2.Total != 100 || sum(sh2.Shares) != 100 || sh2.ConfigRevision != sh.ConfigRevision {
+	sh2 := waitShares(t, cli, "pay", "3 instances under the last good config", func(s schema.Shares) bool {
+		return s.Instances == 3 && sum(s.Shares) == 100
+	})
+	if sh2.Total != 100 || sh2.ConfigRevision != sh.ConfigRevision || sh2.Shares["i-9"] != 33 {
 		t.Fatalf("shares under a malformed config: %+v", sh2)
 	}
+	// i-2's record breaks (it stops acknowledging first, or its next
+	// acknowledgement would repair it); the last good one stays in force.
+	instancesOf(t, cli, "pay").silence("i-2")
+	putBad(keys.Instance("pay", "i-2"), `{"id":"i-2","demand":"lots"}`)
 	waitFor(t, 5*time.Second, "the malformed records to be logged", func() bool {
 		return strings.Count(r.log.String(), "ignoring malformed record") >= 3
 	})

@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -158,11 +159,13 @@ type providerState struct {
 	// instances by ID; a malformed record keeps the last good one, or an
 	// empty record: the key (the lease) alone makes an instance live.
 	instances map[string]schema.InstanceRecord
-	shares    *schema.Shares // the shares record in etcd, decoded; nil: none or malformed
-	published time.Time      // when shares were published (clamped to when this replica saw them)
-	sharesKey bool           // a shares key exists (maybe malformed)
-	maxGen    int64          // highest generation known for this provider
-	due       time.Time      // a damped change to look at again then; zero: none
+	shares    *schema.Shares   // the shares record in etcd, decoded; nil: none or malformed
+	published time.Time        // when shares were published (clamped to when this replica saw them)
+	sharesKey bool             // a shares key exists (maybe malformed)
+	sharesBad bool             // the shares key holds a malformed record; shares is the last good one
+	maxGen    int64            // highest generation known for this provider
+	due       time.Time        // a damped change to look at again then; zero: none
+	target    map[string]int64 // the split a handover is moving toward; nil: none chosen yet
 }
 
 func (st *providerState) empty() bool {
@@ -356,8 +359,9 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 		st.instances[k.Instance] = rec
 	case schema.KindShares:
 		st.sharesKey = put
-		st.shares = nil
+		st.sharesBad = false
 		if !put {
+			st.shares = nil
 			break
 		}
 		st.maxGen = max(st.maxGen, kv.Version) // survives a malformed record
@@ -366,8 +370,16 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 			err = fmt.Errorf("shares record names provider %q", sh.Provider)
 		}
 		if err != nil {
+			// Keep the last good record: its grants still bound what the
+			// instances may enforce. Publishing rewrites the bad one.
+			st.sharesBad = true
 			p.bad(key, kv.ModRevision, err)
 			return
+		}
+		if st.shares != nil && sh.Generation < st.shares.Generation {
+			// The echo of an older publish of ours, arriving after a newer
+			// one: it must never replace the grants in force.
+			break
 		}
 		st.shares = &sh
 		// A replica whose clock is ahead of ours must not hold publishing back.
@@ -462,15 +474,34 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	p.metrics.liveInstances.WithLabelValues(name).Set(float64(len(ids)))
 	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))
 	now := p.now()
-	switch reason, retry := damp(st.shares, st.published, cfg, st.cfgRev, split, now); reason {
-	case "":
-	case dampUnchanged:
+	// Damping judges the target against what is published. A target it
+	// holds back does not replace the one a handover is still moving
+	// toward: that move is finished whatever the band and the rate.
+	target := split
+	reason, retry := damp(st.shares, st.published, cfg, st.cfgRev, target, now)
+	switch {
+	case reason == "" || st.sharesBad:
+		st.target = target
+	case st.target != nil && st.shares != nil && alloc.Pending(st.shares.Shares, st.target) && sameIDs(st.target, target):
+		target = st.target
+	case reason == dampUnchanged:
 		return nil
 	default:
 		st.due = retry
 		p.metrics.damped.WithLabelValues(name, reason).Inc()
 		p.log.Debug("shares not republished", "provider", name, "reason", reason, "retry", retry)
 		return nil
+	}
+	// The target is reached through the safe handover (see package alloc):
+	// growth only out of what no instance may still be enforcing.
+	split, granted := alloc.Handover(cfg.Limit, target, bounds(st.shares, st.instances, now))
+	if alloc.Pending(split, target) && st.shares != nil && now.Before(st.shares.EffectiveTime()) {
+		// Acknowledged shrinks free their permits when their window begins.
+		st.due = st.shares.EffectiveTime()
+	}
+	if st.shares != nil && !st.sharesBad && maps.Equal(split, st.shares.Shares) &&
+		st.shares.Total == cfg.Limit && st.shares.Window == cfg.Window && st.shares.ConfigRevision == st.cfgRev {
+		return nil // waiting for acknowledgements
 	}
 	sh := schema.Shares{
 		Version:        schema.Version,
@@ -481,6 +512,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 		Total:          cfg.Limit,
 		Instances:      len(split),
 		Shares:         split,
+		Granted:        granted,
 		ConfigRevision: st.cfgRev,
 		Published:      now.UTC(),
 		Leader:         p.replica,
@@ -493,7 +525,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	if err != nil {
 		return err
 	}
-	st.shares, st.published, st.sharesKey, st.maxGen = &sh, now, true, sh.Generation
+	st.shares, st.published, st.sharesKey, st.sharesBad, st.maxGen = &sh, now, true, false, sh.Generation
 	p.metrics.publishes.WithLabelValues(name).Inc()
 	p.metrics.generation.WithLabelValues(name).Set(float64(sh.Generation))
 	p.log.Info("shares published", "provider", name, "generation", sh.Generation, "total", sh.Total,
@@ -580,4 +612,17 @@ func nextBoundary(t time.Time, w time.Duration) int64 {
 		b += wn
 	}
 	return b
+}
+
+// sameIDs reports whether a and b name the same instances.
+func sameIDs(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for id := range a {
+		if _, ok := b[id]; !ok {
+			return false
+		}
+	}
+	return true
 }

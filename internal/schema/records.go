@@ -225,6 +225,14 @@ type Shares struct {
 	Instances     int      `json:"instances"` // live instances counted; equals len(Shares)
 	// Shares maps instance ID to permits per window.
 	Shares map[string]int64 `json:"shares"`
+	// Granted maps instance ID to the most permits per window that instance
+	// may still be enforcing: its share, or a larger one it had before and
+	// has not yet acknowledged giving up. The leader keeps Granted adding up
+	// to at most Total (the handover's invariant) except right after the
+	// total is lowered, until the instances acknowledge; a new leader
+	// resumes from it. Absent in records from before the handover: then
+	// Shares.
+	Granted map[string]int64 `json:"granted,omitempty"`
 	// ConfigRevision is the etcd ModRevision of the ProviderConfig used.
 	ConfigRevision int64     `json:"config_revision"`
 	Published      time.Time `json:"published"`
@@ -267,10 +275,21 @@ func (s Shares) Validate() error {
 		if v < 0 || v > MaxLimit {
 			return invalid("shares", v, fmt.Errorf("%w: share of %q must be from 0 to the total", ErrInvalidShares, id))
 		}
+		if g, ok := s.Granted[id]; s.Granted != nil && (!ok || g < v) {
+			return invalid("granted", g, fmt.Errorf("%w: granted of %q must be at least its share %d", ErrInvalidShares, id, v))
+		}
 		sum += v
 	}
 	if sum > s.Total {
 		return invalid("shares", sum, fmt.Errorf("%w: shares must add up to at most the total %d", ErrInvalidShares, s.Total))
+	}
+	for _, id := range sortedKeys(s.Granted) {
+		if err := ValidateInstanceID(id); err != nil {
+			return err
+		}
+		if v := s.Granted[id]; v < 0 || v > MaxLimit {
+			return invalid("granted", v, fmt.Errorf("%w: granted of %q must be from 0 to %d", ErrInvalidShares, id, int64(MaxLimit)))
+		}
 	}
 	if s.ConfigRevision < 0 {
 		return invalid("config_revision", s.ConfigRevision, ErrInvalidField)
