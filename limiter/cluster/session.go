@@ -180,10 +180,15 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			if err := wr.Err(); err != nil {
 				return fmt.Errorf("watch provider %s: %w", m.provider, err)
 			}
+			// Apply after every event, in order: several generations can
+			// arrive in one response, and each must be scheduled at its
+			// own boundary before it is acknowledged.
+			acked := false
 			for _, ev := range wr.Events {
 				m.observe(v, string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
+				acked = m.apply(v, ap) || acked
 			}
-			if m.apply(v, ap) {
+			if acked {
 				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 					return err
 				}

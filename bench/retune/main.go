@@ -1,0 +1,789 @@
+// Command retune measures how sluice reacts to change, with configd and
+// the instances as separate OS processes on one machine, for BENCHMARKS.md:
+//
+//  1. retune latency: the time from `configd set NAME --limit N` returning
+//     to every one of the instances enforcing the new total — both the
+//     moment the last instance has applied the new share (handed it to its
+//     limiter, to take effect at the shares' boundary) and the moment the
+//     new shares are in force (their boundary, or the last apply if that
+//     came later); p50/p99 over -retunes retunes, each started at a random
+//     phase of the window;
+//  2. coordination cost: etcd requests per instance per second while every
+//     instance admits 10 and 100,000 permits/s, counted client-side in each
+//     instance by gRPC interceptors (unary calls, and messages sent on
+//     streams: lease keep-alives, watch requests);
+//  3. instance crash: one instance SIGKILLed, and the time until its share
+//     is handed to the others (its lease expires after the lease TTL).
+//
+// The program starts an embedded etcd in this process
+// (go.etcd.io/etcd/server/v3/embed, own temp dir, 127.0.0.1 ports), builds
+// the configd binary and a small instance program (bench/retune/instance)
+// with `go build`, and runs `configd serve` and each instance as separate
+// processes. Instances print every share they apply, with its time, on
+// stdout; this program reads those lines and watches the shares record in
+// etcd itself.
+//
+//	go run ./bench/retune
+//	go run ./bench/retune -retunes 20 -cost-seconds 5
+//
+// Times across processes are compared on the one machine's wall clock.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/version"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+const provider = "bench"
+
+type config struct {
+	instances   int
+	retunes     int
+	window      time.Duration
+	leaseTTL    time.Duration
+	report      time.Duration
+	rates       []int
+	warmup      time.Duration
+	costFor     time.Duration
+	keep        bool
+	configdArgs string
+}
+
+func main() {
+	var c config
+	rates := "10,100000"
+	flag.IntVar(&c.instances, "instances", 8, "instances (separate processes)")
+	flag.IntVar(&c.retunes, "retunes", 50, "retunes to time")
+	flag.DurationVar(&c.window, "window", time.Second, "the provider's window")
+	flag.DurationVar(&c.leaseTTL, "lease-ttl", 5*time.Second, "instances' lease TTL (cluster.DefaultLeaseTTL is 5s)")
+	flag.DurationVar(&c.report, "report-interval", time.Second, "instances' report interval (cluster.DefaultReportInterval is 1s)")
+	flag.StringVar(&rates, "rates", rates, "admitted permits/s per instance at which to count etcd requests")
+	flag.DurationVar(&c.warmup, "cost-warmup", 5*time.Second, "load before counting starts (the smoothed demand settles)")
+	flag.DurationVar(&c.costFor, "cost-seconds", 10*time.Second, "how long to count etcd requests at each rate")
+	flag.BoolVar(&c.keep, "keep", false, "keep the temp dir (etcd data, binaries, configd log)")
+	flag.StringVar(&c.configdArgs, "configd-args", "", "extra flags for configd serve, space-separated")
+	flag.Parse()
+	for _, r := range strings.Split(rates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(r))
+		if err != nil || n < 0 {
+			fmt.Fprintf(os.Stderr, "bench/retune: bad -rates %q\n", rates)
+			os.Exit(2)
+		}
+		c.rates = append(c.rates, n)
+	}
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/retune:", err)
+		os.Exit(1)
+	}
+}
+
+func run(c config) error {
+	started := time.Now()
+	tmp, err := os.MkdirTemp("", "sluice-retune-")
+	if err != nil {
+		return err
+	}
+	if c.keep {
+		defer fmt.Printf("\nkept %s\n", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+
+	printHeader(c)
+
+	// Build configd and the instance program.
+	t0 := time.Now()
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	configdBin, instanceBin := filepath.Join(tmp, "configd"), filepath.Join(tmp, "instance")
+	for _, b := range [][2]string{{configdBin, "./configd"}, {instanceBin, "./bench/retune/instance"}} {
+		cmd := exec.Command("go", "build", "-o", b[0], b[1])
+		cmd.Dir, cmd.Stdout, cmd.Stderr = root, os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("go build %s: %w", b[1], err)
+		}
+	}
+	fmt.Printf("built configd and instance in %v\n", time.Since(t0).Round(time.Millisecond))
+
+	// etcd, in this process.
+	etcd, endpoint, err := startEtcd(filepath.Join(tmp, "etcd"))
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := newWatcher(ctx, cli)
+
+	// configd serve, a process.
+	cd, err := startConfigd(configdBin, endpoint, filepath.Join(tmp, "configd.log"), c.configdArgs)
+	if err != nil {
+		return err
+	}
+	defer cd.stop()
+	fmt.Printf("etcd %s at %s: embedded in this process (TickMs=10 ElectionMs=100)\n", version.Version, endpoint)
+	fmt.Printf("configd serve: a separate process (the built binary), pid %d, admin API %s; instances: separate processes\n",
+		cd.cmd.Process.Pid, cd.addr)
+
+	set := func(limit int64) (time.Time, time.Duration, error) {
+		start := time.Now()
+		cmd := exec.Command(configdBin, "set", provider, "--limit", strconv.FormatInt(limit, 10),
+			"--window", c.window.String(), "--server", "http://"+cd.addr)
+		outb, err := cmd.CombinedOutput()
+		done := time.Now()
+		if err != nil {
+			return done, 0, fmt.Errorf("configd set: %v: %s", err, outb)
+		}
+		return done, done.Sub(start), nil
+	}
+	baseLimit := int64(80_000)
+	if _, _, err := set(baseLimit); err != nil {
+		return err
+	}
+
+	// The instances, processes.
+	insts := make([]*instance, c.instances)
+	for i := range insts {
+		insts[i], err = startInstance(instanceBin, endpoint, fmt.Sprintf("inst-%d", i+1), c)
+		if err != nil {
+			return err
+		}
+		defer insts[i].stop()
+	}
+	sh, err := settle(w, insts, 30*time.Second, func(sh schema.Shares) bool {
+		return sh.Instances == c.instances && sh.Total == baseLimit && sum(sh.Shares) == baseLimit
+	})
+	if err != nil {
+		return fmt.Errorf("instances joining: %w", err)
+	}
+	fmt.Printf("%d instances joined; generation %d in force: %d each of %d\n\n", c.instances, sh.Generation, sh.Shares[insts[0].id], sh.Total)
+
+	// 1. Retunes.
+	var applyLat, forceLat, publishLat, setDur []time.Duration
+	late, multi := 0, 0
+	for i := range c.retunes {
+		// Start at a random phase of the window.
+		time.Sleep(rand.N(c.window))
+		// Down and up in turn, by 100 permits per instance and more each
+		// time: every retune changes every share.
+		step := int64(i/2+1) * int64(c.instances) * 100
+		limit := baseLimit - step
+		if i%2 == 1 {
+			limit = baseLimit + step
+		}
+		prev, _ := w.latest()
+		done, took, err := set(limit)
+		if err != nil {
+			return err
+		}
+		// The new total is enforced once it is all handed out: configd's
+		// handover may grow shares in a second publish, after the shrinking
+		// instances acknowledged.
+		sh, err := w.waitShares(10*time.Second, func(sh schema.Shares) bool { return sh.Total == limit && sum(sh.Shares) == limit })
+		if err != nil {
+			return fmt.Errorf("retune %d: %w", i+1, err)
+		}
+		last, err := lastApplied(insts, sh, 10*time.Second)
+		if err != nil {
+			return fmt.Errorf("retune %d: %w", i+1, err)
+		}
+		inForce := max(last, sh.EffectiveFrom)
+		if last > sh.EffectiveFrom {
+			late++
+		}
+		if sh.Generation > prev.Generation+1 {
+			multi++
+		}
+		publishLat = append(publishLat, sh.Published.Sub(done))
+		applyLat = append(applyLat, time.Duration(last-done.UnixNano()))
+		forceLat = append(forceLat, time.Duration(inForce-done.UnixNano()))
+		setDur = append(setDur, took)
+		// Let the new shares take effect before the next retune.
+		time.Sleep(time.Until(time.Unix(0, inForce)))
+	}
+	fmt.Printf("1. Retune: `configd set %s --limit N` (a process, through the admin API), %d times, %d instances, window %v\n",
+		provider, c.retunes, c.instances, c.window)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "measured from `configd set` returning to\tp50\tp99\tmin\tmax\t")
+	for _, row := range []struct {
+		name string
+		d    []time.Duration
+	}{
+		{"the leader publishing the new shares, all handed out (configd's clock)", publishLat},
+		{"the last instance applying its new share", applyLat},
+		{"the new shares in force on every instance (boundary)", forceLat},
+		{"(for reference: `configd set` itself, start to exit)", setDur},
+	} {
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%v\t\n", row.name, pct(row.d, 50), pct(row.d, 99), slices.Min(row.d).Round(time.Millisecond), slices.Max(row.d).Round(time.Millisecond))
+	}
+	tw.Flush()
+	fmt.Printf("retunes with an instance applying after the shares' boundary: %d of %d; needing more than one publish: %d\n", late, c.retunes, multi)
+	fmt.Printf("(new shares take effect at the first window boundary at least configd's propagation margin, 200ms by default, after publishing)\n\n")
+
+	// 2. Coordination cost.
+	costLimit := int64(slices.Max(c.rates)) * int64(c.instances) * 5 / 4
+	if _, _, err := set(costLimit); err != nil {
+		return err
+	}
+	if _, err := settle(w, insts, 30*time.Second, func(sh schema.Shares) bool { return sh.Total == costLimit && sum(sh.Shares) == costLimit }); err != nil {
+		return err
+	}
+	fmt.Printf("2. Coordination cost: etcd requests per instance per second, counted in each instance by gRPC client interceptors\n")
+	fmt.Printf("   (limit %d per %v, share %d each; %v of load before counting, then %v counted; lease TTL %v, report interval %v)\n",
+		costLimit, c.window, costLimit/int64(c.instances), c.warmup, c.costFor, c.leaseTTL, c.report)
+	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "offered/instance\tadmitted/s/instance\trequests/s/instance\tmin\tmax\tunary/s\tstream msgs sent/s\tstream msgs recv/s\tby method (per instance per s)\t")
+	for _, rate := range c.rates {
+		for _, in := range insts {
+			in.send(fmt.Sprintf("load %d", rate))
+		}
+		time.Sleep(c.warmup)
+		before, err := statsAll(insts)
+		if err != nil {
+			return err
+		}
+		time.Sleep(c.costFor)
+		after, err := statsAll(insts)
+		if err != nil {
+			return err
+		}
+		for _, in := range insts {
+			in.send("load 0")
+		}
+		var reqs []float64
+		var adm, un, snt, rcv float64
+		methods := map[string]float64{}
+		for i := range insts {
+			secs := float64(after[i].t-before[i].t) / 1e9
+			u := float64(after[i].unary-before[i].unary) / secs
+			s := float64(after[i].sent-before[i].sent) / secs
+			reqs = append(reqs, u+s)
+			un += u
+			snt += s
+			rcv += float64(after[i].recv-before[i].recv) / secs
+			adm += float64(after[i].admitted-before[i].admitted) / secs
+			for m, n := range after[i].methods {
+				methods[m] += float64(n-before[i].methods[m]) / secs
+			}
+		}
+		n := float64(len(insts))
+		var mb []string
+		for _, m := range slices.Sorted(maps.Keys(methods)) {
+			if v := methods[m] / n; v > 0 {
+				mb = append(mb, fmt.Sprintf("%s %.2f", m, v))
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", rate, adm/n, mean(reqs), slices.Min(reqs), slices.Max(reqs),
+			un/n, snt/n, rcv/n, strings.Join(mb, ", "))
+	}
+	tw.Flush()
+	fmt.Println("(requests = unary calls + messages sent on streams; received stream messages are watch events and keep-alive answers)")
+	fmt.Println()
+
+	// 3. Crash.
+	victim := insts[len(insts)-1]
+	survivors := insts[:len(insts)-1]
+	prev, _ := w.latest()
+	killed := time.Now()
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		return err
+	}
+	victim.cmd.Wait()
+	victim.killed = true
+	sh, err = w.waitShares(c.leaseTTL+30*time.Second, func(sh schema.Shares) bool {
+		_, in := sh.Shares[victim.id]
+		return sh.Generation > prev.Generation && !in && sum(sh.Shares) == sh.Total
+	})
+	if err != nil {
+		return fmt.Errorf("crash: %w", err)
+	}
+	gone, ok := w.deleted(victim.id)
+	last, err := lastApplied(survivors, sh, 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("crash: %w", err)
+	}
+	time.Sleep(time.Until(time.Unix(0, sh.EffectiveFrom)))
+	var after []int64
+	for _, in := range survivors {
+		after = append(after, sh.Shares[in.id])
+	}
+	fmt.Printf("3. Instance crash: %s SIGKILLed; lease TTL %v; its share %d goes to the %d others (%d → %d..%d each)\n",
+		victim.id, c.leaseTTL, prev.Shares[victim.id], len(survivors), prev.Shares[survivors[0].id], slices.Min(after), slices.Max(after))
+	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "event\ttime after the SIGKILL\t")
+	if ok {
+		fmt.Fprintf(tw, "its instance key deleted (lease expired)\t%v\t\n", gone.Sub(killed).Round(time.Millisecond))
+	}
+	fmt.Fprintf(tw, "new shares published (generation %d, configd's clock)\t%v\t\n", sh.Generation, sh.Published.Sub(killed).Round(time.Millisecond))
+	fmt.Fprintf(tw, "last survivor applied its new share\t%v\t\n", time.Duration(last-killed.UnixNano()).Round(time.Millisecond))
+	fmt.Fprintf(tw, "new shares in force (boundary)\t%v\t\n", time.Duration(max(last, sh.EffectiveFrom)-killed.UnixNano()).Round(time.Millisecond))
+	tw.Flush()
+	fmt.Printf("(a lease expires one TTL after its last keep-alive, which the etcd client sends about every TTL/3,\n" +
+		" so a crashed instance's key goes between about 2/3 TTL and one TTL after the crash)\n")
+	fmt.Printf("\netcd during the run (its own metrics, embedded here): %s\n", etcdHealth())
+	fmt.Printf("total run time %v\n", time.Since(started).Round(time.Second))
+	return nil
+}
+
+// etcdHealth summarises the embedded etcd's disk and apply latencies from
+// its metrics (embed registers them on the default Prometheus registry):
+// a slow disk or a starved process shows there, and explains outliers.
+func etcdHealth() string {
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "etcd_disk_wal_fsync_duration_seconds", "etcd_disk_backend_commit_duration_seconds":
+			for _, m := range mf.GetMetric() {
+				h := m.GetHistogram()
+				n := h.GetSampleCount()
+				var under float64
+				slowest := math.Inf(1) // the bound of the first bucket holding every sample
+				for _, b := range h.GetBucket() {
+					if b.GetUpperBound() <= 0.512 {
+						under = float64(b.GetCumulativeCount())
+					}
+					if b.GetCumulativeCount() == n {
+						slowest = min(slowest, b.GetUpperBound())
+					}
+				}
+				name := strings.TrimSuffix(strings.TrimPrefix(mf.GetName(), "etcd_disk_"), "_duration_seconds")
+				parts = append(parts, fmt.Sprintf("%s: %d, %d slower than 0.512s, mean %.1fms, slowest ≤ %gs",
+					name, n, n-uint64(under), 1000*h.GetSampleSum()/max(1, float64(n)), slowest))
+			}
+		case "etcd_server_slow_apply_total", "etcd_server_slow_read_indexes_total", "etcd_server_heartbeat_send_failures_total":
+			for _, m := range mf.GetMetric() {
+				parts = append(parts, fmt.Sprintf("%s %g", strings.TrimPrefix(mf.GetName(), "etcd_server_"), m.GetCounter().GetValue()))
+			}
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, "; ")
+}
+
+func printHeader(c config) {
+	fmt.Printf("$ %s\n", strings.Join(append([]string{"go run ./bench/retune"}, os.Args[1:]...), " "))
+	fmt.Printf("date %s; %s %s/%s; nproc %d; cpu %s\n", time.Now().UTC().Format(time.RFC3339), runtime.Version(),
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), cpuModel())
+	fmt.Printf("instances %d, window %v, lease TTL %v, report interval %v, retunes %d\n\n",
+		c.instances, c.window, c.leaseTTL, c.report, c.retunes)
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("run from inside the sluice module")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// startEtcd starts a single-member etcd with its data in dir on free
+// loopback ports, logging nothing.
+func startEtcd(dir string) (*embed.Etcd, string, error) {
+	cu, pu := url.URL{Scheme: "http", Host: freeAddr()}, url.URL{Scheme: "http", Host: freeAddr()}
+	cfg := embed.NewConfig()
+	cfg.Name = "retune"
+	cfg.Dir = dir
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.TickMs, cfg.ElectionMs = 10, 100
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("embedded etcd: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, "", fmt.Errorf("embedded etcd: %w", err)
+	case <-time.After(30 * time.Second):
+		e.Close()
+		return nil, "", errors.New("embedded etcd: not ready after 30s")
+	}
+	return e, cu.String(), nil
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// configd is the `configd serve` process.
+type configd struct {
+	cmd  *exec.Cmd
+	addr string
+	log  *os.File
+}
+
+func startConfigd(bin, endpoint, logPath, extra string) (*configd, error) {
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"serve", "--etcd-endpoints", endpoint, "--listen", "127.0.0.1:0", "--replica-id", "bench"}, strings.Fields(extra)...)
+	cmd := exec.Command(bin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	cd := &configd{cmd: cmd, log: logf}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logf, line)
+			if strings.Contains(line, `msg="configd serving"`) {
+				for _, f := range strings.Fields(line) {
+					if a, ok := strings.CutPrefix(f, "listen="); ok {
+						addr <- a
+					}
+				}
+			}
+		}
+	}()
+	select {
+	case cd.addr = <-addr:
+		return cd, nil
+	case <-time.After(30 * time.Second):
+		cd.stop()
+		b, _ := os.ReadFile(logPath)
+		return nil, fmt.Errorf("configd serve did not start:\n%s", b)
+	}
+}
+
+func (c *configd) stop() {
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		c.cmd.Process.Kill()
+		<-done
+	}
+	c.log.Close()
+}
+
+// instance is one instance process and what it reported.
+type instance struct {
+	id     string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	killed bool
+
+	mu      sync.Mutex
+	applied map[int64]appliedEvent // by generation, the first apply
+	stats   chan stats
+}
+
+type appliedEvent struct {
+	t, from, share int64
+	source         string
+}
+
+type stats struct {
+	t, unary, sent, recv, admitted int64
+	methods                        map[string]int64
+}
+
+func startInstance(bin, endpoint, id string, c config) (*instance, error) {
+	cmd := exec.Command(bin, "-etcd", endpoint, "-provider", provider, "-id", id,
+		"-lease-ttl", c.leaseTTL.String(), "-report-interval", c.report.String(), "-window", c.window.String())
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	in := &instance{id: id, cmd: cmd, stdin: stdin, applied: map[int64]appliedEvent{}, stats: make(chan stats, 1)}
+	go in.read(stdout)
+	return in, nil
+}
+
+func (in *instance) read(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		kv := map[string]string{}
+		for _, x := range f[1:] {
+			k, v, _ := strings.Cut(x, "=")
+			kv[k] = v
+		}
+		num := func(k string) int64 { n, _ := strconv.ParseInt(kv[k], 10, 64); return n }
+		switch f[0] {
+		case "applied":
+			gen := num("gen")
+			in.mu.Lock()
+			if _, seen := in.applied[gen]; !seen && gen > 0 {
+				in.applied[gen] = appliedEvent{t: num("t"), from: num("from"), share: num("share"), source: kv["source"]}
+			}
+			in.mu.Unlock()
+		case "stats":
+			st := stats{t: num("t"), unary: num("unary"), sent: num("stream_sent"), recv: num("stream_recv"), admitted: num("admitted"), methods: map[string]int64{}}
+			for _, m := range strings.Split(kv["methods"], ",") {
+				if k, v, ok := strings.Cut(m, ":"); ok {
+					st.methods[k], _ = strconv.ParseInt(v, 10, 64)
+				}
+			}
+			in.stats <- st
+		}
+	}
+}
+
+func (in *instance) send(line string) {
+	fmt.Fprintln(in.stdin, line)
+}
+
+// appliedGen returns when the instance applied generation gen.
+func (in *instance) appliedGen(gen int64) (appliedEvent, bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ev, ok := in.applied[gen]
+	return ev, ok
+}
+
+func (in *instance) stop() {
+	if in.killed {
+		return
+	}
+	in.send("quit")
+	in.stdin.Close()
+	done := make(chan struct{})
+	go func() { in.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		in.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func statsAll(insts []*instance) ([]stats, error) {
+	out := make([]stats, len(insts))
+	for i, in := range insts {
+		in.send("stats")
+		select {
+		case out[i] = <-in.stats:
+		case <-time.After(10 * time.Second):
+			return nil, fmt.Errorf("%s: no stats", in.id)
+		}
+	}
+	return out, nil
+}
+
+// lastApplied waits until every instance has applied generation sh and
+// returns the latest apply time (Unix ns).
+func lastApplied(insts []*instance, sh schema.Shares, timeout time.Duration) (int64, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		var last int64
+		missing := ""
+		for _, in := range insts {
+			ev, ok := in.appliedGen(sh.Generation)
+			if !ok {
+				missing = in.id
+				break
+			}
+			if ev.share != sh.Shares[in.id] || ev.from != sh.EffectiveFrom {
+				return 0, fmt.Errorf("%s applied generation %d as share %d from %d, published %d from %d",
+					in.id, sh.Generation, ev.share, ev.from, sh.Shares[in.id], sh.EffectiveFrom)
+			}
+			last = max(last, ev.t)
+		}
+		if missing == "" {
+			return last, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%s did not apply generation %d within %v", missing, sh.Generation, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// settle waits for shares satisfying cond, applied by every instance and
+// in force.
+func settle(w *watcher, insts []*instance, timeout time.Duration, cond func(schema.Shares) bool) (schema.Shares, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		sh, err := w.waitShares(time.Until(deadline), cond)
+		if err != nil {
+			return sh, err
+		}
+		if _, err := lastApplied(insts, sh, 3*time.Second); err == nil {
+			// A newer generation may have replaced it meanwhile (joins in
+			// a burst): settle on the newest.
+			if cur, _ := w.latest(); cur.Generation == sh.Generation {
+				time.Sleep(time.Until(time.Unix(0, sh.EffectiveFrom)))
+				return sh, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return sh, fmt.Errorf("generation %d not applied by every instance within %v", sh.Generation, timeout)
+		}
+	}
+}
+
+// watcher follows the provider's shares record and instance keys in etcd.
+type watcher struct {
+	mu      sync.Mutex
+	shares  []schema.Shares
+	deletes map[string]time.Time // instance id → when its key was deleted
+}
+
+func newWatcher(ctx context.Context, cli *clientv3.Client) *watcher {
+	w := &watcher{deletes: map[string]time.Time{}}
+	keys := schema.DefaultKeys()
+	wch := cli.Watch(ctx, keys.Provider(provider), clientv3.WithPrefix())
+	go func() {
+		for wr := range wch {
+			now := time.Now()
+			for _, ev := range wr.Events {
+				k, err := keys.Parse(string(ev.Kv.Key))
+				if err != nil {
+					continue
+				}
+				w.mu.Lock()
+				switch {
+				case k.Kind == schema.KindShares && ev.Type == clientv3.EventTypePut:
+					if sh, err := schema.DecodeShares(ev.Kv.Value); err == nil {
+						w.shares = append(w.shares, sh)
+					}
+				case k.Kind == schema.KindInstance && ev.Type == clientv3.EventTypeDelete:
+					w.deletes[k.Instance] = now
+				}
+				w.mu.Unlock()
+			}
+		}
+	}()
+	return w
+}
+
+func (w *watcher) latest() (schema.Shares, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.shares) == 0 {
+		return schema.Shares{}, false
+	}
+	return w.shares[len(w.shares)-1], true
+}
+
+func (w *watcher) deleted(id string) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t, ok := w.deletes[id]
+	return t, ok
+}
+
+// waitShares waits until the newest shares record satisfies cond.
+func (w *watcher) waitShares(timeout time.Duration, cond func(schema.Shares) bool) (schema.Shares, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		sh, ok := w.latest()
+		if ok && cond(sh) {
+			return sh, nil
+		}
+		if time.Now().After(deadline) {
+			return sh, fmt.Errorf("no matching shares within %v (newest: generation %d, total %d, %d instances)",
+				timeout, sh.Generation, sh.Total, sh.Instances)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100 // nearest rank
+	return s[max(0, min(len(s), i)-1)].Round(time.Millisecond)
+}
+
+func sum(m map[string]int64) (s int64) {
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+func mean(v []float64) float64 {
+	var s float64
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(len(v))
+}
