@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build test vet fmt-check unit fuzz bench demo clean
+.PHONY: all build test vet fmt-check unit fuzz bench sim demo clean
 
 all: build test
 
@@ -54,6 +54,11 @@ fuzz:
 ## bench: the hot-path and slow-path benchmarks, repeated for benchstat.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) ./limiter/ | tee bench.txt
+
+## sim: the redistributor simulator over bench/sim/scenarios (deterministic, seconds).
+sim:
+	$(GO) test -count=1 ./internal/sim
+	$(GO) run ./bench/sim
 
 ## demo: the best runnable example there is, on the embedded default.
 demo:

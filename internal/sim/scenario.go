@@ -1,0 +1,279 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// ErrScenario means a scenario file is malformed or out of range; the
+// message names the field.
+var ErrScenario = errors.New("sim: invalid scenario")
+
+// Duration is a time.Duration written in scenario files as a Go duration
+// string ("1s", "250ms").
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// UnmarshalJSON accepts a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string such as \"1s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// Delay is a message-delay distribution: uniform in [Min, Max], plus, with
+// probability TailP, an exponentially distributed extra delay of mean
+// TailMean (a slow watch or a slow etcd write).
+type Delay struct {
+	Min      Duration `json:"min"`
+	Max      Duration `json:"max"`
+	TailP    float64  `json:"tail_p,omitempty"`
+	TailMean Duration `json:"tail_mean,omitempty"`
+}
+
+// Group is a set of identical instances. Their ids are Name-0000,
+// Name-0001, …
+type Group struct {
+	Name   string `json:"name"`
+	Count  int    `json:"count"`
+	Demand int64  `json:"demand"` // offered permits per window, per instance
+	// Skew is every member's residual clock error: its window k spans
+	// [kW+Skew, (k+1)W+Skew) in true time. SkewSpread adds, per member, a
+	// uniform error in [−SkewSpread, +SkewSpread].
+	Skew       Duration `json:"skew,omitempty"`
+	SkewSpread Duration `json:"skew_spread,omitempty"`
+	// Join is when the group's instances start (0: at the start).
+	Join Duration `json:"join,omitempty"`
+}
+
+// Event kinds.
+const (
+	EventDemand   = "demand"   // set the demand of Count members of Group (all when 0) to Demand
+	EventJoin     = "join"     // start Count new members of Group with Demand
+	EventCrash    = "crash"    // crash Count live members of Group (all when 0); their leases expire after LeaseTTL
+	EventLimit    = "limit"    // the operator sets the provider's limit to Limit
+	EventFailover = "failover" // the leader dies; a standby leads after Down, resuming from etcd
+	EventOutage   = "outage"   // every configd replica is down for Down: instances fall back to total/N
+)
+
+// Event is something that happens at a point of the run.
+type Event struct {
+	At     Duration `json:"at"`
+	Kind   string   `json:"kind"`
+	Group  string   `json:"group,omitempty"`
+	Count  int      `json:"count,omitempty"`
+	Demand int64    `json:"demand,omitempty"`
+	Limit  int64    `json:"limit,omitempty"`
+	Down   Duration `json:"down,omitempty"`
+}
+
+// Walk moves every live instance's demand at random: every Every, demand
+// is multiplied by exp(Sigma·N(0,1)) and clamped to [Min, Max].
+type Walk struct {
+	Every Duration `json:"every"`
+	Sigma float64  `json:"sigma"`
+	Min   int64    `json:"min"`
+	Max   int64    `json:"max"`
+}
+
+// WhatIf lists proposed changes to configd's publish step.
+type WhatIf struct {
+	// KeepDue: a change damped by hysteresis does not cancel the timer set
+	// for the publish's EffectiveFrom (publisher.go sets st.due to the
+	// zero retry time, which is before any due).
+	KeepDue bool `json:"keep_due,omitempty"`
+	// UndampedGrowth: while the published shares are below the target
+	// (a handover is under way), a step that hands out permits nobody holds
+	// is not dropped by hysteresis (it is still rate-limited).
+	UndampedGrowth bool `json:"undamped_growth,omitempty"`
+}
+
+// Admission modes: how an instance's admissions lie within its window.
+const (
+	AdmitSpread  = "spread"  // evenly across the window (pacing)
+	AdmitBunched = "bunched" // all at the window's start (no pacing, offered load ≥ share)
+)
+
+// Scenario is one simulated run. Zero fields take the defaults of
+// DefaultScenario.
+type Scenario struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	Seed        uint64 `json:"seed"`
+
+	Limit     int64    `json:"limit"`
+	Window    Duration `json:"window"`
+	Algorithm string   `json:"algorithm"` // "fair" or "even" (alloc.ByName)
+	Duration  Duration `json:"duration"`
+	Warmup    Duration `json:"warmup"` // windows before this are not measured
+
+	ReportInterval Duration `json:"report_interval"` // instances' demand report period
+	Margin         Duration `json:"margin"`          // configd's propagation margin
+	LeaseTTL       Duration `json:"lease_ttl"`       // instance lease TTL
+
+	Publish Delay   `json:"publish_delay"` // leader's publish → instance
+	Ack     Delay   `json:"ack_delay"`     // instance record write → leader
+	AckLoss float64 `json:"ack_loss"`      // probability that a record write is lost
+
+	Admissions string `json:"admissions"` // "spread" or "bunched"
+	// ClockCut applies the limiter's clock-uncertainty cut
+	// (skew.EnforcedShare) with each instance's |skew| as its uncertainty.
+	ClockCut   bool     `json:"clock_cut,omitempty"`
+	ClockBound Duration `json:"clock_bound,omitempty"` // 0: skew.DefaultBound
+
+	// WhatIf changes the leader from configd's code to a proposed fix;
+	// scenarios that set it measure the fix, not the code as it is.
+	WhatIf *WhatIf `json:"what_if,omitempty"`
+
+	Groups []Group `json:"groups"`
+	Events []Event `json:"events,omitempty"`
+	Walk   *Walk   `json:"walk,omitempty"`
+}
+
+// DefaultScenario returns the defaults: the real system's (1 s windows,
+// 1 s reports, 200 ms margin, 10 s lease) with fast, LAN-like messages.
+func DefaultScenario() Scenario {
+	return Scenario{
+		Seed:           1,
+		Window:         Duration(time.Second),
+		Algorithm:      "fair",
+		Duration:       Duration(120 * time.Second),
+		Warmup:         Duration(10 * time.Second),
+		ReportInterval: Duration(time.Second),
+		Margin:         Duration(200 * time.Millisecond),
+		LeaseTTL:       Duration(10 * time.Second),
+		Publish:        Delay{Min: Duration(2 * time.Millisecond), Max: Duration(20 * time.Millisecond)},
+		Ack:            Delay{Min: Duration(2 * time.Millisecond), Max: Duration(20 * time.Millisecond)},
+		Admissions:     AdmitSpread,
+	}
+}
+
+// ParseScenario reads a JSON scenario, fills defaults and validates it.
+// Unknown fields are an error.
+func ParseScenario(r io.Reader) (Scenario, error) {
+	sc := DefaultScenario()
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&sc); err != nil {
+		return Scenario{}, fmt.Errorf("%w: %v", ErrScenario, err)
+	}
+	if dec.More() {
+		return Scenario{}, fmt.Errorf("%w: trailing data after the scenario object", ErrScenario)
+	}
+	return sc, sc.Validate()
+}
+
+// ParseScenarioBytes is ParseScenario over b.
+func ParseScenarioBytes(b []byte) (Scenario, error) { return ParseScenario(bytes.NewReader(b)) }
+
+// Validate checks that sc can be run.
+func (sc *Scenario) Validate() error {
+	bad := func(field string, v any, why string) error {
+		return fmt.Errorf("%w: %s = %v: %s", ErrScenario, field, v, why)
+	}
+	switch {
+	case sc.Name == "":
+		return bad("name", `""`, "required")
+	case sc.Limit <= 0 || sc.Limit > 1e12:
+		return bad("limit", sc.Limit, "must be in 1..1e12")
+	case sc.Window <= 0 || sc.Window.D() > time.Hour:
+		return bad("window", sc.Window.D(), "must be in (0, 1h]")
+	case sc.Algorithm != "fair" && sc.Algorithm != "even":
+		return bad("algorithm", sc.Algorithm, `must be "fair" or "even"`)
+	case sc.Duration < sc.Window || sc.Duration.D() > 24*time.Hour:
+		return bad("duration", sc.Duration.D(), "must be at least one window and at most 24h")
+	case sc.Warmup < 0 || sc.Warmup >= sc.Duration:
+		return bad("warmup", sc.Warmup.D(), "must be in [0, duration)")
+	case sc.ReportInterval <= 0:
+		return bad("report_interval", sc.ReportInterval.D(), "must be > 0")
+	case sc.Margin < 0:
+		return bad("margin", sc.Margin.D(), "must be ≥ 0")
+	case sc.LeaseTTL <= 0:
+		return bad("lease_ttl", sc.LeaseTTL.D(), "must be > 0")
+	case sc.AckLoss < 0 || sc.AckLoss >= 1:
+		return bad("ack_loss", sc.AckLoss, "must be in [0, 1)")
+	case sc.Admissions != AdmitSpread && sc.Admissions != AdmitBunched:
+		return bad("admissions", sc.Admissions, `must be "spread" or "bunched"`)
+	case len(sc.Groups) == 0:
+		return bad("groups", "[]", "at least one group")
+	}
+	for _, d := range []struct {
+		name string
+		d    Delay
+	}{{"publish_delay", sc.Publish}, {"ack_delay", sc.Ack}} {
+		if d.d.Min < 0 || d.d.Max < d.d.Min || d.d.TailP < 0 || d.d.TailP > 1 || d.d.TailMean < 0 {
+			return bad(d.name, d.d, "need 0 ≤ min ≤ max, tail_p in [0,1], tail_mean ≥ 0")
+		}
+	}
+	names := map[string]bool{}
+	total := 0
+	for i, g := range sc.Groups {
+		f := fmt.Sprintf("groups[%d]", i)
+		switch {
+		case g.Name == "" || names[g.Name]:
+			return bad(f+".name", g.Name, "required and unique")
+		case g.Count < 0 || g.Demand < 0 || g.Join < 0:
+			return bad(f, g, "count, demand and join must be ≥ 0")
+		case abs(g.Skew.D())+g.SkewSpread.D() >= sc.Window.D()/2 || g.SkewSpread < 0:
+			return bad(f+".skew", g.Skew.D(), "|skew| + skew_spread must be < window/2")
+		}
+		names[g.Name] = true
+		total += g.Count
+	}
+	for i, e := range sc.Events {
+		f := fmt.Sprintf("events[%d]", i)
+		if e.At < 0 || e.At > sc.Duration {
+			return bad(f+".at", e.At.D(), "must be within the run")
+		}
+		switch e.Kind {
+		case EventDemand, EventJoin, EventCrash:
+			if !names[e.Group] {
+				return bad(f+".group", e.Group, "no such group")
+			}
+			if e.Count < 0 || e.Demand < 0 {
+				return bad(f, e, "count and demand must be ≥ 0")
+			}
+			total += e.Count
+		case EventLimit:
+			if e.Limit <= 0 {
+				return bad(f+".limit", e.Limit, "must be > 0")
+			}
+		case EventFailover, EventOutage:
+			if e.Down <= 0 {
+				return bad(f+".down", e.Down.D(), "must be > 0")
+			}
+		default:
+			return bad(f+".kind", e.Kind, "unknown")
+		}
+	}
+	if total > 100_000 {
+		return bad("groups", total, "at most 100000 instances")
+	}
+	if w := sc.Walk; w != nil && (w.Every <= 0 || w.Sigma < 0 || w.Min < 0 || w.Max < w.Min) {
+		return bad("walk", *w, "need every > 0, sigma ≥ 0, 0 ≤ min ≤ max")
+	}
+	return nil
+}
+
+func abs(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}
