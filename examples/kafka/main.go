@@ -1,282 +1,179 @@
-// Command kafka is the Kafka consumer demo: it produces a backlog, consumes
-// it through a sluice limiter into a provider stub that has a rate limit,
-// and prints progress and the achieved rate against the limit.
+// Command kafka is the Kafka consumer example: it consumes a topic through a
+// sluice limiter into a provider stub that has a rate limit, and prints
+// progress and the achieved rate against the limit.
 //
-// With no -brokers it starts an in-process Kafka-protocol broker (kfake), so
-// it needs nothing else:
+// With no flags it is the one-machine demo: it starts an in-process
+// Kafka-protocol broker (kfake), produces a backlog to a new topic, consumes
+// it through a local limiter, and ends once the backlog is handled:
 //
 //	go run ./examples/kafka
 //	go run ./examples/kafka -messages 20000 -limit 5000 -window 100ms
-//	go run ./examples/kafka -brokers localhost:9092
 //
-// It ends on its own once the backlog is handled, or after -duration. The
-// first Ctrl-C stops it gracefully (in-flight messages finish and are
-// committed), a second one abandons them.
+// Run for real, it consumes an existing topic in a consumer group, takes its
+// share of the provider's limit from configd through etcd, and serves its
+// metrics until SIGINT/SIGTERM:
+//
+//	go run ./examples/kafka -brokers kafka-1:9092 -topic orders -group orders-api \
+//	    -etcd-endpoints http://127.0.0.1:2379 -provider orders-api \
+//	    -metrics-listen :9090 -ntp-servers pool.ntp.org
+//
+// With -topic set, nothing is produced unless -messages is given, and it runs
+// until signalled unless -duration is given. The first signal stops it
+// gracefully (in-flight messages finish and are committed), a second one
+// kills it (what was not committed is delivered again later).
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"math"
 	"os"
 	"os/signal"
 	"strings"
-	"sync"
-	"sync/atomic"
+	"syscall"
 	"time"
-
-	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
-
-	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/limiter"
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "kafka demo:", err)
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if err == flag.ErrHelp {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kafka example:", err)
+		os.Exit(2)
+	}
+	// The first SIGINT/SIGTERM cancels ctx: the consumer drains and commits.
+	// stop() then restores the default action, so a second signal kills.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	err = run(ctx, cfg, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kafka example:", err)
 		os.Exit(1)
 	}
 }
 
-type flags struct {
-	messages   int
+// config is what the flags select.
+type config struct {
+	messages   int // backlog to produce first; 0: none
 	limit      int64
 	window     time.Duration
-	duration   time.Duration
-	brokers    string
+	duration   time.Duration // 0: until signalled
+	brokers    []string      // nil: in-process broker
+	topic      string        // "": a new demo topic
+	group      string
 	partitions int
 	workers    int
 	verbose    bool
+
+	etcdEndpoints []string // nil: a local limiter of limit per window
+	etcdCA        string
+	etcdCert      string
+	etcdKey       string
+	etcdPrefix    string
+	provider      string
+	instanceID    string
+	fallback      int64
+	ntpServers    []string
+	metricsListen string
 }
 
-func parseFlags(args []string, stderr io.Writer) (flags, error) {
-	var f flags
+// defaultInstanceID is $POD_NAME (set from the downward API in Kubernetes),
+// else the host name.
+func defaultInstanceID() string {
+	if p := os.Getenv("POD_NAME"); p != "" {
+		return p
+	}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return h
+	}
+	return "kafka-example"
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var c config
+	var brokers, endpoints, ntpServers string
 	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&f.messages, "messages", 3000, "messages in the backlog")
-	fs.Int64Var(&f.limit, "limit", 1000, "provider limit: calls per window")
-	fs.DurationVar(&f.window, "window", time.Second, "limit window (10ms..1h, divides 24h)")
-	fs.DurationVar(&f.duration, "duration", 30*time.Second, "stop after this long even if the backlog is not done")
-	fs.StringVar(&f.brokers, "brokers", "", "comma-separated Kafka brokers; empty starts an in-process broker")
-	fs.IntVar(&f.partitions, "partitions", 4, "partitions of the demo topic")
-	fs.IntVar(&f.workers, "workers", 8, "consumer workers")
-	fs.BoolVar(&f.verbose, "v", false, "log the consumer's debug messages")
+	fs.IntVar(&c.messages, "messages", 3000, "messages to produce first (with -topic: 0 unless given)")
+	fs.Int64Var(&c.limit, "limit", 1000, "the provider stub's limit, calls per window; also the local limiter's quota without -etcd-endpoints")
+	fs.DurationVar(&c.window, "window", time.Second, "limit window (10ms..1h, divides 24h)")
+	fs.DurationVar(&c.duration, "duration", 30*time.Second, "stop after this long; 0 runs until signalled (with -topic: 0 unless given)")
+	fs.StringVar(&brokers, "brokers", "", "comma-separated Kafka brokers; empty starts an in-process broker")
+	fs.StringVar(&c.topic, "topic", "", "topic to consume; empty creates a new demo topic")
+	fs.StringVar(&c.group, "group", "", "consumer group (default: the demo topic's name, or sluice-kafka-example with -topic)")
+	fs.IntVar(&c.partitions, "partitions", 4, "partitions of the demo topic")
+	fs.IntVar(&c.workers, "workers", 8, "consumer workers")
+	fs.BoolVar(&c.verbose, "v", false, "log debug messages")
+	fs.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd URLs; when set, join -provider through etcd and take the share configd publishes")
+	fs.StringVar(&c.etcdCA, "etcd-ca", "", "PEM file of the CA that signed etcd's server certificate (enables TLS)")
+	fs.StringVar(&c.etcdCert, "etcd-cert", "", "PEM client certificate for etcd (with -etcd-key)")
+	fs.StringVar(&c.etcdKey, "etcd-key", "", "PEM client key for etcd (with -etcd-cert)")
+	fs.StringVar(&c.etcdPrefix, "etcd-prefix", "", "etcd key prefix shared with configd (default /sluice/)")
+	fs.StringVar(&c.provider, "provider", "kafka-demo", "provider name: the metrics' provider label, and what to join with -etcd-endpoints")
+	fs.StringVar(&c.instanceID, "instance-id", defaultInstanceID(), "this instance's id ($POD_NAME, else the host name)")
+	fs.Int64Var(&c.fallback, "fallback", 0, "quota per window when etcd is unreachable at a cold start (0: admit nothing until a share is known)")
+	fs.StringVar(&ntpServers, "ntp-servers", "", "comma-separated NTP servers to measure the clock offset with (with -etcd-endpoints); empty trusts the clock")
+	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address (e.g. :9090); empty: none")
 	if err := fs.Parse(args); err != nil {
-		return f, err
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c.brokers, c.etcdEndpoints, c.ntpServers = splitList(brokers), splitList(endpoints), splitList(ntpServers)
+	if c.topic != "" {
+		if !set["messages"] {
+			c.messages = 0
+		}
+		if !set["duration"] {
+			c.duration = 0
+		}
+		if c.group == "" {
+			c.group = "sluice-kafka-example"
+		}
 	}
 	switch {
-	case f.messages <= 0:
-		return f, fmt.Errorf("-messages %d: must be > 0", f.messages)
-	case f.limit <= 0:
-		return f, fmt.Errorf("-limit %d: must be > 0", f.limit)
-	case f.duration <= 0:
-		return f, fmt.Errorf("-duration %v: must be > 0", f.duration)
-	case f.partitions <= 0:
-		return f, fmt.Errorf("-partitions %d: must be > 0", f.partitions)
-	case f.workers <= 0:
-		return f, fmt.Errorf("-workers %d: must be > 0", f.workers)
+	case c.messages < 0:
+		return c, fmt.Errorf("-messages %d: must be ≥ 0", c.messages)
+	case c.topic == "" && c.messages == 0:
+		return c, fmt.Errorf("-messages 0: the demo topic needs a backlog (or give -topic)")
+	case c.limit <= 0:
+		return c, fmt.Errorf("-limit %d: must be > 0", c.limit)
+	case c.duration < 0:
+		return c, fmt.Errorf("-duration %v: must be ≥ 0", c.duration)
+	case c.partitions <= 0:
+		return c, fmt.Errorf("-partitions %d: must be > 0", c.partitions)
+	case c.workers <= 0:
+		return c, fmt.Errorf("-workers %d: must be > 0", c.workers)
+	case c.topic != "" && len(c.brokers) == 0:
+		return c, fmt.Errorf("-topic needs -brokers")
+	case c.fallback < 0:
+		return c, fmt.Errorf("-fallback %d: must be ≥ 0", c.fallback)
+	case (c.etcdCert == "") != (c.etcdKey == ""):
+		return c, fmt.Errorf("-etcd-cert and -etcd-key go together")
+	case len(c.ntpServers) > 0 && len(c.etcdEndpoints) == 0:
+		return c, fmt.Errorf("-ntp-servers needs -etcd-endpoints")
+	case c.instanceID == "":
+		return c, fmt.Errorf("-instance-id must not be empty")
 	}
-	return f, nil
-}
-
-func run(args []string, stdout, stderr io.Writer) error {
-	f, err := parseFlags(args, stderr)
-	if err != nil {
-		return err
-	}
-	level := slog.LevelWarn
-	if f.verbose {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-
-	// First signal: graceful stop; second: abort the drain.
-	ctx, cancel := context.WithTimeout(context.Background(), f.duration)
-	defer cancel()
-	abort := make(chan struct{})
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt)
-	defer signal.Stop(sigs)
-	var sigWG sync.WaitGroup
-	sigDone := make(chan struct{})
-	defer func() { close(sigDone); sigWG.Wait() }()
-	sigWG.Go(func() {
-		select {
-		case <-sigs:
-			fmt.Fprintln(stdout, "stopping: finishing in-flight messages (Ctrl-C again to abandon them)")
-			cancel()
-		case <-sigDone:
-			return
-		}
-		select {
-		case <-sigs:
-			close(abort)
-		case <-sigDone:
-		}
-	})
-
-	brokers := strings.Split(f.brokers, ",")
-	if f.brokers == "" {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-		if err != nil {
-			return fmt.Errorf("starting the in-process broker: %w", err)
-		}
-		defer cluster.Close()
-		brokers = cluster.ListenAddrs()
-		fmt.Fprintf(stdout, "in-process Kafka broker at %s\n", brokers[0])
-	}
-	stamp := time.Now().UnixNano()
-	topic, group := fmt.Sprintf("sluice-demo-%d", stamp), fmt.Sprintf("sluice-demo-%d", stamp)
-
-	transport := &kafka.Transport{}
-	defer transport.CloseIdleConnections()
-	if err := backlog(ctx, brokers, transport, topic, f.partitions, f.messages); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "produced %d messages to %s (%d partitions)\n", f.messages, topic, f.partitions)
-
-	lim, err := limiter.New(f.limit, f.window)
-	if err != nil {
-		return err
-	}
-	defer lim.Close()
-	prov := &provider{limit: f.limit, window: f.window}
-
-	var handled atomic.Int64
-	all := make(chan struct{})
-	c, err := consumer.New(consumer.Config{
-		Brokers: brokers, Topic: topic, GroupID: group,
-		Workers: f.workers, MaxInFlight: 4 * f.workers, Ordering: consumer.OrderKey,
-		DrainTimeout: 5 * time.Second,
-	}, lim, func(ctx context.Context, m kafka.Message) error {
-		if err := prov.call(); err != nil {
-			return err
-		}
-		if handled.Add(1) == int64(f.messages) {
-			close(all)
-		}
-		return nil
-	}, consumer.WithLogger(log))
-	if err != nil {
-		return err
-	}
-
-	runCtx, stopRun := context.WithCancel(ctx)
-	defer stopRun()
-	errc := make(chan error, 1)
-	// Windows are aligned to the wall clock, so the first one may be
-	// partial: rates are measured from its start.
-	start := time.Now().Truncate(f.window)
-	go func() { errc <- c.RunWithAbort(runCtx, abort) }()
-	fmt.Fprintf(stdout, "consuming at most %d calls per %v (%.0f/s)\n", f.limit, f.window, rate(f.limit, f.window))
-
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	report := func(prefix string, at time.Time) {
-		el := at.Sub(start)
-		n := handled.Load()
-		st := c.Stats()
-		// Over the windows begun so far: a window's permits come at its
-		// start unless the limiter paces them.
-		windows := math.Ceil(el.Seconds() / f.window.Seconds())
-		fmt.Fprintf(stdout, "%s %6.1fs  handled %d/%d  %.0f/s over %.0f window(s) (limit %.0f/s)  busiest window %d (limit %d)  throttled %d  provider refusals %d  in flight %d\n",
-			prefix, el.Seconds(), n, f.messages, float64(n)/(windows*f.window.Seconds()), windows, rate(f.limit, f.window),
-			prov.busiest.Load(), f.limit, st.Throttled, prov.refused.Load(), st.InFlight)
-	}
-	end := time.Time{}
-loop:
-	for {
-		select {
-		case <-tick.C:
-			report("  ", time.Now())
-		case <-all:
-			end = time.Now()
-			stopRun()
-			break loop
-		case <-runCtx.Done():
-			break loop
-		}
-	}
-	runErr := <-errc
-	if end.IsZero() {
-		end = time.Now()
-	}
-	report("done", end)
-	if prov.refused.Load() > 0 {
-		fmt.Fprintf(stdout, "the provider refused %d calls: the limiter let more through than the provider's limit\n", prov.refused.Load())
-	} else {
-		fmt.Fprintln(stdout, "the provider never saw more than its limit in any window")
-	}
-	if runErr == nil && handled.Load() < int64(f.messages) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		fmt.Fprintf(stdout, "-duration %v reached before the backlog was done\n", f.duration)
-	}
-	return runErr
-}
-
-func rate(limit int64, window time.Duration) float64 {
-	return float64(limit) / window.Seconds()
-}
-
-// backlog creates topic and produces n small messages to it.
-func backlog(ctx context.Context, brokers []string, transport *kafka.Transport, topic string, partitions, n int) error {
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport}
-	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{
-		Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}},
-	})
-	if err != nil {
-		return fmt.Errorf("creating topic %s: %w", topic, err)
-	}
-	if err := res.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-		return fmt.Errorf("creating topic %s: %w", topic, err)
-	}
-	w := &kafka.Writer{
-		Addr: kafka.TCP(brokers...), Topic: topic, Transport: transport,
-		Balancer: &kafka.Hash{}, BatchSize: 1000, BatchTimeout: time.Millisecond,
-	}
-	msgs := make([]kafka.Message, n)
-	for i := range msgs {
-		msgs[i] = kafka.Message{Key: fmt.Appendf(nil, "customer-%d", i%97), Value: fmt.Appendf(nil, "event-%d", i)}
-	}
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		_ = w.Close()
-		return fmt.Errorf("producing the backlog: %w", err)
-	}
-	return w.Close()
-}
-
-// provider stands in for the rate-limited API: it accepts at most limit
-// calls per wall-clock-aligned window and answers the rest with "429, retry
-// at the next window".
-type provider struct {
-	limit   int64
-	window  time.Duration
-	mu      sync.Mutex
-	win     int64
-	used    int64
-	refused atomic.Int64
-	busiest atomic.Int64 // most calls accepted in one window
-}
-
-func (p *provider) call() error {
-	now := time.Now().UnixNano()
-	w := now / int64(p.window)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if w != p.win {
-		p.win, p.used = w, 0
-	}
-	if p.used >= p.limit {
-		p.refused.Add(1)
-		return consumer.RetryAfter(time.Duration((w+1)*int64(p.window)-now), errors.New("provider: 429 too many requests"))
-	}
-	p.used++
-	if p.used > p.busiest.Load() {
-		p.busiest.Store(p.used)
-	}
-	return nil
+	return c, nil
 }
