@@ -97,9 +97,17 @@ func TestAllocate(t *testing.T) {
 }
 
 func TestHysteresis(t *testing.T) {
-	for total, want := range map[int64]int64{0: 1, 1: 1, 150: 1, 199: 1, 200: 2, 300: 3, 1_000_000: 10_000} {
-		if got := hysteresis(total); got != want {
-			t.Errorf("hysteresis(%d) = %d, want %d", total, got, want)
+	tests := []struct {
+		total int64
+		n     int
+		want  int64
+	}{
+		{0, 0, 1}, {1, 1, 1}, {150, 3, 1}, {199, 3, 1}, {200, 3, 2}, {300, 3, 3},
+		{1_000_000, 3, 10_000}, {1_000_000, 10, 10_000}, {1_000_000, 1000, 100}, {100_000, 1000, 10},
+	}
+	for _, tt := range tests {
+		if got := hysteresis(tt.total, tt.n); got != tt.want {
+			t.Errorf("hysteresis(%d, %d) = %d, want %d", tt.total, tt.n, got, tt.want)
 		}
 	}
 }

@@ -68,9 +68,10 @@ const pruneBatch = 10_000
 // jitters:
 //
 //   - Hysteresis: it is published only when some instance's share differs
-//     from its published share by more than hysteresis(total) =
-//     max(1, ⌊total/100⌋) permits, that is by more than 1% of the total and
-//     by more than one permit. Smaller moves are dropped, not deferred.
+//     from its published share by more than hysteresis(total, n) =
+//     max(1, min(⌊total/100⌋, ⌊total/(10n)⌋)) permits for n instances: by
+//     more than 1% of the total and a tenth of an average share, and by more
+//     than one permit. Smaller moves are dropped, not deferred.
 //     Moves are measured against the published shares, not against the
 //     last computation, so a slow drift is published once it leaves the
 //     band.
@@ -86,14 +87,18 @@ const pruneBatch = 10_000
 // configd_shares_damped_total.
 const (
 	dampUnchanged  = "unchanged"  // the shares are what is published: nothing to do
-	dampHysteresis = "hysteresis" // every share within hysteresis(total) of the published one
+	dampHysteresis = "hysteresis" // every share within hysteresis(total, n) of the published one
 	dampRate       = "rate_limit" // outside the band, but less than a window since the last publish
 )
 
 // hysteresis returns the band (permits) within which a demand-only change
-// of a share is not published: max(1, ⌊total/100⌋). For an integer change
-// d, d > ⌊total/100⌋ exactly when d > total/100.
-func hysteresis(total int64) int64 { return max(1, total/100) }
+// of a share among n instances is not published: 1% of the total, but no
+// more than a tenth of an average share (so that with many instances a
+// share's own moves still count), and at least one permit. For an integer
+// change d, d > ⌊x⌋ exactly when d > x.
+func hysteresis(total int64, n int) int64 {
+	return max(1, min(total/100, total/(10*int64(max(n, 1)))))
+}
 
 // damp decides whether shares just computed (split, under cfg at config
 // revision cfgRev) wait instead of replacing the published ones (cur,
@@ -117,7 +122,7 @@ func damp(cur *schema.Shares, last time.Time, cfg schema.ProviderConfig, cfgRev 
 		return dampUnchanged, time.Time{}
 	case cur.ConfigRevision != cfgRev:
 		return "", time.Time{} // the operator changed the config
-	case moved <= hysteresis(cfg.Limit):
+	case moved <= hysteresis(cfg.Limit, len(split)):
 		return dampHysteresis, time.Time{}
 	}
 	if next := last.Add(cfg.Window.D()); now.Before(next) {

@@ -71,8 +71,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	g(MetricInstances, float64(st.Instances))
 	g(MetricGeneration, float64(st.Generation))
 	g(MetricDemand, float64(st.Demand))
-	g(MetricClockKnown, b(st.ClockKnown))
-	g(MetricClockUncertainty, st.ClockUncertainty.Seconds())
+	if c.m.cfg.clock != nil {
+		// Without a monitor the clock is trusted, not unknown: no series.
+		g(MetricClockKnown, b(st.ClockKnown))
+		g(MetricClockUncertainty, st.ClockUncertainty.Seconds())
+	}
 	g(MetricMalformed, float64(len(st.Problems)))
 	for _, s := range Sources {
 		g(MetricSource, b(st.Source == s), s)

@@ -62,7 +62,8 @@ func (m *Member) run(ctx context.Context) {
 		defer wg.Wait()
 	}
 	v := &view{instances: map[string]bool{}, leaders: map[string]bool{}, problems: map[string]string{}}
-	var ap applied
+	// What New gave the limiter: the fallback.
+	ap := applied{source: "fallback", quota: m.cfg.fallbackQuota, window: m.cfg.fallbackWindow}
 	rep := &reporter{started: time.Now()}
 	backoff := 100 * time.Millisecond
 	connected := false
@@ -317,11 +318,23 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	if next.source == ap.source && next.quota == ap.quota && next.window == ap.window && next.gen == ap.gen {
 		return false
 	}
-	if next.at == 0 {
-		now := lim.Now().UnixNano() + int64(m.cfg.margin)
-		next.at = now + floorModNeg(now, int64(next.window))
-	}
 	q := min(next.quota, limiter.MaxQuota)
+	soon := lim.Now().UnixNano() + int64(m.cfg.margin)
+	soon += floorModNeg(soon, int64(next.window)) // the first boundary at least the margin ahead
+	if next.at == 0 {
+		next.at = soon
+	}
+	if ap.source != next.source && ap.source != "" && ap.window == next.window {
+		// Switching schemes (fallback, the even split, configd's shares):
+		// the instances do not switch at the same instant, and within a
+		// window the two schemes disagree on who holds what. Take the
+		// smaller quota at once, the new one only from a boundary at least
+		// the margin ahead, when the others have switched too.
+		if err := lim.SetLimit(min(ap.quota, q), next.window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
+			m.log.Error("cannot apply share", "share", min(ap.quota, q), "window", next.window, "err", err)
+		}
+		next.at = max(next.at, soon)
+	}
 	if err := lim.SetLimit(q, next.window, time.Unix(0, next.at)); err != nil {
 		if !errors.Is(err, limiter.ErrClosed) {
 			m.log.Error("cannot apply share", "share", q, "window", next.window, "err", err)
@@ -374,7 +387,7 @@ func floorModNeg(t, w int64) int64 {
 }
 
 // report writes the instance record when something changed meaningfully —
-// the applied generation, demand by more than 5% (and one permit), the clock
+// the applied generation, demand by more than 2% (and one permit), the clock
 // offset by a millisecond — or when it has not been written for ten report
 // intervals; force writes it regardless. Traffic stays flat whatever the
 // request rate: at most one small write per interval.
@@ -439,6 +452,6 @@ func meaningful(old, cur schema.InstanceRecord) bool {
 		do = -do
 	}
 	return cur.AppliedGeneration != old.AppliedGeneration ||
-		(dd > 1 && float64(dd) > 0.05*float64(max(old.Demand, 1))) ||
+		(dd > 1 && float64(dd) > 0.02*float64(max(old.Demand, 1))) ||
 		do > time.Millisecond || cur.ClockKnown != old.ClockKnown
 }
