@@ -21,7 +21,7 @@ import (
 //
 // A real instance rewrites its record with applied_generation = G as soon
 // as it has applied the shares of generation G (limiter/cluster), and the
-// leader's safe handover (handover.go) grows a share only out of what the
+// leader's safe handover (package plan) grows a share only out of what the
 // instances that shrink have acknowledged giving up. Tests that simulate
 // instances by writing their records (addInstance, addInstanceDemand,
 // putDemand) get the same acknowledgements from a sim: one per test and

@@ -25,18 +25,6 @@ func sum(m map[string]int64) (s int64) {
 	return s
 }
 
-func TestNextBoundary(t *testing.T) {
-	w := time.Second
-	cases := []struct{ t, want int64 }{
-		{0, 0}, {1, int64(w)}, {int64(w), int64(w)}, {int64(w) + 1, 2 * int64(w)},
-	}
-	for _, c := range cases {
-		if got := nextBoundary(time.Unix(0, c.t), w); got != c.want {
-			t.Errorf("nextBoundary(%d) = %d, want %d", c.t, got, c.want)
-		}
-	}
-}
-
 // TestSharesFollowInstances: the leader publishes an even split of the
 // limit over the instances with live leases; a lease revoked (an instance
 // gone) and a retune each publish a new generation, effective from a

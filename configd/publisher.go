@@ -13,7 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/sluice-go/sluice/configd/alloc"
+	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -55,81 +55,10 @@ const maxHistoryKeep = 1_000_000
 // deletes, and so how many keys it reads to find them.
 const pruneBatch = 10_000
 
-// When shares are republished.
-//
-// The leader recomputes a provider's shares whenever something they depend
-// on changes (allocate: the config's algorithm, limit and floor, the live
-// instances and their demand). It publishes them, as a new generation, at
-// once when the provider's limit or window changed, when an instance joined
-// or left, or when the config changed since the published shares were
-// computed (a new algorithm or floor, say). A change of demand alone —
-// shares moving among the same instances under the same config, which only
-// "fair" does — is damped, so that etcd writes stay flat while demand
-// jitters:
-//
-//   - Hysteresis: it is published only when some instance's share differs
-//     from its published share by more than hysteresis(total, n) =
-//     max(1, min(⌊total/100⌋, ⌊total/(10n)⌋)) permits for n instances: by
-//     more than 1% of the total and a tenth of an average share, and by more
-//     than one permit. Smaller moves are dropped, not deferred.
-//     Moves are measured against the published shares, not against the
-//     last computation, so a slow drift is published once it leaves the
-//     band.
-//   - Rate: a provider's shares are republished for demand at most once per
-//     window: not before one window after the last publish. A change that
-//     comes sooner is looked at again then (a timer), with the demand known
-//     then, and published if it is still outside the band.
-//
-// Both are counted in configd_shares_damped_total{provider,reason}.
-
-// Reasons for not publishing recomputed shares: damp's answers other than
-// "" (publish). The damped ones are the reason label of
-// configd_shares_damped_total.
-const (
-	dampUnchanged  = "unchanged"  // the shares are what is published: nothing to do
-	dampHysteresis = "hysteresis" // every share within hysteresis(total, n) of the published one
-	dampRate       = "rate_limit" // outside the band, but less than a window since the last publish
-)
-
-// hysteresis returns the band (permits) within which a demand-only change
-// of a share among n instances is not published: 1% of the total, but no
-// more than a tenth of an average share (so that with many instances a
-// share's own moves still count), and at least one permit. For an integer
-// change d, d > ⌊x⌋ exactly when d > x.
-func hysteresis(total int64, n int) int64 {
-	return max(1, min(total/100, total/(10*int64(max(n, 1)))))
-}
-
-// damp decides whether shares just computed (split, under cfg at config
-// revision cfgRev) wait instead of replacing the published ones (cur,
-// published at last, as this replica saw it). It returns "" to publish now,
-// dampUnchanged, dampHysteresis, or dampRate with the time to look again.
-// See "When shares are republished".
-func damp(cur *schema.Shares, last time.Time, cfg schema.ProviderConfig, cfgRev int64, split map[string]int64, now time.Time) (reason string, retry time.Time) {
-	if cur == nil || cur.Total != cfg.Limit || cur.Window != cfg.Window || len(cur.Shares) != len(split) {
-		return "", time.Time{}
-	}
-	var moved int64 // the largest change of one share
-	for id, v := range split {
-		old, ok := cur.Shares[id]
-		if !ok {
-			return "", time.Time{} // another set of instances
-		}
-		moved = max(moved, v-old, old-v)
-	}
-	switch {
-	case moved == 0:
-		return dampUnchanged, time.Time{}
-	case cur.ConfigRevision != cfgRev:
-		return "", time.Time{} // the operator changed the config
-	case moved <= hysteresis(cfg.Limit, len(split)):
-		return dampHysteresis, time.Time{}
-	}
-	if next := last.Add(cfg.Window.D()); now.Before(next) {
-		return dampRate, next
-	}
-	return "", time.Time{}
-}
+// When shares are republished, and what: see package plan. The leader
+// decides again (publish) after every batch of changes to a provider's
+// keys and when a decision's Due time comes; damped changes are counted in
+// configd_shares_damped_total{provider,reason}.
 
 // publisher is the leader's work: watch every provider's config and
 // instance keys, publish each provider's Shares record whenever the split
@@ -479,45 +408,36 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	p.metrics.liveInstances.WithLabelValues(name).Set(float64(len(ids)))
 	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))
 	now := p.now()
-	// Damping judges the target against what is published. A target it
-	// holds back does not replace the one a handover is still moving
-	// toward: that move is finished whatever the band and the rate.
-	target := split
-	reason, retry := damp(st.shares, st.published, cfg, st.cfgRev, target, now)
-	switch {
-	case reason == "" || st.sharesBad:
-		st.target = target
-	case st.target != nil && st.shares != nil && alloc.Pending(st.shares.Shares, st.target) && sameIDs(st.target, target):
-		target = st.target
-	case reason == dampUnchanged:
-		return nil
-	default:
-		st.due = retry
-		p.metrics.damped.WithLabelValues(name, reason).Inc()
-		p.log.Debug("shares not republished", "provider", name, "reason", reason, "retry", retry)
-		return nil
+	d := plan.Decide(plan.Input{
+		Total:          cfg.Limit,
+		Window:         cfg.Window.D(),
+		ConfigRevision: st.cfgRev,
+		Margin:         p.margin,
+		Target:         split,
+		Acked:          acked(st.instances),
+		Cur:            published(st.shares, st.published),
+		Rewrite:        st.sharesBad,
+		Moving:         st.target,
+		Now:            now,
+	})
+	st.target, st.due = d.Target, d.Due
+	if d.Damped != "" {
+		p.metrics.damped.WithLabelValues(name, d.Damped).Inc()
+		p.log.Debug("shares not republished", "provider", name, "reason", d.Damped, "retry", d.Due)
 	}
-	// The target is reached through the safe handover (see package alloc):
-	// growth only out of what no instance may still be enforcing.
-	split, granted := alloc.Handover(cfg.Limit, target, bounds(st.shares, st.instances, now))
-	if alloc.Pending(split, target) && st.shares != nil && now.Before(st.shares.EffectiveTime()) {
-		// Acknowledged shrinks free their permits when their window begins.
-		st.due = st.shares.EffectiveTime()
-	}
-	if st.shares != nil && !st.sharesBad && maps.Equal(split, st.shares.Shares) &&
-		st.shares.Total == cfg.Limit && st.shares.Window == cfg.Window && st.shares.ConfigRevision == st.cfgRev {
-		return nil // waiting for acknowledgements
+	if !d.Publish {
+		return nil // unchanged, damped, or waiting for acknowledgements
 	}
 	sh := schema.Shares{
 		Version:        schema.Version,
 		Provider:       name,
 		Generation:     st.maxGen + 1,
-		EffectiveFrom:  nextBoundary(now.Add(p.margin), cfg.Window.D()),
+		EffectiveFrom:  d.EffectiveFrom.UnixNano(),
 		Window:         cfg.Window,
 		Total:          cfg.Limit,
-		Instances:      len(split),
-		Shares:         split,
-		Granted:        granted,
+		Instances:      len(d.Shares),
+		Shares:         d.Shares,
+		Granted:        d.Granted,
 		ConfigRevision: st.cfgRev,
 		Published:      now.UTC(),
 		Leader:         p.replica,
@@ -608,26 +528,29 @@ func (p *publisher) commit(ctx context.Context, f fence, cond clientv3.Cmp, op c
 	return nil
 }
 
-// nextBoundary returns the first multiple of w (since the Unix epoch) at or
-// after t, in Unix nanoseconds.
-func nextBoundary(t time.Time, w time.Duration) int64 {
-	ns, wn := t.UnixNano(), int64(w)
-	b := ns / wn * wn
-	if b < ns {
-		b += wn
+// published is the last publish as package plan sees it; nil for none.
+// at is when it was published (clamped to this replica's clock).
+func published(sh *schema.Shares, at time.Time) *plan.Published {
+	if sh == nil {
+		return nil
 	}
-	return b
+	return &plan.Published{
+		Generation:     sh.Generation,
+		EffectiveFrom:  sh.EffectiveTime(),
+		Total:          sh.Total,
+		Window:         sh.Window.D(),
+		ConfigRevision: sh.ConfigRevision,
+		Shares:         sh.Shares,
+		Granted:        sh.Granted,
+		At:             at,
+	}
 }
 
-// sameIDs reports whether a and b name the same instances.
-func sameIDs(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
+// acked returns each live instance's acknowledged generation.
+func acked(live map[string]schema.InstanceRecord) map[string]int64 {
+	a := make(map[string]int64, len(live))
+	for id, rec := range live {
+		a[id] = rec.AppliedGeneration
 	}
-	for id := range a {
-		if _, ok := b[id]; !ok {
-			return false
-		}
-	}
-	return true
+	return a
 }

@@ -92,18 +92,6 @@ type Walk struct {
 	Max   int64    `json:"max"`
 }
 
-// WhatIf lists proposed changes to configd's publish step.
-type WhatIf struct {
-	// KeepDue: a change damped by hysteresis does not cancel the timer set
-	// for the publish's EffectiveFrom (publisher.go sets st.due to the
-	// zero retry time, which is before any due).
-	KeepDue bool `json:"keep_due,omitempty"`
-	// UndampedGrowth: while the published shares are below the target
-	// (a handover is under way), a step that hands out permits nobody holds
-	// is not dropped by hysteresis (it is still rate-limited).
-	UndampedGrowth bool `json:"undamped_growth,omitempty"`
-}
-
 // Admission modes: how an instance's admissions lie within its window.
 const (
 	AdmitSpread  = "spread"  // evenly across the window (pacing)
@@ -136,10 +124,6 @@ type Scenario struct {
 	// (skew.EnforcedShare) with each instance's |skew| as its uncertainty.
 	ClockCut   bool     `json:"clock_cut,omitempty"`
 	ClockBound Duration `json:"clock_bound,omitempty"` // 0: skew.DefaultBound
-
-	// WhatIf changes the leader from configd's code to a proposed fix;
-	// scenarios that set it measure the fix, not the code as it is.
-	WhatIf *WhatIf `json:"what_if,omitempty"`
 
 	Groups []Group `json:"groups"`
 	Events []Event `json:"events,omitempty"`

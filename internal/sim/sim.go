@@ -12,25 +12,28 @@
 //
 // What is modelled, and where it comes from:
 //
-//   - The leader (configd/publisher.go, publish and damp): on every batch of
-//     record changes it allocates the target from the reported demands,
-//     computes bounds from the last publish and the acknowledgements
-//     (configd/handover.go, bounds), takes the handover step, looks again at
-//     the publish's EffectiveFrom when growth waits for it, damps
-//     demand-only changes (hysteresis max(1, total/100), at most one publish
-//     per window) and publishes with EffectiveFrom = the first boundary at
-//     least the margin ahead. configd's package main cannot be imported, so
-//     bounds, damp and the publish step are transcribed here; alloc's
-//     functions are called as they are.
+//   - The leader (configd/publisher.go, publish): on every batch of record
+//     changes, and when its last decision's Due time comes, it allocates the
+//     target from the reported demands (alloc.ByName, alloc.DefaultFloor)
+//     and runs configd's very publish decision, plan.Decide: damping,
+//     the handover under way, the safe handover step, the follow-up at the
+//     publish's EffectiveFrom and the boundary a publish takes effect from.
+//     What is left here is the plumbing around it: the leader's state
+//     (the published record, its time, the target under way, the timer)
+//     and the refusal of shares over the limit (schema.Encode).
 //   - Instances (limiter/cluster/session.go, apply and report; the
-//     limiter's SetLimit): a publish arrives after a delay, is applied from
-//     its EffectiveFrom on the instance's own clock, or at once (in the
-//     current window, keeping what it consumed) when it arrives late; a new
-//     generation is acknowledged by a record write that reaches etcd after
-//     another delay, or is lost; demand is an EWMA (½ old + ½ new) reported
-//     every report interval, written only on a meaningful change or every
-//     ten intervals; with no configd alive an instance enforces total / live
-//     instances from the next boundary at least the margin ahead.
+//     limiter's SetLimit): a publish arrives after a delay and is
+//     scheduled by the session's very rule, follow.Schedule: from its
+//     EffectiveFrom on the instance's own clock, or at once (in the
+//     current window, keeping what it consumed) when it arrives late; a
+//     switch between the even split and configd's shares takes the smaller
+//     quota at once and the new one from the first boundary at least the
+//     margin ahead. A new generation is acknowledged by a record write
+//     that reaches etcd after another delay, or is lost; demand is
+//     smoothed by follow.Smooth and reported every report interval,
+//     written when follow.Due says so (a meaningful change, or ten
+//     intervals); with no configd alive an instance enforces
+//     total / live instances.
 //   - Admissions: per instance per local window, min(offered, share in
 //     force), spread evenly over the window or bunched at its start; an
 //     instance whose clock is off by e has its window k in true time
@@ -50,6 +53,8 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/configd/alloc"
+	"github.com/sluice-go/sluice/configd/plan"
+	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/limiter/skew"
 )
 
@@ -63,13 +68,16 @@ type Sim struct {
 	Scenario Scenario
 	Handover HandoverFunc                 // nil: alloc.Handover
 	Bound    func(s alloc.Standing) int64 // nil: alloc.Bound
+	Schedule ScheduleFunc                 // nil: follow.Schedule
 }
+
+// ScheduleFunc is the signature of follow.Schedule.
+type ScheduleFunc func(prev, next follow.Applied, at, now int64, margin time.Duration) follow.Step
 
 // Run runs sc with the real allocation and handover.
 func Run(sc Scenario) (Report, error) { return (&Sim{Scenario: sc}).Run() }
 
-// never stands for Go's zero time.Time in the transcribed leader logic: it
-// is before every other time.
+// never stands for "no time": no timer armed, no record write yet.
 const never = math.MinInt64
 
 // sharesRec is a published Shares record (schema.Shares, the fields that
@@ -89,6 +97,8 @@ type record struct {
 	demand int64
 	gen    int64 // AppliedGeneration
 }
+
+func (r record) follow() follow.Record { return follow.Record{Demand: r.demand, Generation: r.gen} }
 
 // change is a scheduled quota change of an instance's limiter, from a
 // boundary of its local clock.
@@ -136,8 +146,8 @@ type instance struct {
 
 type engine struct {
 	sc       Scenario
-	handover HandoverFunc
-	bound    func(alloc.Standing) int64
+	planner  plan.Planner
+	schedule ScheduleFunc
 	algo     alloc.Algorithm
 	rng      *rand.Rand
 	q        queue
@@ -162,8 +172,9 @@ type engine struct {
 	epoch      int // bumped when a leader dies: stale timers are ignored
 	published  int64
 	maxGen     int64
-	due        int64 // never: none
-	dueTimer   int64 // time of the armed timer; never: none
+	target     map[string]int64 // the target a handover is moving toward (plan.Decision.Target)
+	due        int64            // never: none
+	dueTimer   int64            // time of the armed timer; never: none
 	batchArmed bool
 
 	m metrics
@@ -181,8 +192,8 @@ func (s *Sim) Run() (Report, error) {
 	}
 	e := &engine{
 		sc:       sc,
-		handover: s.Handover,
-		bound:    s.Bound,
+		planner:  plan.Planner{Handover: s.Handover, Bound: s.Bound},
+		schedule: s.Schedule,
 		algo:     algo,
 		rng:      rand.New(rand.NewPCG(sc.Seed, sc.Seed^0x5eed51)),
 		w:        int64(sc.Window),
@@ -195,11 +206,8 @@ func (s *Sim) Run() (Report, error) {
 		due:      never,
 		dueTimer: never,
 	}
-	if e.handover == nil {
-		e.handover = alloc.Handover
-	}
-	if e.bound == nil {
-		e.bound = alloc.Bound
+	if e.schedule == nil {
+		e.schedule = follow.Schedule
 	}
 	e.end = int64(sc.Duration) / e.w * e.w
 	e.m.init(e)
@@ -507,8 +515,9 @@ func (e *engine) finishWindow(in *instance, end int64) {
 }
 
 // apply is session.apply: the share in force from the instance's view,
-// set on its limiter if it changed. A new generation is acknowledged (a
-// forced record write) when ack is true.
+// set on its limiter (follow.Schedule) if it changed. It reports whether a
+// new generation was applied, which the caller acknowledges (a forced
+// record write).
 func (e *engine) apply(in *instance) bool {
 	source, quota, gen, at := "", int64(0), int64(0), int64(0)
 	switch s := in.shares; {
@@ -530,11 +539,14 @@ func (e *engine) apply(in *instance) bool {
 	if source == in.apSource && quota == in.apQuota && gen == in.apGen {
 		return false
 	}
-	if at == 0 {
-		nowL := e.now - in.skew + int64(e.sc.Margin)
-		at = nowL + floorMod(-nowL, e.w)
+	w := e.sc.Window.D()
+	nowL := e.now - in.skew
+	step := e.schedule(follow.Applied{Source: in.apSource, Quota: in.apQuota, Window: w},
+		follow.Applied{Source: source, Quota: quota, Window: w}, at, nowL, e.sc.Margin.D())
+	if step.Cut {
+		e.setLimit(in, step.Interim, nowL)
 	}
-	e.setLimit(in, quota, at)
+	e.setLimit(in, quota, step.From)
 	newGen := gen != in.apGen
 	in.apSource, in.apQuota, in.apGen = source, quota, gen
 	return newGen && gen != 0
@@ -551,19 +563,19 @@ func (e *engine) onShares(in *instance, rec *sharesRec) {
 	}
 }
 
-// report is session.report: update the demand EWMA, and write the record
-// when it changed meaningfully, when forced, or every ten intervals.
+// report is session.report: update the demand estimate, and write the
+// record when forced or when follow.Due says so.
 func (e *engine) report(in *instance, force bool) {
 	e.accrue(in)
 	if in.lastAt != never {
 		if el := e.now - in.lastAt; el > 0 {
 			perWindow := in.askedAcc * float64(e.w) / float64(el)
-			in.demand = 0.5*in.demand + 0.5*perWindow
+			in.demand = follow.Smooth(in.demand, perWindow)
 		}
 	}
 	in.askedAcc, in.lastAt = 0, e.now
 	rec := record{demand: int64(math.Round(in.demand)), gen: in.apGen}
-	if !force && in.haveWrite && !meaningful(in.written, rec) && e.now-in.wroteAt < 10*int64(e.sc.ReportInterval) {
+	if !force && in.haveWrite && !follow.Due(in.written.follow(), rec.follow(), time.Duration(e.now-in.wroteAt), e.sc.ReportInterval.D()) {
 		return
 	}
 	in.written, in.wroteAt, in.haveWrite = rec, e.now, true
@@ -589,14 +601,6 @@ func (e *engine) report(in *instance, force bool) {
 		e.records[in.id] = &r
 		e.notifyLeader()
 	})
-}
-
-func meaningful(old, cur record) bool {
-	dd := cur.demand - old.demand
-	if dd < 0 {
-		dd = -dd
-	}
-	return cur.gen != old.gen || (dd > 1 && float64(dd) > 0.05*float64(max(old.demand, 1)))
 }
 
 // --- the leader -------------------------------------------------------------
@@ -625,6 +629,7 @@ func (e *engine) leaderDown() {
 	e.epoch++
 	e.batchArmed = false
 	e.due, e.dueTimer = never, never
+	e.target = nil // a new leader starts with no target, as configd's state does
 	e.m.failovers++
 }
 
@@ -655,7 +660,8 @@ func (e *engine) armDue() {
 	})
 }
 
-// publish is configd's publisher.publish for one provider.
+// publish is configd's publisher.publish for one provider: allocate, let
+// plan.Decide decide, publish what it says.
 func (e *engine) publish() {
 	if !e.leaderUp {
 		return
@@ -678,38 +684,47 @@ func (e *engine) publish() {
 		panic(fmt.Sprintf("sim: allocation failed: %v", err)) // inputs are built valid
 	}
 	target := make(map[string]int64, len(ids))
+	acked := make(map[string]int64, len(ids))
 	for i, id := range ids {
 		target[id] = split[i]
+		acked[id] = e.records[id].gen
 	}
-	shares, granted := e.handover(e.limit, target, e.bounds())
-	cur := e.rec
-	if alloc.Pending(shares, target) && cur != nil && e.now < cur.effective {
-		e.due = cur.effective
-	}
-	reason, retry := e.damp(shares)
-	if wi := e.sc.WhatIf; wi != nil && wi.UndampedGrowth && reason == dampHysteresis && cur != nil && alloc.Pending(cur.shares, target) && grows(cur.shares, shares) {
-		reason, retry = "", never
-		if next := e.published + e.w; e.now < next {
-			reason, retry = dampRate, next
+	var cur *plan.Published
+	if r := e.rec; r != nil {
+		cur = &plan.Published{
+			Generation:     r.gen,
+			EffectiveFrom:  time.Unix(0, r.effective),
+			Total:          r.total,
+			Window:         e.sc.Window.D(),
+			ConfigRevision: r.cfgRev,
+			Shares:         r.shares,
+			Granted:        r.granted,
+			At:             time.Unix(0, e.published),
 		}
 	}
-	switch reason {
-	case "":
-	case dampUnchanged:
-		return
-	default:
-		if wi := e.sc.WhatIf; wi != nil && wi.KeepDue && retry == never {
-			e.m.damped[reason]++
-			return
-		}
-		if e.due == never || retry < e.due {
-			e.due = retry
-		}
-		e.m.damped[reason]++
+	d := e.planner.Decide(plan.Input{
+		Total:          e.limit,
+		Window:         e.sc.Window.D(),
+		ConfigRevision: e.cfgRev,
+		Margin:         e.sc.Margin.D(),
+		Target:         target,
+		Acked:          acked,
+		Cur:            cur,
+		Moving:         e.target,
+		Now:            time.Unix(0, e.now),
+	})
+	e.target = d.Target
+	if !d.Due.IsZero() {
+		e.due = d.Due.UnixNano()
+	}
+	if d.Damped != "" {
+		e.m.damped[d.Damped]++
+	}
+	if !d.Publish {
 		return
 	}
 	var sum int64
-	for _, v := range shares {
+	for _, v := range d.Shares {
 		sum += v
 	}
 	if sum > e.limit {
@@ -717,10 +732,8 @@ func (e *engine) publish() {
 		return
 	}
 	e.maxGen++
-	eff := e.now + int64(e.sc.Margin)
-	eff += floorMod(-eff, e.w)
-	rec := &sharesRec{gen: e.maxGen, effective: eff, total: e.limit, shares: shares,
-		granted: granted, cfgRev: e.cfgRev, published: e.now}
+	rec := &sharesRec{gen: e.maxGen, effective: d.EffectiveFrom.UnixNano(), total: e.limit, shares: d.Shares,
+		granted: d.Granted, cfgRev: e.cfgRev, published: e.now}
 	e.rec, e.published = rec, e.now
 	e.m.publishes++
 	for _, in := range e.inst {
@@ -728,74 +741,4 @@ func (e *engine) publish() {
 			e.deliver(in, func() { e.onShares(in, rec) })
 		}
 	}
-}
-
-// grows reports whether some share in next is above its published value.
-func grows(published, next map[string]int64) bool {
-	for id, v := range next {
-		if v > published[id] {
-			return true
-		}
-	}
-	return false
-}
-
-// bounds is configd's bounds: what each live instance may be enforcing now
-// under the last publish.
-func (e *engine) bounds() map[string]int64 {
-	b := make(map[string]int64, e.keyed)
-	cur := e.rec
-	if cur == nil {
-		return b
-	}
-	inEffect := e.now >= cur.effective
-	for _, in := range e.inst {
-		if !in.keyed {
-			continue
-		}
-		share, named := cur.shares[in.id]
-		grant, granted := cur.granted[in.id]
-		b[in.id] = e.bound(alloc.Standing{
-			Share:    share,
-			Grant:    grant,
-			Named:    named || granted,
-			Acked:    e.records[in.id].gen >= cur.gen,
-			InEffect: inEffect,
-		})
-	}
-	return b
-}
-
-const (
-	dampUnchanged  = "unchanged"
-	dampHysteresis = "hysteresis"
-	dampRate       = "rate_limit"
-)
-
-// damp is configd's damp.
-func (e *engine) damp(split map[string]int64) (string, int64) {
-	cur := e.rec
-	if cur == nil || cur.total != e.limit || len(cur.shares) != len(split) {
-		return "", never
-	}
-	var moved int64
-	for id, v := range split {
-		old, ok := cur.shares[id]
-		if !ok {
-			return "", never
-		}
-		moved = max(moved, v-old, old-v)
-	}
-	switch {
-	case moved == 0:
-		return dampUnchanged, never
-	case cur.cfgRev != e.cfgRev:
-		return "", never
-	case moved <= max(1, e.limit/100):
-		return dampHysteresis, never
-	}
-	if next := e.published + e.w; e.now < next {
-		return dampRate, next
-	}
-	return "", never
 }

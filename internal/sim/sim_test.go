@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/configd/alloc"
+	"github.com/sluice-go/sluice/internal/follow"
 )
 
 // moves is contention: b's demand rises while a keeps using all it has, so
@@ -99,6 +100,55 @@ func TestHandoverInvariant(t *testing.T) {
 		t.Errorf("a bound that ignores grants was not detected as overshoot")
 	}
 	t.Logf("windows over the limit in 5 seeds: greedy handover %d, forgetful bound %d", greedyOver, forgetOver)
+}
+
+// TestSourceSwitch: coming back from the even fallback (every configd
+// down, then back), the real switch rule (follow.Schedule: the smaller
+// quota at once, the new one from a boundary the margin ahead) keeps every
+// window within the limit; switching at once to a share whose boundary has
+// passed lets the instances still on the even split and those back on
+// shares admit together, and is caught as overshoot.
+func TestSourceSwitch(t *testing.T) {
+	sc, err := ParseScenario(strings.NewReader(`{
+		"name": "switch", "seed": 8, "limit": 1000, "duration": "90s", "admissions": "bunched",
+		"publish_delay": {"min": "2ms", "max": "400ms"},
+		"groups": [
+			{"name": "a", "count": 1, "demand": 900},
+			{"name": "rest", "count": 9, "demand": 10}
+		],
+		"events": [
+			{"at": "30500ms", "kind": "outage", "down": "30s"},
+			{"at": "35s", "kind": "demand", "group": "rest", "demand": 100}
+		]
+	}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	abrupt := func(prev, next follow.Applied, at, now int64, margin time.Duration) follow.Step {
+		if at == 0 {
+			at = follow.NextBoundary(now+int64(margin), int64(next.Window))
+		}
+		return follow.Step{From: at} // no cut, no wait for the others
+	}
+	var abruptOver int
+	for seed := uint64(1); seed <= 5; seed++ {
+		sc.Seed = seed
+		r, err := Run(sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Over != 0 {
+			t.Fatalf("seed %d, real switch rule: %d windows over the limit (most %d of %d)", seed, r.Over, r.MaxAdmitted, r.MaxLimit)
+		}
+		if r, err = (&Sim{Scenario: sc, Schedule: abrupt}).Run(); err != nil {
+			t.Fatal(err)
+		}
+		abruptOver += r.Over
+	}
+	if abruptOver == 0 {
+		t.Errorf("switching sources at once was not detected as overshoot")
+	}
+	t.Logf("windows over the limit in 5 seeds with an abrupt switch: %d", abruptOver)
 }
 
 // TestHandChecked: two instances under "even" split 100 as 50/50 whatever

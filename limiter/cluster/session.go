@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
 	"github.com/sluice-go/sluice/limiter/skew"
@@ -319,22 +320,19 @@ func (m *Member) apply(v *view, ap *applied) bool {
 		return false
 	}
 	q := min(next.quota, limiter.MaxQuota)
-	soon := lim.Now().UnixNano() + int64(m.cfg.margin)
-	soon += floorModNeg(soon, int64(next.window)) // the first boundary at least the margin ahead
-	if next.at == 0 {
-		next.at = soon
-	}
-	if ap.source != next.source && ap.source != "" && ap.window == next.window {
-		// Switching schemes (fallback, the even split, configd's shares):
-		// the instances do not switch at the same instant, and within a
-		// window the two schemes disagree on who holds what. Take the
-		// smaller quota at once, the new one only from a boundary at least
-		// the margin ahead, when the others have switched too.
-		if err := lim.SetLimit(min(ap.quota, q), next.window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
-			m.log.Error("cannot apply share", "share", min(ap.quota, q), "window", next.window, "err", err)
+	// A quota without a boundary of its own applies from the first one at
+	// least the margin ahead; a switch of source (fallback, the even
+	// split, configd's shares) takes the smaller quota at once and the new
+	// one only from such a boundary (see follow.Schedule).
+	step := follow.Schedule(follow.Applied{Source: ap.source, Quota: ap.quota, Window: ap.window},
+		follow.Applied{Source: next.source, Quota: q, Window: next.window},
+		next.at, lim.Now().UnixNano(), m.cfg.margin)
+	if step.Cut {
+		if err := lim.SetLimit(step.Interim, next.window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
+			m.log.Error("cannot apply share", "share", step.Interim, "window", next.window, "err", err)
 		}
-		next.at = max(next.at, soon)
 	}
+	next.at = step.From
 	if err := lim.SetLimit(q, next.window, time.Unix(0, next.at)); err != nil {
 		if !errors.Is(err, limiter.ErrClosed) {
 			m.log.Error("cannot apply share", "share", q, "window", next.window, "err", err)
@@ -374,18 +372,6 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 	return skew.EnforcedShare(q, w, meas, bound)
 }
 
-// floorModNeg is how far t is from the next multiple of w (0 if it is one).
-func floorModNeg(t, w int64) int64 {
-	r := t % w
-	if r < 0 {
-		r += w
-	}
-	if r == 0 {
-		return 0
-	}
-	return w - r
-}
-
 // report writes the instance record when something changed meaningfully —
 // the applied generation, demand by more than 2% (and one permit), the clock
 // offset by a millisecond — or when it has not been written for ten report
@@ -405,7 +391,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 			perWindow := float64(asked-rep.lastAsked) * float64(w) / float64(elapsed)
 			// Smoothed, with the queue that waits added, so a backlog
 			// weighs even when admissions are capped at the share.
-			rep.demand = 0.5*rep.demand + 0.5*perWindow
+			rep.demand = follow.Smooth(rep.demand, perWindow)
 		}
 	}
 	rep.lastAsked, rep.lastAt = asked, now
@@ -426,7 +412,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		ClockKnown:        m.cfg.clock != nil && m.cfg.clock.Current().Known,
 		AppliedGeneration: ap.gen,
 	}
-	if !force && rep.haveWrite && !meaningful(rep.written, rec) && now.Sub(rep.wroteAt) < 10*m.cfg.report {
+	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) {
 		return nil
 	}
 	b, err := schema.Encode(rec)
@@ -442,16 +428,12 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 	return nil
 }
 
-func meaningful(old, cur schema.InstanceRecord) bool {
-	dd := cur.Demand - old.Demand
-	if dd < 0 {
-		dd = -dd
+// written is what of rec decides whether it is written again.
+func written(rec schema.InstanceRecord) follow.Record {
+	return follow.Record{
+		Demand:      rec.Demand,
+		Generation:  rec.AppliedGeneration,
+		ClockOffset: time.Duration(rec.ClockOffset),
+		ClockKnown:  rec.ClockKnown,
 	}
-	do := time.Duration(cur.ClockOffset - old.ClockOffset)
-	if do < 0 {
-		do = -do
-	}
-	return cur.AppliedGeneration != old.AppliedGeneration ||
-		(dd > 1 && float64(dd) > 0.02*float64(max(old.Demand, 1))) ||
-		do > time.Millisecond || cur.ClockKnown != old.ClockKnown
 }

@@ -1,0 +1,76 @@
+package follow
+
+import (
+	"testing"
+	"time"
+)
+
+func TestSchedule(t *testing.T) {
+	const w = int64(time.Second)
+	margin := 200 * time.Millisecond
+	shares := func(q int64) Applied { return Applied{Source: "shares", Quota: q, Window: time.Second} }
+	even := func(q int64) Applied { return Applied{Source: "even", Quota: q, Window: time.Second} }
+	now := 10*w + 900*int64(time.Millisecond) // the next boundary is closer than the margin
+	cases := []struct {
+		name       string
+		prev, next Applied
+		at         int64
+		want       Step
+	}{
+		{"a share at its own boundary", shares(10), shares(20), 11 * w, Step{From: 11 * w}},
+		{"a share without a boundary", shares(10), shares(20), 0, Step{From: 12 * w}},
+		{"even to even", even(10), even(20), 0, Step{From: 12 * w}},
+		{"the first quota", Applied{}, shares(20), 11 * w, Step{From: 11 * w}},
+		{"even to shares: the smaller at once, the share from a boundary the margin ahead",
+			even(100), shares(300), 11 * w, Step{Cut: true, Interim: 100, From: 12 * w}},
+		{"shares to even", shares(300), even(100), 0, Step{Cut: true, Interim: 100, From: 12 * w}},
+		{"a share published further ahead keeps its boundary", even(100), shares(50), 15 * w, Step{Cut: true, Interim: 50, From: 15 * w}},
+		{"fallback to shares in another window", Applied{Source: "fallback", Quota: 5, Window: time.Minute}, shares(20), 11 * w, Step{From: 11 * w}},
+	}
+	for _, c := range cases {
+		if got := Schedule(c.prev, c.next, c.at, now, margin); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestNextBoundary(t *testing.T) {
+	for _, c := range []struct{ t, w, want int64 }{
+		{0, 10, 0}, {1, 10, 10}, {10, 10, 10}, {11, 10, 20}, {-1, 10, 0}, {-11, 10, -10},
+	} {
+		if got := NextBoundary(c.t, c.w); got != c.want {
+			t.Errorf("NextBoundary(%d, %d) = %d, want %d", c.t, c.w, got, c.want)
+		}
+	}
+}
+
+func TestDue(t *testing.T) {
+	base := Record{Demand: 1000, Generation: 3}
+	with := func(f func(*Record)) Record { r := base; f(&r); return r }
+	cases := []struct {
+		name string
+		cur  Record
+		want bool
+	}{
+		{"unchanged", base, false},
+		{"demand +2%", with(func(r *Record) { r.Demand = 1020 }), false},
+		{"demand +2.1%", with(func(r *Record) { r.Demand = 1021 }), true},
+		{"demand −3%", with(func(r *Record) { r.Demand = 970 }), true},
+		{"generation", with(func(r *Record) { r.Generation = 4 }), true},
+		{"offset 1ms", with(func(r *Record) { r.ClockOffset = time.Millisecond }), false},
+		{"offset 2ms", with(func(r *Record) { r.ClockOffset = -2 * time.Millisecond }), true},
+		{"clock known", with(func(r *Record) { r.ClockKnown = true }), true},
+	}
+	for _, c := range cases {
+		if got := Due(base, c.cur, time.Second, time.Second); got != c.want {
+			t.Errorf("%s: Due = %v, want %v", c.name, got, c.want)
+		}
+	}
+	// One permit is never meaningful, however small the demand.
+	if Meaningful(Record{Demand: 1}, Record{Demand: 2}) || !Meaningful(Record{Demand: 1}, Record{Demand: 3}) {
+		t.Errorf("small demands: a change of one permit counts, or one of two does not")
+	}
+	if !Due(base, base, RefreshEvery*time.Second, time.Second) || Due(base, base, RefreshEvery*time.Second-1, time.Second) {
+		t.Errorf("an unchanged record is not refreshed after exactly %d intervals", RefreshEvery)
+	}
+}
