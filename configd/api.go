@@ -110,8 +110,9 @@ func (a *api) authorized(next http.HandlerFunc) http.HandlerFunc {
 			next(w, r)
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || got == "" {
+		// The scheme is case-insensitive (RFC 7235); the token is not.
+		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(got) == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="configd"`)
 			writeError(w, http.StatusUnauthorized, ErrUnauthorized)
 			return

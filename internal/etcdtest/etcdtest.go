@@ -10,6 +10,14 @@
 //		srv.Restart()                // same data dir, same ports
 //	}
 //
+// Options make the member secure, as production etcd is: WithClientCerts
+// serves clients over TLS and requires a client certificate signed by the
+// test's CA (NewCerts generates one, with server and client certificates,
+// into a temporary directory); WithAuth turns on etcd's user/password
+// authentication with a root user, and AddUser adds users whose role can
+// touch only given key prefixes. Client and Config then carry the TLS
+// material and the root credentials.
+//
 // A member is ready in well under a second (TickMs=10, ElectionMs=100). The
 // server logs only errors, to stderr, and nothing while it stops. Note that embed registers its metrics on the
 // default Prometheus registerer: code under test should use its own
@@ -21,6 +29,8 @@
 package etcdtest
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -30,6 +40,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
@@ -48,6 +60,7 @@ type Server struct {
 	dir       string
 	clientURL url.URL
 	peerURL   url.URL
+	opts      options
 	mu        sync.Mutex
 	etcd      *embed.Etcd // nil while stopped
 	// closing silences the server's logger while it shuts down, when it
@@ -55,10 +68,41 @@ type Server struct {
 	closing atomic.Bool
 }
 
+// Option configures the member Start starts.
+type Option interface{ apply(*options) }
+
+type optionFunc func(*options)
+
+func (f optionFunc) apply(o *options) { f(o) }
+
+type options struct {
+	certs        *Certs // nil: plain http
+	rootPassword string // empty: auth off
+}
+
+// WithClientCerts serves clients over TLS with certs' server certificate,
+// and refuses clients that present no certificate signed by certs' CA
+// (etcd's --client-cert-auth). Endpoints then are https URLs. Peers stay
+// plain http (one member, loopback only).
+func WithClientCerts(certs *Certs) Option {
+	return optionFunc(func(o *options) { o.certs = certs })
+}
+
+// WithAuth turns on etcd's authentication once the member is first ready:
+// it adds the user "root" with rootPassword and the root role, then enables
+// auth. From then on every request needs a user's credentials; Client and
+// Config use root's. AddUser adds users with narrower roles.
+func WithAuth(rootPassword string) Option {
+	return optionFunc(func(o *options) { o.rootPassword = rootPassword })
+}
+
+// RootUser is the etcd user WithAuth creates.
+const RootUser = "root"
+
 // Start starts a member on free loopback ports with its data in a temporary
 // directory, and registers Stop with tb.Cleanup. It fails the test if the
 // member is not ready within StartTimeout.
-func Start(tb testing.TB) *Server {
+func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
 	s := &Server{
 		tb:        tb,
@@ -66,10 +110,23 @@ func Start(tb testing.TB) *Server {
 		clientURL: url.URL{Scheme: "http", Host: freeAddr(tb)},
 		peerURL:   url.URL{Scheme: "http", Host: freeAddr(tb)},
 	}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&s.opts)
+		}
+	}
+	if s.opts.certs != nil {
+		s.clientURL.Scheme = "https"
+	}
 	if err := s.start(); err != nil {
 		tb.Fatalf("etcdtest: %v", err)
 	}
 	tb.Cleanup(s.Stop)
+	if s.opts.rootPassword != "" {
+		if err := s.enableAuth(); err != nil {
+			tb.Fatalf("etcdtest: enabling auth: %v", err)
+		}
+	}
 	return s
 }
 
@@ -79,20 +136,93 @@ func (s *Server) Endpoints() []string { return []string{s.clientURL.String()} }
 // Dir returns the member's data directory.
 func (s *Server) Dir() string { return s.dir }
 
-// Client returns a new client of this server with a quiet logger and a short
-// dial timeout; it is closed by tb.Cleanup.
-func (s *Server) Client(tb testing.TB) *clientv3.Client {
+// Config returns a client config for this server: its endpoints, a quiet
+// logger, a short dial timeout, the client certificate when the member
+// requires one (WithClientCerts), and root's credentials when auth is on
+// (WithAuth). Change what a test needs (Username, Password, TLS) and pass it
+// to clientv3.New.
+func (s *Server) Config(tb testing.TB) clientv3.Config {
 	tb.Helper()
-	cli, err := clientv3.New(clientv3.Config{
+	cfg := clientv3.Config{
 		Endpoints:   s.Endpoints(),
 		DialTimeout: 2 * time.Second,
 		Logger:      zap.NewNop(),
-	})
+	}
+	if s.opts.certs != nil {
+		tlsCfg, err := s.opts.certs.ClientTLSInfo().ClientConfig()
+		if err != nil {
+			tb.Fatalf("etcdtest: client TLS: %v", err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	if s.opts.rootPassword != "" {
+		cfg.Username, cfg.Password = RootUser, s.opts.rootPassword
+	}
+	return cfg
+}
+
+// Client returns a new client of this server built from Config; it is
+// closed by tb.Cleanup.
+func (s *Server) Client(tb testing.TB) *clientv3.Client {
+	tb.Helper()
+	cli, err := clientv3.New(s.Config(tb))
 	if err != nil {
 		tb.Fatalf("etcdtest: client: %v", err)
 	}
 	tb.Cleanup(func() { cli.Close() })
 	return cli
+}
+
+// AddUser adds an etcd user with password and a role of the same name that
+// may read and write every key under each of prefixes (each a key prefix,
+// e.g. "/sluice/"), and nothing else. It needs WithAuth.
+func (s *Server) AddUser(tb testing.TB, name, password string, prefixes ...string) {
+	tb.Helper()
+	if s.opts.rootPassword == "" {
+		tb.Fatalf("etcdtest: AddUser needs WithAuth")
+	}
+	cli := s.Client(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.RoleAdd(ctx, name); err != nil {
+		tb.Fatalf("etcdtest: role %s: %v", name, err)
+	}
+	for _, p := range prefixes {
+		if _, err := cli.RoleGrantPermission(ctx, name, p, clientv3.GetPrefixRangeEnd(p), clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+			tb.Fatalf("etcdtest: role %s on %s: %v", name, p, err)
+		}
+	}
+	if _, err := cli.UserAdd(ctx, name, password); err != nil {
+		tb.Fatalf("etcdtest: user %s: %v", name, err)
+	}
+	if _, err := cli.UserGrantRole(ctx, name, name); err != nil {
+		tb.Fatalf("etcdtest: user %s role: %v", name, err)
+	}
+}
+
+// enableAuth adds root and enables auth, through a client without
+// credentials (auth is still off).
+func (s *Server) enableAuth() error {
+	cfg := s.Config(s.tb)
+	cfg.Username, cfg.Password = "", ""
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.RoleAdd(ctx, RootUser); err != nil && !errors.Is(err, rpctypes.ErrRoleAlreadyExist) {
+		return err
+	}
+	if _, err := cli.UserAdd(ctx, RootUser, s.opts.rootPassword); err != nil {
+		return err
+	}
+	if _, err := cli.UserGrantRole(ctx, RootUser, RootUser); err != nil {
+		return err
+	}
+	_, err = cli.AuthEnable(ctx)
+	return err
 }
 
 // Stop stops the member (an outage, as clients see it). It is idempotent.
@@ -137,6 +267,15 @@ func (s *Server) start() error {
 	)}))
 	cfg.TickMs = 10
 	cfg.ElectionMs = 100
+	cfg.BcryptCost = 4 // bcrypt.MinCost: password checks cost ~1 ms, not ~100
+	if c := s.opts.certs; c != nil {
+		cfg.ClientTLSInfo = transport.TLSInfo{
+			CertFile:       c.ServerCertFile,
+			KeyFile:        c.ServerKeyFile,
+			TrustedCAFile:  c.CAFile,
+			ClientCertAuth: true,
+		}
+	}
 	cfg.ListenClientUrls = []url.URL{s.clientURL}
 	cfg.AdvertiseClientUrls = []url.URL{s.clientURL}
 	cfg.ListenPeerUrls = []url.URL{s.peerURL}
