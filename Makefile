@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build test vet fmt-check unit fuzz bench sim demo clean
+.PHONY: all build test vet fmt-check unit fuzz bench sim accuracy demo clean
 
 all: build test
 
@@ -59,6 +59,11 @@ bench:
 sim:
 	$(GO) test -count=1 ./internal/sim
 	$(GO) run ./bench/sim
+
+## accuracy: 8 instance processes, configd, embedded etcd and a provider stub:
+## fair vs even, and +200ms clock skew without/with NTP (about 5 minutes).
+accuracy:
+	$(GO) run ./bench/accuracy $(ACCURACY_FLAGS)
 
 ## demo: the best runnable example there is, on the embedded default.
 demo:

@@ -24,7 +24,7 @@
 // etcd itself.
 //
 //	go run ./bench/retune
-//	go run ./bench/retune -retunes 20 -cost-seconds 5
+//	go run ./bench/retune -retunes 20 -cost-seconds 5s
 //
 // Times across processes are compared on the one machine's wall clock.
 package main
@@ -32,19 +32,14 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,11 +50,9 @@ import (
 
 	"go.etcd.io/etcd/api/v3/version"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/sluice-go/sluice/bench/internal/harness"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -122,22 +115,15 @@ func run(c config) error {
 
 	// Build configd and the instance program.
 	t0 := time.Now()
-	root, err := moduleRoot()
+	bins, err := harness.Build(tmp, "./configd", "./bench/retune/instance")
 	if err != nil {
 		return err
 	}
-	configdBin, instanceBin := filepath.Join(tmp, "configd"), filepath.Join(tmp, "instance")
-	for _, b := range [][2]string{{configdBin, "./configd"}, {instanceBin, "./bench/retune/instance"}} {
-		cmd := exec.Command("go", "build", "-o", b[0], b[1])
-		cmd.Dir, cmd.Stdout, cmd.Stderr = root, os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("go build %s: %w", b[1], err)
-		}
-	}
+	configdBin, instanceBin := bins[0], bins[1]
 	fmt.Printf("built configd and instance in %v\n", time.Since(t0).Round(time.Millisecond))
 
 	// etcd, in this process.
-	etcd, endpoint, err := startEtcd(filepath.Join(tmp, "etcd"))
+	etcd, endpoint, err := harness.StartEtcd("retune", filepath.Join(tmp, "etcd"))
 	if err != nil {
 		return err
 	}
@@ -149,26 +135,24 @@ func run(c config) error {
 	defer cli.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	w := newWatcher(ctx, cli)
+	w := harness.NewWatcher(ctx, cli, provider)
 
 	// configd serve, a process.
-	cd, err := startConfigd(configdBin, endpoint, filepath.Join(tmp, "configd.log"), c.configdArgs)
+	cd, err := harness.StartConfigd(configdBin, endpoint, filepath.Join(tmp, "configd.log"), c.configdArgs)
 	if err != nil {
 		return err
 	}
-	defer cd.stop()
+	defer cd.Stop()
 	fmt.Printf("etcd %s at %s: embedded in this process (TickMs=10 ElectionMs=100)\n", version.Version, endpoint)
 	fmt.Printf("configd serve: a separate process (the built binary), pid %d, admin API %s; instances: separate processes\n",
-		cd.cmd.Process.Pid, cd.addr)
+		cd.Cmd.Process.Pid, cd.Addr)
 
 	set := func(limit int64) (time.Time, time.Duration, error) {
 		start := time.Now()
-		cmd := exec.Command(configdBin, "set", provider, "--limit", strconv.FormatInt(limit, 10),
-			"--window", c.window.String(), "--server", "http://"+cd.addr)
-		outb, err := cmd.CombinedOutput()
+		_, err := cd.Run("set", provider, "--limit", strconv.FormatInt(limit, 10), "--window", c.window.String())
 		done := time.Now()
 		if err != nil {
-			return done, 0, fmt.Errorf("configd set: %v: %s", err, outb)
+			return done, 0, err
 		}
 		return done, done.Sub(start), nil
 	}
@@ -187,7 +171,7 @@ func run(c config) error {
 		defer insts[i].stop()
 	}
 	sh, err := settle(w, insts, 30*time.Second, func(sh schema.Shares) bool {
-		return sh.Instances == c.instances && sh.Total == baseLimit && sum(sh.Shares) == baseLimit
+		return sh.Instances == c.instances && sh.Total == baseLimit && harness.Sum(sh.Shares) == baseLimit
 	})
 	if err != nil {
 		return fmt.Errorf("instances joining: %w", err)
@@ -207,7 +191,7 @@ func run(c config) error {
 		if i%2 == 1 {
 			limit = baseLimit + step
 		}
-		prev, _ := w.latest()
+		prev, _ := w.Latest()
 		done, took, err := set(limit)
 		if err != nil {
 			return err
@@ -215,7 +199,7 @@ func run(c config) error {
 		// The new total is enforced once it is all handed out: configd's
 		// handover may grow shares in a second publish, after the shrinking
 		// instances acknowledged.
-		sh, err := w.waitShares(10*time.Second, func(sh schema.Shares) bool { return sh.Total == limit && sum(sh.Shares) == limit })
+		sh, err := w.WaitShares(10*time.Second, func(sh schema.Shares) bool { return sh.Total == limit && harness.Sum(sh.Shares) == limit })
 		if err != nil {
 			return fmt.Errorf("retune %d: %w", i+1, err)
 		}
@@ -250,7 +234,7 @@ func run(c config) error {
 		{"the new shares in force on every instance (boundary)", forceLat},
 		{"(for reference: `configd set` itself, start to exit)", setDur},
 	} {
-		fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%v\t\n", row.name, pct(row.d, 50), pct(row.d, 99), slices.Min(row.d).Round(time.Millisecond), slices.Max(row.d).Round(time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%v\t\n", row.name, harness.Pct(row.d, 50), harness.Pct(row.d, 99), slices.Min(row.d).Round(time.Millisecond), slices.Max(row.d).Round(time.Millisecond))
 	}
 	tw.Flush()
 	fmt.Printf("retunes with an instance applying after the shares' boundary: %d of %d; needing more than one publish: %d\n", late, c.retunes, multi)
@@ -261,7 +245,7 @@ func run(c config) error {
 	if _, _, err := set(costLimit); err != nil {
 		return err
 	}
-	if _, err := settle(w, insts, 30*time.Second, func(sh schema.Shares) bool { return sh.Total == costLimit && sum(sh.Shares) == costLimit }); err != nil {
+	if _, err := settle(w, insts, 30*time.Second, func(sh schema.Shares) bool { return sh.Total == costLimit && harness.Sum(sh.Shares) == costLimit }); err != nil {
 		return err
 	}
 	fmt.Printf("2. Coordination cost: etcd requests per instance per second, counted in each instance by gRPC client interceptors\n")
@@ -309,7 +293,7 @@ func run(c config) error {
 				mb = append(mb, fmt.Sprintf("%s %.2f", m, v))
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", rate, adm/n, mean(reqs), slices.Min(reqs), slices.Max(reqs),
+		fmt.Fprintf(tw, "%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", rate, adm/n, harness.Mean(reqs), slices.Min(reqs), slices.Max(reqs),
 			un/n, snt/n, rcv/n, strings.Join(mb, ", "))
 	}
 	tw.Flush()
@@ -319,21 +303,21 @@ func run(c config) error {
 	// 3. Crash.
 	victim := insts[len(insts)-1]
 	survivors := insts[:len(insts)-1]
-	prev, _ := w.latest()
+	prev, _ := w.Latest()
 	killed := time.Now()
 	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		return err
 	}
 	victim.cmd.Wait()
 	victim.killed = true
-	sh, err = w.waitShares(c.leaseTTL+30*time.Second, func(sh schema.Shares) bool {
+	sh, err = w.WaitShares(c.leaseTTL+30*time.Second, func(sh schema.Shares) bool {
 		_, in := sh.Shares[victim.id]
-		return sh.Generation > prev.Generation && !in && sum(sh.Shares) == sh.Total
+		return sh.Generation > prev.Generation && !in && harness.Sum(sh.Shares) == sh.Total
 	})
 	if err != nil {
 		return fmt.Errorf("crash: %w", err)
 	}
-	gone, ok := w.deleted(victim.id)
+	gone, ok := w.Deleted(victim.id)
 	last, err := lastApplied(survivors, sh, 10*time.Second)
 	if err != nil {
 		return fmt.Errorf("crash: %w", err)
@@ -356,178 +340,16 @@ func run(c config) error {
 	tw.Flush()
 	fmt.Printf("(a lease expires one TTL after its last keep-alive, which the etcd client sends about every TTL/3,\n" +
 		" so a crashed instance's key goes between about 2/3 TTL and one TTL after the crash)\n")
-	fmt.Printf("\netcd during the run (its own metrics, embedded here): %s\n", etcdHealth())
+	fmt.Printf("\netcd during the run (its own metrics, embedded here): %s\n", harness.EtcdHealth())
 	fmt.Printf("total run time %v\n", time.Since(started).Round(time.Second))
 	return nil
 }
 
-// etcdHealth summarises the embedded etcd's disk and apply latencies from
-// its metrics (embed registers them on the default Prometheus registry):
-// a slow disk or a starved process shows there, and explains outliers.
-func etcdHealth() string {
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		return err.Error()
-	}
-	var parts []string
-	for _, mf := range mfs {
-		switch mf.GetName() {
-		case "etcd_disk_wal_fsync_duration_seconds", "etcd_disk_backend_commit_duration_seconds":
-			for _, m := range mf.GetMetric() {
-				h := m.GetHistogram()
-				n := h.GetSampleCount()
-				var under float64
-				slowest := math.Inf(1) // the bound of the first bucket holding every sample
-				for _, b := range h.GetBucket() {
-					if b.GetUpperBound() <= 0.512 {
-						under = float64(b.GetCumulativeCount())
-					}
-					if b.GetCumulativeCount() == n {
-						slowest = min(slowest, b.GetUpperBound())
-					}
-				}
-				name := strings.TrimSuffix(strings.TrimPrefix(mf.GetName(), "etcd_disk_"), "_duration_seconds")
-				parts = append(parts, fmt.Sprintf("%s: %d, %d slower than 0.512s, mean %.1fms, slowest ≤ %gs",
-					name, n, n-uint64(under), 1000*h.GetSampleSum()/max(1, float64(n)), slowest))
-			}
-		case "etcd_server_slow_apply_total", "etcd_server_slow_read_indexes_total", "etcd_server_heartbeat_send_failures_total":
-			for _, m := range mf.GetMetric() {
-				parts = append(parts, fmt.Sprintf("%s %g", strings.TrimPrefix(mf.GetName(), "etcd_server_"), m.GetCounter().GetValue()))
-			}
-		}
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, "; ")
-}
-
 func printHeader(c config) {
 	fmt.Printf("$ %s\n", strings.Join(append([]string{"go run ./bench/retune"}, os.Args[1:]...), " "))
-	fmt.Printf("date %s; %s %s/%s; nproc %d; cpu %s\n", time.Now().UTC().Format(time.RFC3339), runtime.Version(),
-		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), cpuModel())
+	fmt.Println(harness.Facts())
 	fmt.Printf("instances %d, window %v, lease TTL %v, report interval %v, retunes %d\n\n",
 		c.instances, c.window, c.leaseTTL, c.report, c.retunes)
-}
-
-func cpuModel() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return "unknown"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
-}
-
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("run from inside the sluice module")
-	}
-	return filepath.Dir(gomod), nil
-}
-
-// startEtcd starts a single-member etcd with its data in dir on free
-// loopback ports, logging nothing.
-func startEtcd(dir string) (*embed.Etcd, string, error) {
-	cu, pu := url.URL{Scheme: "http", Host: freeAddr()}, url.URL{Scheme: "http", Host: freeAddr()}
-	cfg := embed.NewConfig()
-	cfg.Name = "retune"
-	cfg.Dir = dir
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.TickMs, cfg.ElectionMs = 10, 100
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return nil, "", fmt.Errorf("embedded etcd: %w", err)
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return nil, "", fmt.Errorf("embedded etcd: %w", err)
-	case <-time.After(30 * time.Second):
-		e.Close()
-		return nil, "", errors.New("embedded etcd: not ready after 30s")
-	}
-	return e, cu.String(), nil
-}
-
-func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// configd is the `configd serve` process.
-type configd struct {
-	cmd  *exec.Cmd
-	addr string
-	log  *os.File
-}
-
-func startConfigd(bin, endpoint, logPath, extra string) (*configd, error) {
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	args := append([]string{"serve", "--etcd-endpoints", endpoint, "--listen", "127.0.0.1:0", "--replica-id", "bench"}, strings.Fields(extra)...)
-	cmd := exec.Command(bin, args...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	cd := &configd{cmd: cmd, log: logf}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(logf, line)
-			if strings.Contains(line, `msg="configd serving"`) {
-				for _, f := range strings.Fields(line) {
-					if a, ok := strings.CutPrefix(f, "listen="); ok {
-						addr <- a
-					}
-				}
-			}
-		}
-	}()
-	select {
-	case cd.addr = <-addr:
-		return cd, nil
-	case <-time.After(30 * time.Second):
-		cd.stop()
-		b, _ := os.ReadFile(logPath)
-		return nil, fmt.Errorf("configd serve did not start:\n%s", b)
-	}
-}
-
-func (c *configd) stop() {
-	c.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { c.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		c.cmd.Process.Kill()
-		<-done
-	}
-	c.log.Close()
 }
 
 // instance is one instance process and what it reported.
@@ -596,11 +418,7 @@ func (in *instance) read(r io.Reader) {
 			in.mu.Unlock()
 		case "stats":
 			st := stats{t: num("t"), unary: num("unary"), sent: num("stream_sent"), recv: num("stream_recv"), admitted: num("admitted"), methods: map[string]int64{}}
-			for _, m := range strings.Split(kv["methods"], ",") {
-				if k, v, ok := strings.Cut(m, ":"); ok {
-					st.methods[k], _ = strconv.ParseInt(v, 10, 64)
-				}
-			}
+			st.methods = harness.ParseMethods(kv["methods"])
 			in.stats <- st
 		}
 	}
@@ -678,17 +496,17 @@ func lastApplied(insts []*instance, sh schema.Shares, timeout time.Duration) (in
 
 // settle waits for shares satisfying cond, applied by every instance and
 // in force.
-func settle(w *watcher, insts []*instance, timeout time.Duration, cond func(schema.Shares) bool) (schema.Shares, error) {
+func settle(w *harness.Watcher, insts []*instance, timeout time.Duration, cond func(schema.Shares) bool) (schema.Shares, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		sh, err := w.waitShares(time.Until(deadline), cond)
+		sh, err := w.WaitShares(time.Until(deadline), cond)
 		if err != nil {
 			return sh, err
 		}
 		if _, err := lastApplied(insts, sh, 3*time.Second); err == nil {
 			// A newer generation may have replaced it meanwhile (joins in
 			// a burst): settle on the newest.
-			if cur, _ := w.latest(); cur.Generation == sh.Generation {
+			if cur, _ := w.Latest(); cur.Generation == sh.Generation {
 				time.Sleep(time.Until(time.Unix(0, sh.EffectiveFrom)))
 				return sh, nil
 			}
@@ -697,93 +515,4 @@ func settle(w *watcher, insts []*instance, timeout time.Duration, cond func(sche
 			return sh, fmt.Errorf("generation %d not applied by every instance within %v", sh.Generation, timeout)
 		}
 	}
-}
-
-// watcher follows the provider's shares record and instance keys in etcd.
-type watcher struct {
-	mu      sync.Mutex
-	shares  []schema.Shares
-	deletes map[string]time.Time // instance id → when its key was deleted
-}
-
-func newWatcher(ctx context.Context, cli *clientv3.Client) *watcher {
-	w := &watcher{deletes: map[string]time.Time{}}
-	keys := schema.DefaultKeys()
-	wch := cli.Watch(ctx, keys.Provider(provider), clientv3.WithPrefix())
-	go func() {
-		for wr := range wch {
-			now := time.Now()
-			for _, ev := range wr.Events {
-				k, err := keys.Parse(string(ev.Kv.Key))
-				if err != nil {
-					continue
-				}
-				w.mu.Lock()
-				switch {
-				case k.Kind == schema.KindShares && ev.Type == clientv3.EventTypePut:
-					if sh, err := schema.DecodeShares(ev.Kv.Value); err == nil {
-						w.shares = append(w.shares, sh)
-					}
-				case k.Kind == schema.KindInstance && ev.Type == clientv3.EventTypeDelete:
-					w.deletes[k.Instance] = now
-				}
-				w.mu.Unlock()
-			}
-		}
-	}()
-	return w
-}
-
-func (w *watcher) latest() (schema.Shares, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.shares) == 0 {
-		return schema.Shares{}, false
-	}
-	return w.shares[len(w.shares)-1], true
-}
-
-func (w *watcher) deleted(id string) (time.Time, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	t, ok := w.deletes[id]
-	return t, ok
-}
-
-// waitShares waits until the newest shares record satisfies cond.
-func (w *watcher) waitShares(timeout time.Duration, cond func(schema.Shares) bool) (schema.Shares, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		sh, ok := w.latest()
-		if ok && cond(sh) {
-			return sh, nil
-		}
-		if time.Now().After(deadline) {
-			return sh, fmt.Errorf("no matching shares within %v (newest: generation %d, total %d, %d instances)",
-				timeout, sh.Generation, sh.Total, sh.Instances)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-func pct(d []time.Duration, p int) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := (len(s)*p + 99) / 100 // nearest rank
-	return s[max(0, min(len(s), i)-1)].Round(time.Millisecond)
-}
-
-func sum(m map[string]int64) (s int64) {
-	for _, v := range m {
-		s += v
-	}
-	return s
-}
-
-func mean(v []float64) float64 {
-	var s float64
-	for _, x := range v {
-		s += x
-	}
-	return s / float64(len(v))
 }

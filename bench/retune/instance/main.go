@@ -30,9 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,8 +40,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/ratelimit"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
+	"github.com/sluice-go/sluice/bench/internal/harness"
 	"github.com/sluice-go/sluice/limiter"
 	"github.com/sluice-go/sluice/limiter/cluster"
 )
@@ -55,19 +53,6 @@ func main() {
 	}
 }
 
-// out serialises lines on stdout.
-type out struct {
-	mu sync.Mutex
-	w  *bufio.Writer
-}
-
-func (o *out) printf(format string, args ...any) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	fmt.Fprintf(o.w, format+"\n", args...)
-	o.w.Flush()
-}
-
 func run() error {
 	endpoints := flag.String("etcd", "http://127.0.0.1:2379", "comma-separated etcd endpoints")
 	provider := flag.String("provider", "bench", "provider to join")
@@ -77,18 +62,13 @@ func run() error {
 	window := flag.Duration("window", time.Second, "fallback window (the provider's, so the first share applies at its own boundary)")
 	flag.Parse()
 
-	o := &out{w: bufio.NewWriter(os.Stdout)}
-	cnt := newCounter()
+	o := harness.NewLines(os.Stdout)
+	cnt := harness.NewCounter()
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   strings.Split(*endpoints, ","),
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{
-			// Chained, so they run inside clientv3's own (retrying)
-			// interceptors: every attempt on the wire is counted.
-			grpc.WithChainUnaryInterceptor(cnt.unary),
-			grpc.WithChainStreamInterceptor(cnt.stream),
-		},
+		DialOptions: cnt.DialOptions(),
 	})
 	if err != nil {
 		return err
@@ -101,7 +81,7 @@ func run() error {
 		cluster.WithLeaseTTL(*leaseTTL),
 		cluster.WithReportInterval(*report),
 		cluster.WithFallback(0, *window),
-		cluster.WithLogger(slog.New(&appliedHandler{out: o})),
+		cluster.WithLogger(slog.New(&harness.AppliedHandler{Out: o})),
 	}
 	if *id != "" {
 		opts = append(opts, cluster.WithID(*id))
@@ -112,7 +92,7 @@ func run() error {
 	}
 	defer m.Close()
 	*id = m.ID()
-	o.printf("joined id=%s t=%d", m.ID(), time.Now().UnixNano())
+	o.Printf("joined id=%s t=%d", m.ID(), time.Now().UnixNano())
 
 	var ld loader
 	defer ld.stop()
@@ -131,9 +111,9 @@ func run() error {
 			ld.start(m.Limiter(), r)
 		case "stats":
 			st := m.Limiter().Stats()
-			o.printf("stats id=%s t=%d unary=%d stream_sent=%d stream_recv=%d streams=%d admitted=%d rejected=%d methods=%s",
-				m.ID(), time.Now().UnixNano(), cnt.unaryN.Load(), cnt.sent.Load(), cnt.recv.Load(), cnt.streams.Load(),
-				st.Admitted, st.Rejected, cnt.methods())
+			o.Printf("stats id=%s t=%d unary=%d stream_sent=%d stream_recv=%d streams=%d admitted=%d rejected=%d methods=%s",
+				m.ID(), time.Now().UnixNano(), cnt.Unary.Load(), cnt.Sent.Load(), cnt.Recv.Load(), cnt.Streams.Load(),
+				st.Admitted, st.Rejected, cnt.Methods())
 		case "quit":
 			return nil
 		default:
@@ -183,106 +163,3 @@ func (l *loader) start(lim *limiter.Limiter, rate int) {
 		}
 	})
 }
-
-// counter counts the etcd client's gRPC traffic: unary calls (each
-// attempt), streams opened, and messages sent and received on streams.
-type counter struct {
-	unaryN, streams, sent, recv atomic.Int64
-	mu                          sync.Mutex
-	byMethod                    map[string]int64 // unary calls and stream messages sent, by method
-}
-
-func newCounter() *counter { return &counter{byMethod: map[string]int64{}} }
-
-func (c *counter) add(method string) {
-	c.mu.Lock()
-	c.byMethod[method[strings.LastIndex(method, "/")+1:]]++
-	c.mu.Unlock()
-}
-
-func (c *counter) methods() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var b strings.Builder
-	for i, k := range slices.Sorted(maps.Keys(c.byMethod)) {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, "%s:%d", k, c.byMethod[k])
-	}
-	return b.String()
-}
-
-func (c *counter) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	c.unaryN.Add(1)
-	c.add(method)
-	return invoker(ctx, method, req, reply, cc, opts...)
-}
-
-func (c *counter) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	s, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil {
-		return nil, err
-	}
-	c.streams.Add(1)
-	return &countedStream{ClientStream: s, c: c, method: method}, nil
-}
-
-type countedStream struct {
-	grpc.ClientStream
-	c      *counter
-	method string
-}
-
-func (s *countedStream) SendMsg(m any) error {
-	s.c.sent.Add(1)
-	s.c.add(s.method)
-	return s.ClientStream.SendMsg(m)
-}
-
-func (s *countedStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if err == nil {
-		s.c.recv.Add(1)
-	}
-	return err
-}
-
-// appliedHandler turns the Member's "share applied" log records into
-// "applied" lines on stdout, and passes its warnings and errors to stderr.
-type appliedHandler struct {
-	out   *out
-	attrs []slog.Attr
-}
-
-func (h *appliedHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
-
-func (h *appliedHandler) Handle(_ context.Context, r slog.Record) error {
-	vals := map[string]string{}
-	for _, a := range h.attrs {
-		vals[a.Key] = a.Value.String()
-	}
-	r.Attrs(func(a slog.Attr) bool {
-		vals[a.Key] = a.Value.String()
-		return true
-	})
-	if r.Message != "share applied" {
-		if r.Level >= slog.LevelWarn {
-			fmt.Fprintf(os.Stderr, "instance %s: %s %v\n", vals["instance"], r.Message, vals)
-		}
-		return nil
-	}
-	from, err := time.Parse(time.RFC3339Nano, vals["from"])
-	if err != nil {
-		return err
-	}
-	h.out.printf("applied id=%s t=%d gen=%s share=%s from=%d source=%s",
-		vals["instance"], r.Time.UnixNano(), vals["generation"], vals["share"], from.UnixNano(), vals["source"])
-	return nil
-}
-
-func (h *appliedHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &appliedHandler{out: h.out, attrs: append(slices.Clone(h.attrs), as...)}
-}
-
-func (h *appliedHandler) WithGroup(string) slog.Handler { return h }
