@@ -11,7 +11,8 @@ import (
 const deleteUsage = `Usage: configd delete NAME [--if-revision R]
 
 Deletes provider NAME's config and published shares; the change is kept in
-history. Running instances keep their last share until they leave.
+history. Running instances drop to their fallback quota (0 unless configured:
+nothing admitted) as soon as they see the config gone.
 --if-revision R deletes only if the provider is still at revision R.
 
 Example:

@@ -53,7 +53,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(&algorithm, "algorithm", "even or fair")
 	pacing := fs.Bool("pacing", false, "spread each window's permits evenly across it (--pacing=false to turn off)")
 	fs.Var(&floor, "floor", "least share an idle instance keeps under fair (0: allocator default)")
-	fs.Var(&maxOffset, "max-clock-offset", "clock offset beyond which an instance's share is cut (0: instance default)")
+	fs.Var(&maxOffset, "max-clock-offset", "clock measurement uncertainty beyond which an instance's share is cut (0: the default, 2% of the window)")
 	fs.Var(&ifRevision, "if-revision", "write only if the provider is at this revision (0: only if it does not exist)")
 	dryRun := fs.Bool("dry-run", false, "print the change without making it")
 	pos, err := parseArgs(fs, setUsage, args, stdout)

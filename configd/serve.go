@@ -37,7 +37,8 @@ needs nothing else.
 The leader publishes each provider's shares with the provider's algorithm
 (even or fair). Joins, leaves and config changes are published at once; a
 change of demand alone (fair) only when some share moves by more than 1% of
-the limit and more than one permit, and at most once per window. It also
+the limit and a tenth of an average share, and by more than one permit, and
+at most once per window; a move under way is finished regardless. It also
 keeps the last --history-keep history entries per provider and deletes
 older ones.
 

@@ -86,8 +86,9 @@ type ProviderConfig struct {
 	// Floor is the least share (permits per window) the "fair" algorithm
 	// leaves an idle instance so it can start; 0 lets the allocator choose.
 	Floor int64 `json:"floor,omitempty"`
-	// MaxClockOffset is the clock offset beyond which an instance's share is
-	// cut; 0 lets the instance side choose its default.
+	// MaxClockOffset is the clock measurement uncertainty beyond which an
+	// instance's share is cut (see skew.EnforcedShare); 0 selects the
+	// default, 2% of the window.
 	MaxClockOffset Duration `json:"max_clock_offset,omitempty"`
 }
 
@@ -175,7 +176,8 @@ type InstanceRecord struct {
 	Updated time.Time `json:"updated"`        // when this record was written ("last seen")
 	// Demand is the permits per window the instance wants, smoothed.
 	Demand int64 `json:"demand"`
-	// Admitted is the permits admitted in the last complete window.
+	// Admitted is the permits the instance admitted since it started (a
+	// running total).
 	Admitted int64 `json:"admitted"`
 	// ClockOffset is the measured NTP offset (corrected = local + offset);
 	// meaningful only when ClockKnown.

@@ -81,7 +81,7 @@ type Status struct {
 // Join registers this instance under provider and returns a running Member.
 // It waits for the first view of the provider until ctx ends or the cold
 // start timeout passes (WithColdStartTimeout); if etcd cannot be reached by
-// then, the Member starts on its fallback quota (WithFallbackQuota; 0 by
+// then, the Member starts on its fallback quota (WithFallback; 0 by
 // default, so nothing is admitted: fail-closed) and keeps trying in the
 // background. Join returns an error only for invalid arguments or when ctx
 // ends first.
