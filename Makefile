@@ -65,9 +65,11 @@ sim:
 accuracy:
 	$(GO) run ./bench/accuracy $(ACCURACY_FLAGS)
 
-## demo: the best runnable example there is, on the embedded default.
+## demo: the main job on one machine: configd with embedded etcd, a provider
+## stub, several instance processes (one a Kafka consumer, one an HTTP handler),
+## a live view, a retune, a crash, a join and a clock offset; ends on its own.
 demo:
-	$(GO) run ./examples/kafka
+	$(GO) run ./examples/demo $(DEMO_FLAGS)
 
 clean:
 	rm -f bench.txt

@@ -166,14 +166,14 @@ func (p Planner) Decide(in Input) Decision {
 		return d // waiting for acknowledgements
 	}
 	d.Publish, d.Shares, d.Granted = true, shares, granted
-	d.EffectiveFrom = NextBoundary(in.Now.Add(in.Margin), in.Window)
-	if cur != nil && cur.Window == in.Window && !d.EffectiveFrom.After(cur.EffectiveFrom) {
-		// Never the boundary the last publish took effect at: an instance
-		// that receives this one late would apply it at once, inside a
-		// window in which the others still hold what it takes. (With a
-		// margin of 0, a follow-up published at that boundary would.)
-		d.EffectiveFrom = cur.EffectiveFrom.Add(in.Window)
-	}
+	// Strictly after now, whatever the margin: a publish that took effect
+	// at the instant it is made reaches every instance late, and a late
+	// instance applies it at once, inside a window in which the others may
+	// still hold what it takes. (With a margin of 0, a follow-up published
+	// exactly at its predecessor's boundary did; the simulator showed it.)
+	// Two publishes within one window may share a boundary: the second can
+	// grow nobody out of the first's shrinks before that boundary passes.
+	d.EffectiveFrom = NextBoundary(in.Now.Add(in.Margin+1), in.Window)
 	return d
 }
 

@@ -1,0 +1,426 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/examples/internal/stub"
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// sampleEvery is how often the instances' metrics are read (and events'
+// follow conditions checked); the view is redrawn every viewEvery.
+const (
+	sampleEvery = 250 * time.Millisecond
+	viewEvery   = time.Second
+)
+
+// event is one thing the demo does to the running system, and the
+// condition that says the shares followed it.
+type event struct {
+	name, what string
+	followWhat string
+	at         time.Time
+	membership bool // it changed the set of instances
+	check      func(d *demo) bool
+	followed   time.Duration
+	done       bool
+}
+
+// scenario starts the instances, waits until they all hold a share, then
+// runs the timeline for cfg.duration while the sampler shows the view.
+func (d *demo) scenario(ctx context.Context) error {
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	d.watchShares(wctx)
+
+	for _, s := range []struct {
+		id, kind string
+		rate     int
+	}{{"load-1", "load", 300}, {"load-2", "load", 60}, {"load-3", "load", 150}, {"kafka-1", "kafka", 120}, {"http-1", "http", 100}} {
+		if _, err := d.startInstance(ctx, s.id, s.kind, s.rate); err != nil {
+			return err
+		}
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sctx, stopSampler := context.WithCancel(ctx)
+	defer stopSampler()
+	ready := make(chan struct{})
+	wg.Go(func() { d.sampler(sctx, ready) })
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		return fmt.Errorf("the instances did not all get a share within 60s (see the logs with -keep)")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+
+	D := d.cfg.duration
+	start := d.out.startTime()
+	at := func(f float64) time.Duration { return time.Duration(f * float64(D)) }
+	steps := []struct {
+		at time.Duration
+		do func() error
+	}{
+		{at(0.18), func() error { return d.moveLoad() }},
+		{at(0.34), func() error { return d.retune(ctx) }},
+		{at(0.50), func() error { return d.kill() }},
+		{at(0.62), func() error { return d.join(ctx) }},
+		{at(0.76), func() error { return d.skewClock(ctx) }},
+	}
+	for _, s := range steps {
+		if err := sleepUntil(ctx, start.Add(s.at)); err != nil {
+			return err
+		}
+		if err := s.do(); err != nil {
+			return err
+		}
+	}
+	if err := sleepUntil(ctx, start.Add(D)); err != nil {
+		return err
+	}
+	d.out.linef("the scenario's %v are over: stopping everything", D)
+	return nil
+}
+
+func sleepUntil(ctx context.Context, t time.Time) error {
+	select {
+	case <-time.After(time.Until(t)):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// addEvent records an event and prints it.
+func (d *demo) addEvent(e *event) {
+	e.at = time.Now()
+	d.mu.Lock()
+	d.events = append(d.events, e)
+	n := len(d.events)
+	d.mu.Unlock()
+	d.out.linef("EVENT %d %s: %s", n, e.name, e.what)
+}
+
+func (d *demo) byID(id string) *instance {
+	for _, in := range d.insts {
+		if in.id == id && in.gone == "" {
+			return in
+		}
+	}
+	return nil
+}
+
+// share returns the share instance id enforces (its member's metric), -1
+// if unknown.
+func (d *demo) share(id string) float64 {
+	in := d.byID(id)
+	if in == nil {
+		return -1
+	}
+	v, ok := in.m.get("sluice_member_share_permits")
+	if !ok {
+		return -1
+	}
+	return v
+}
+
+// get is byID with d.mu taken.
+func (d *demo) get(id string) *instance {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.byID(id)
+}
+
+func (d *demo) moveLoad() error {
+	l1, l2 := d.get("load-1"), d.get("load-2")
+	d.mu.Lock()
+	r1, r2 := l1.rate, l2.rate
+	d.mu.Unlock()
+	d.addEvent(&event{
+		name: "load moves", what: fmt.Sprintf("load-1 %d → 80/s, load-2 %d → 320/s (nothing else changes)", r1, r2),
+		followWhat: "load-2's share passed load-1's",
+		check:      func(d *demo) bool { return d.share("load-2") > d.share("load-1") && d.share("load-1") >= 0 },
+	})
+	d.setRate(l1, 80)
+	d.setRate(l2, 320)
+	return nil
+}
+
+func (d *demo) retune(ctx context.Context) error {
+	old, to := d.cfg.limit, d.cfg.retuneTo
+	d.addEvent(&event{
+		name: "retune", what: fmt.Sprintf("the provider now allows %d/s: the stub's limit is raised first, then the operator retunes sluice", to),
+		followWhat: fmt.Sprintf("every instance enforces total %d, and their shares add up to ≥ 99%% of it", to),
+		check: func(d *demo) bool {
+			var sum float64
+			for _, in := range d.insts {
+				if in.gone != "" {
+					continue
+				}
+				if in.m.value("sluice_member_total_permits") != float64(to) {
+					return false
+				}
+				sum += in.m.value("sluice_member_share_permits")
+			}
+			return sum >= 0.99*float64(to)
+		},
+	})
+	if to > old {
+		d.stub.SetLimit(to)
+	}
+	err := d.configdCLI(ctx, "set", provider, "--limit", fmt.Sprint(to))
+	if to < old {
+		d.stub.SetLimit(to)
+	}
+	return err
+}
+
+func (d *demo) kill() error {
+	in := d.get("load-3")
+	d.addEvent(&event{
+		name: "crash", what: fmt.Sprintf("$ kill -KILL %d   (load-3: no goodbye; its lease expires after %v)", in.p.pid(), leaseTTL),
+		followWhat: "configd dropped load-3 from the shares it publishes (its permits go back to the others)",
+		membership: true,
+		check: func(d *demo) bool {
+			sh := d.shares
+			_, still := sh.Shares["load-3"]
+			return !still && sh.Total > 0
+		},
+	})
+	d.stopInstance(in, true)
+	return nil
+}
+
+func (d *demo) join(ctx context.Context) error {
+	d.addEvent(&event{
+		name: "join", what: "a new instance, load-4, starts offering 200/s",
+		followWhat: "load-4 enforces a share from configd", membership: true,
+		check: func(d *demo) bool {
+			in := d.byID("load-4")
+			return in != nil && d.share("load-4") > 0 && in.m.source() == "shares"
+		},
+	})
+	_, err := d.startInstance(ctx, "load-4", "load", 200)
+	return err
+}
+
+func (d *demo) skewClock(ctx context.Context) error {
+	old := d.get("load-1")
+	d.addEvent(&event{
+		name: "clock", what: fmt.Sprintf("load-1 restarts on a host whose clock is %v fast (-clock-skew %v); its NTP monitor must find it", skewAfter, skewAfter),
+		followWhat: fmt.Sprintf("load-1 measured its offset (≈ -%v), corrects its windows by it, and enforces a share again", skewAfter),
+		membership: true,
+		check: func(d *demo) bool {
+			in := d.byID("load-1")
+			if in == nil || in.note == "" {
+				return false
+			}
+			off := in.m.value("sluice_limiter_clock_offset_seconds")
+			return in.m.value("sluice_member_clock_known") == 1 && math.Abs(off+skewAfter.Seconds()) < 0.05 && d.share("load-1") > 0
+		},
+	})
+	d.mu.Lock()
+	rate := old.rate
+	d.mu.Unlock()
+	d.stopInstance(old, false)
+	d.mu.Lock()
+	d.insts = slices.DeleteFunc(d.insts, func(in *instance) bool { return in == old })
+	d.mu.Unlock()
+	in, err := d.startInstance(ctx, "load-1", "load", rate, "-clock-skew", skewAfter.String())
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	in.note = "clock +" + skewAfter.String()
+	d.mu.Unlock()
+	return nil
+}
+
+func sum(m map[string]int64) (s int64) {
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+// watchShares follows the shares configd publishes for the provider.
+func (d *demo) watchShares(ctx context.Context) {
+	key := schema.DefaultKeys().Shares(provider)
+	wch := d.cli.Watch(ctx, key)
+	if resp, err := d.cli.Get(ctx, key); err == nil && len(resp.Kvs) > 0 {
+		if sh, err := schema.DecodeShares(resp.Kvs[0].Value); err == nil {
+			d.mu.Lock()
+			d.shares = sh
+			d.mu.Unlock()
+		}
+	}
+	go func() {
+		for wr := range wch {
+			for _, ev := range wr.Events {
+				if ev.Type != clientv3.EventTypePut {
+					continue
+				}
+				if sh, err := schema.DecodeShares(ev.Kv.Value); err == nil {
+					d.mu.Lock()
+					if sh.Generation > d.shares.Generation {
+						d.shares = sh
+					}
+					for _, v := range sh.Shares {
+						d.maxShare = max(d.maxShare, v)
+					}
+					d.mu.Unlock()
+				}
+			}
+		}
+	}()
+}
+
+// sampler reads every live instance's metrics each sampleEvery, checks the
+// events' follow conditions, and redraws the view each viewEvery. It
+// closes ready once every instance enforces a share from configd, and
+// starts the scenario's clock then.
+func (d *demo) sampler(ctx context.Context, ready chan struct{}) {
+	tick := time.NewTicker(sampleEvery)
+	defer tick.Stop()
+	lastView := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		d.mu.Lock()
+		live := slices.DeleteFunc(slices.Clone(d.insts), func(in *instance) bool { return in.gone != "" })
+		d.mu.Unlock()
+		got := make([]metrics, len(live))
+		var wg sync.WaitGroup
+		for i, in := range live {
+			wg.Go(func() {
+				if m, err := scrape(ctx, d.client, in.metricsURL); err == nil {
+					got[i] = m
+				}
+			})
+		}
+		wg.Wait()
+		now := time.Now()
+		d.mu.Lock()
+		for i, in := range live {
+			if got[i] != nil && in.gone == "" {
+				in.m = got[i]
+			}
+		}
+		if ready != nil && d.allHoldShares() {
+			close(ready)
+			ready = nil
+			d.out.begin(now)
+			d.out.linef("every instance enforces a share from configd: the scenario starts")
+		}
+		var followed []string
+		for _, e := range d.events {
+			if !e.done && e.check(d) {
+				e.done, e.followed = true, now.Sub(e.at)
+				followed = append(followed, fmt.Sprintf("followed %q in %.1fs: %s", e.name, e.followed.Seconds(), e.followWhat))
+			}
+		}
+		var view string
+		if el := now.Sub(lastView); el >= viewEvery-sampleEvery/2 {
+			d.rates(el)
+			lastView = now
+			if ready == nil {
+				view = d.render()
+			}
+		}
+		d.mu.Unlock()
+		for _, l := range followed {
+			d.out.linef("%s", l)
+		}
+		if view != "" {
+			d.out.view(view)
+		}
+	}
+}
+
+// allHoldShares reports whether every live instance enforces a share
+// published by configd. d.mu is held.
+func (d *demo) allHoldShares() bool {
+	for _, in := range d.insts {
+		if in.gone == "" && (in.m.source() != "shares" || in.m.value("sluice_member_share_permits") <= 0) {
+			return false
+		}
+	}
+	return len(d.insts) > 0
+}
+
+// rates turns counters into per-second rates over el. d.mu is held.
+func (d *demo) rates(el time.Duration) {
+	for _, in := range d.insts {
+		if in.gone != "" || in.m == nil {
+			continue
+		}
+		adm := in.m.value("sluice_limiter_permits_total", "outcome", "admitted")
+		off, ref := in.m.value("sluice_example_offered_total"), in.m.value("sluice_example_refused_total")
+		if in.driver != nil {
+			st := in.driver.Stats()
+			off, ref = float64(st.Offered), float64(st.Refused)
+		}
+		s := el.Seconds()
+		in.rates = [3]float64{(off - in.offered) / s, (adm - in.admitted) / s, (ref - in.refused) / s}
+		in.offered, in.admitted, in.refused = off, adm, ref
+	}
+}
+
+// render formats the view. d.mu is held.
+func (d *demo) render() string {
+	var b strings.Builder
+	last, _ := d.stub.Last()
+	flag := "ok"
+	if last.Over() {
+		flag = "OVER THE LIMIT"
+	}
+	busiest := busiestWindow(d.stub.Windows())
+	fmt.Fprintf(&b, "provider %s: window %s  %d/%d calls (%s)   busiest window so far %d/%d   configd shares: generation %d, total %d over %d instances\n",
+		provider, last.Start.Format("15:04:05"), last.Calls, last.Limit, flag, busiest.Calls, busiest.Limit, d.shares.Generation, d.shares.Total, d.shares.Instances)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "instance\tkind\toffered/s\tadmitted/s\trefused/s\tkafka lag\twaiting\tdemand\tshare\tsource\tclock offset\tnote\t")
+	for _, in := range d.insts {
+		if in.gone != "" {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t\n", in.id, in.kind, in.gone)
+			continue
+		}
+		m := in.m
+		lag := "-"
+		if in.kind == "kafka" {
+			lag = fmt.Sprintf("%.0f", m.value("sluice_example_lag_messages"))
+		}
+		clock := "unknown"
+		if m.value("sluice_member_clock_known") == 1 {
+			clock = (time.Duration(m.value("sluice_limiter_clock_offset_seconds") * 1e9)).Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.0f\t%s\t%.0f\t%.0f\t%.0f\t%s\t%s\t%s\t\n", in.id, in.kind,
+			in.rates[0], in.rates[1], in.rates[2], lag, m.value("sluice_limiter_waiting_permits"),
+			m.value("sluice_member_demand_permits"), m.value("sluice_member_share_permits"), m.source(), clock, in.note)
+	}
+	tw.Flush()
+	return b.String()
+}
+
+func busiestWindow(ws []stub.Window) stub.Window {
+	var best stub.Window
+	for _, w := range ws {
+		if w.Calls > best.Calls {
+			best = w
+		}
+	}
+	return best
+}

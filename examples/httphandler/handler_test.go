@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice/examples/internal/stub"
+	"github.com/sluice-go/sluice/limiter"
+)
+
+// fakeDown counts calls and answers with err.
+type fakeDown struct {
+	calls atomic.Int64
+	err   error
+}
+
+func (f *fakeDown) Call(context.Context) error { f.calls.Add(1); return f.err }
+
+func serve(h http.Handler, budget string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	if budget != "" {
+		req.Header.Set(BudgetHeader, budget)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// The handler waits for a permit only within the request's budget, and
+// otherwise answers 503 with Retry-After at once. Time is synctest's
+// virtual time, so "at once" and "waited 200ms" are exact, not measured.
+func TestBudgetAndRetryAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Start on a window boundary (windows are aligned to the clock).
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+		lim, err := limiter.New(1, time.Second) // one call per second
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lim.Close()
+		down := &fakeDown{}
+		h := &handler{lim: lim, down: down, budget: 300 * time.Millisecond, callTime: 20 * time.Millisecond}
+
+		if rec := serve(h, ""); rec.Code != http.StatusOK {
+			t.Fatalf("first request: %d %s", rec.Code, rec.Body)
+		}
+
+		// The next permit is 1s away, beyond the 300ms budget: 503 at
+		// once, no wait, and Retry-After says when the next window opens.
+		start := time.Now()
+		rec := serve(h, "")
+		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "1" {
+			t.Fatalf("over budget: %d, Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("a refusal waited %v; it must be decided at once", d)
+		}
+		if lim.Stats().TimedOut != 1 || down.calls.Load() != 1 {
+			t.Fatalf("timed out %d, calls %d", lim.Stats().TimedOut, down.calls.Load())
+		}
+
+		// 800ms into the window the next one is 200ms away: within a
+		// 300ms budget (280ms after keeping 20ms for the call), so the
+		// handler waits for it and succeeds.
+		time.Sleep(800*time.Millisecond - time.Since(start))
+		start = time.Now()
+		if rec := serve(h, ""); rec.Code != http.StatusOK {
+			t.Fatalf("within budget: %d %s", rec.Code, rec.Body)
+		}
+		if d := time.Since(start); d != 200*time.Millisecond {
+			t.Fatalf("waited %v, want 200ms (until the next window)", d)
+		}
+
+		// A request's own budget, shorter than the wait, is honoured.
+		time.Sleep(850 * time.Millisecond) // 150ms before the next window
+		if rec := serve(h, "100ms"); rec.Code != http.StatusServiceUnavailable {
+			t.Fatalf("100ms budget, next permit 150ms away: %d", rec.Code)
+		}
+		if rec := serve(h, "nonsense"); rec.Code != http.StatusBadRequest {
+			t.Fatalf("bad budget header: %d", rec.Code)
+		}
+	})
+}
+
+// A downstream 429 with Retry-After pauses the limiter for that long: the
+// handler answers 503 with the provider's Retry-After, and refuses at once
+// until the pause ends.
+func TestDownstream429FeedsBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+		lim, err := limiter.New(100, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lim.Close()
+		down := &fakeDown{err: &tooManyRequests{status: http.StatusTooManyRequests, retryAfter: 3 * time.Second}}
+		h := &handler{lim: lim, down: down, budget: 500 * time.Millisecond, callTime: 10 * time.Millisecond}
+
+		rec := serve(h, "")
+		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "3" {
+			t.Fatalf("on a 429: %d, Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+		}
+		down.err = nil
+		time.Sleep(time.Second)
+		rec = serve(h, "")
+		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "2" || down.calls.Load() != 1 {
+			t.Fatalf("during the backoff: %d, Retry-After %q, calls %d", rec.Code, rec.Header().Get("Retry-After"), down.calls.Load())
+		}
+		time.Sleep(2 * time.Second)
+		if rec := serve(h, ""); rec.Code != http.StatusOK {
+			t.Fatalf("after the backoff: %d", rec.Code)
+		}
+	})
+}
+
+// The real HTTP path: our limiter allows more than the provider stub, so
+// the stub answers 429 and the handler turns that into a backoff.
+func TestHTTPDownstreamAgainstStub(t *testing.T) {
+	st := stub.New(2, time.Hour)
+	ts := httptest.NewServer(st)
+	defer ts.Close()
+	lim, err := limiter.New(100, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	h := &handler{lim: lim, down: &httpDownstream{url: ts.URL, client: ts.Client()}, budget: 5 * time.Second, callTime: time.Second}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	var codes []int
+	var retry string
+	for range 4 {
+		resp, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			retry = resp.Header.Get("Retry-After")
+		}
+	}
+	if want := []int{200, 200, 503, 503}; !slices.Equal(codes, want) {
+		t.Fatalf("codes %v, want %v", codes, want)
+	}
+	// The stub asks to come back at the next hour; the limiter is paused
+	// until then, so the 4th request never reached the stub.
+	if retry == "" || strings.HasPrefix(retry, "0") || st.Total() != 3 || h.backedOff.Load() != 1 || h.refused.Load() != 1 {
+		t.Fatalf("Retry-After %q, stub calls %d, backoffs %d, refused %d", retry, st.Total(), h.backedOff.Load(), h.refused.Load())
+	}
+	if parseRetryAfter("Wed, 21 Oct 2015 07:28:00 GMT", time.Date(2015, 10, 21, 7, 27, 0, 0, time.UTC)) != time.Minute {
+		t.Fatal("Retry-After as an HTTP date")
+	}
+}

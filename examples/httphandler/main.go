@@ -1,0 +1,192 @@
+// Command httphandler is the request-handler example: an HTTP server whose
+// handler calls a rate-limited downstream API once per request, within the
+// request's latency budget. It waits for a permit only as long as the budget
+// allows, then answers 503 with Retry-After (the seconds until the limiter's
+// next window); when the downstream still answers 429 with Retry-After, it
+// pauses the limiter for that long (limiter.Backoff). It serves the
+// limiter's metrics on /metrics, from a registry of its own.
+//
+// Standalone, it calls an in-process provider stub with a limit and uses a
+// local limiter:
+//
+//	go run ./examples/httphandler -limit 100
+//	curl -i -H 'X-Latency-Budget: 50ms' http://127.0.0.1:8080/
+//	curl -s http://127.0.0.1:8080/metrics | grep sluice_
+//
+// With -etcd-endpoints it joins a provider and enforces the share configd
+// gives it:
+//
+//	go run ./examples/httphandler -etcd-endpoints http://127.0.0.1:2379 -provider payments-api \
+//	    -downstream http://payments.internal/charge
+//
+// It runs until SIGINT/SIGTERM (or -duration).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-go/sluice/examples/internal/join"
+	"github.com/sluice-go/sluice/examples/internal/stub"
+)
+
+type config struct {
+	listen          string
+	downstream      string
+	downstreamLimit int64
+	budget          time.Duration
+	callTime        time.Duration
+	duration        time.Duration
+	join            join.Config
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "httphandler:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "httphandler:", err)
+		os.Exit(1)
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var c config
+	var endpoints, ntp string
+	fs := flag.NewFlagSet("httphandler", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to serve / and /metrics on")
+	fs.StringVar(&c.downstream, "downstream", "", "URL of the rate-limited API (POST); empty: an in-process stub allowing -downstream-limit per window")
+	fs.Int64Var(&c.downstreamLimit, "downstream-limit", 100, "the in-process stub's limit per window")
+	fs.DurationVar(&c.budget, "budget", 200*time.Millisecond, "latency budget of a request that does not send "+BudgetHeader)
+	fs.DurationVar(&c.callTime, "call-time", 20*time.Millisecond, "part of the budget kept for the downstream call; the rest may be spent waiting for a permit")
+	fs.DurationVar(&c.duration, "duration", 0, "stop after this long; 0: until signalled")
+	fs.Int64Var(&c.join.Limit, "limit", 100, "the local limiter's quota per window (without -etcd-endpoints)")
+	fs.DurationVar(&c.join.Window, "window", time.Second, "the local limiter's window, and the fallback's")
+	fs.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd URLs: join -provider and enforce the share configd publishes")
+	fs.StringVar(&c.join.Provider, "provider", "httphandler-demo", "provider name (metrics label; what to join with -etcd-endpoints)")
+	fs.StringVar(&c.join.ID, "instance-id", "", "instance id (default: chosen by cluster.Join)")
+	fs.Int64Var(&c.join.Fallback, "fallback", 0, "quota per window before a share is known when etcd is unreachable (0: fail-closed)")
+	fs.StringVar(&ntp, "ntp-servers", "", "comma-separated NTP servers (host or host:port) to measure the clock with (with -etcd-endpoints)")
+	fs.DurationVar(&c.join.NTPInterval, "ntp-interval", 64*time.Second, "time between NTP measurements")
+	fs.DurationVar(&c.join.ClockSkew, "clock-skew", 0, "inject a clock error: the limiter's clock is the system clock plus this (demos)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	c.join.Endpoints, c.join.NTPServers = splitList(endpoints), splitList(ntp)
+	switch {
+	case c.budget <= 0:
+		return c, fmt.Errorf("-budget %v: must be > 0", c.budget)
+	case c.callTime < 0 || c.callTime >= c.budget:
+		return c, fmt.Errorf("-call-time %v: must be ≥ 0 and less than -budget", c.callTime)
+	case c.downstreamLimit <= 0:
+		return c, fmt.Errorf("-downstream-limit %d: must be > 0", c.downstreamLimit)
+	case len(c.join.NTPServers) > 0 && len(c.join.Endpoints) == 0:
+		return c, errors.New("-ntp-servers needs -etcd-endpoints")
+	}
+	return c, nil
+}
+
+// run serves until ctx ends or cfg.duration passes.
+func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.join.Logger = log
+	if cfg.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.duration)
+		defer cancel()
+	}
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("-listen: %w", err)
+	}
+	defer ln.Close()
+
+	down := cfg.downstream
+	if down == "" {
+		st := stub.New(cfg.downstreamLimit, cfg.join.Window)
+		sln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		ssrv := &http.Server{Handler: st, ReadHeaderTimeout: 5 * time.Second}
+		go ssrv.Serve(sln)
+		defer ssrv.Close()
+		down = "http://" + sln.Addr().String() + "/"
+		fmt.Fprintf(stdout, "downstream: in-process provider stub at %s, %d calls per %v\n", down, cfg.downstreamLimit, cfg.join.Window)
+	}
+
+	j, err := join.Open(ctx, cfg.join)
+	if err != nil {
+		return err
+	}
+	defer j.Close()
+	h := &handler{
+		lim: j.Limiter, budget: cfg.budget, callTime: cfg.callTime,
+		down: &httpDownstream{url: down, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}}},
+	}
+	reg := j.Registry
+	for _, c := range []struct {
+		result string
+		n      func() int64
+	}{{"ok", h.ok.Load}, {"refused", h.refused.Load}, {"backoff", h.backedOff.Load}, {"failed", h.failed.Load}} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_example_http_requests_total", Help: "Requests served by the httphandler example, by result.",
+			ConstLabels: prometheus.Labels{"result": c.result},
+		}, func() float64 { return float64(c.n()) }))
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /{$}", h)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	fmt.Fprintf(stdout, "%s\n", j.Describe())
+	fmt.Fprintf(stdout, "listening on http://%s/ (budget %v unless %s says otherwise; metrics at /metrics)\n", ln.Addr(), cfg.budget, BudgetHeader)
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	fmt.Fprintf(stdout, "served: ok %d, refused (503) %d, provider backoff %d, failed %d\n", h.ok.Load(), h.refused.Load(), h.backedOff.Load(), h.failed.Load())
+	return err
+}

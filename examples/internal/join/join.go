@@ -1,0 +1,154 @@
+// Package join is what the examples share to get their limiter: a local one
+// of a fixed quota, or the limiter of a cluster.Member that joined a
+// provider through etcd, optionally with an NTP clock monitor; and a
+// Prometheus registry of its own holding the limiter's and the member's
+// collectors.
+package join
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/sluice-go/sluice/limiter"
+	"github.com/sluice-go/sluice/limiter/cluster"
+	"github.com/sluice-go/sluice/limiter/metrics"
+	"github.com/sluice-go/sluice/limiter/skew"
+)
+
+// Config selects the limiter.
+type Config struct {
+	// Endpoints are etcd's client URLs; none: a local limiter of Limit per
+	// Window.
+	Endpoints []string
+	Provider  string
+	ID        string // instance id; "" lets cluster choose
+	Limit     int64  // local quota (no Endpoints)
+	Window    time.Duration
+	Fallback  int64 // quota before a share is known (cold start without etcd)
+	LeaseTTL  time.Duration
+
+	// NTPServers, when given, make the member measure its clock
+	// (cluster.WithClockMonitor) every NTPInterval.
+	NTPServers  []string
+	NTPInterval time.Duration
+	// ClockSkew makes the limiter's clock (and the monitor's) the system
+	// clock plus ClockSkew: an injected clock error, for demos and tests.
+	ClockSkew time.Duration
+
+	Logger *slog.Logger
+}
+
+// Joined is a limiter, its registry, and where its quota comes from.
+type Joined struct {
+	Limiter  *limiter.Limiter
+	Member   *cluster.Member // nil for a local limiter
+	Registry *prometheus.Registry
+	provider string
+	cli      *clientv3.Client
+}
+
+// Describe says where the quota comes from, for a start-up line.
+func (j *Joined) Describe() string {
+	if j.Member == nil {
+		st := j.Limiter.Stats()
+		return fmt.Sprintf("local limiter: %d per %v", st.Quota, st.Window)
+	}
+	st := j.Member.Status()
+	return fmt.Sprintf("joined %s as %s through etcd (share %d of %d, source %s)", j.provider, j.Member.ID(), st.Share, st.Total, st.Source)
+}
+
+// Close leaves the provider (revoking the lease) or closes the local
+// limiter.
+func (j *Joined) Close() error {
+	if j.Member == nil {
+		return j.Limiter.Close()
+	}
+	err := j.Member.Close()
+	j.cli.Close()
+	return err
+}
+
+// Open returns the limiter cfg selects. With Endpoints it waits, within
+// ctx, for cluster.Join (which itself gives up on etcd after its cold
+// start timeout and runs on the fallback quota).
+func Open(ctx context.Context, cfg Config) (*Joined, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	labels := prometheus.Labels{"provider": cfg.Provider, "instance": cfg.ID}
+	reg := prometheus.NewRegistry()
+	if len(cfg.Endpoints) == 0 {
+		var opts []limiter.Option
+		if cfg.ClockSkew != 0 {
+			opts = append(opts, limiter.WithClock(skewed(cfg.ClockSkew)))
+		}
+		lim, err := limiter.New(cfg.Limit, cfg.Window, opts...)
+		if err != nil {
+			return nil, err
+		}
+		if err := metrics.Register(reg, lim, labels); err != nil {
+			lim.Close()
+			return nil, err
+		}
+		return &Joined{Limiter: lim, Registry: reg}, nil
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	opts := []cluster.Option{cluster.WithLogger(log), cluster.WithFallback(cfg.Fallback, cfg.Window)}
+	if cfg.ID != "" {
+		opts = append(opts, cluster.WithID(cfg.ID))
+	}
+	if cfg.LeaseTTL > 0 {
+		opts = append(opts, cluster.WithLeaseTTL(cfg.LeaseTTL))
+	}
+	var clock skew.Clock
+	if cfg.ClockSkew != 0 {
+		clock = skewed(cfg.ClockSkew)
+		opts = append(opts, cluster.WithLimiterOptions(limiter.WithClock(clock)))
+	}
+	if len(cfg.NTPServers) > 0 {
+		sopts := []skew.Option{skew.WithServers(cfg.NTPServers...), skew.WithLogger(log), skew.WithTimeout(500 * time.Millisecond)}
+		if cfg.NTPInterval > 0 {
+			sopts = append(sopts, skew.WithInterval(cfg.NTPInterval))
+		}
+		if clock != nil {
+			sopts = append(sopts, skew.WithClock(clock))
+		}
+		mon, err := skew.New(sopts...)
+		if err != nil {
+			cli.Close()
+			return nil, err
+		}
+		opts = append(opts, cluster.WithClockMonitor(mon))
+	}
+	m, err := cluster.Join(ctx, cli, cfg.Provider, opts...)
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	labels["instance"] = m.ID()
+	j := &Joined{Limiter: m.Limiter(), Member: m, Registry: reg, provider: cfg.Provider, cli: cli}
+	if err := metrics.Register(reg, m.Limiter(), labels); err != nil {
+		j.Close()
+		return nil, err
+	}
+	if err := reg.Register(cluster.NewCollector(m, labels)); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+// skewed is the system clock off by d (positive: ahead).
+type skewed time.Duration
+
+func (d skewed) Now() time.Time { return time.Now().Add(time.Duration(d)) }
