@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 )
@@ -19,30 +18,16 @@ Flags:
 `
 
 func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("get", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseArgs(fs, getUsage, args, stdout)
-	if err != nil {
-		return helpOK(err)
+	rc, err := openRead(ctx, "get", getUsage, true, args, stdout, stderr)
+	if err != nil || rc == nil {
+		return err
 	}
-	name, err := oneName("get", pos)
+	defer rc.done()
+	v, err := rc.b.get(rc.ctx, rc.name)
 	if err != nil {
 		return err
 	}
-	b, closeFn, err := cf.open(stderr)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	ctx, cancel := cf.withTimeout(ctx)
-	defer cancel()
-	v, err := b.get(ctx, name)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
+	if rc.asJSON {
 		return printJSON(stdout, v)
 	}
 	fmt.Fprintf(stdout, "%-17s %s\n%-17s %d\n", "name:", v.Config.Name, "revision:", v.Revision)

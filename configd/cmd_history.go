@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -21,30 +20,16 @@ Flags:
 `
 
 func runHistory(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("history", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseArgs(fs, historyUsage, args, stdout)
-	if err != nil {
-		return helpOK(err)
+	rc, err := openRead(ctx, "history", historyUsage, true, args, stdout, stderr)
+	if err != nil || rc == nil {
+		return err
 	}
-	name, err := oneName("history", pos)
+	defer rc.done()
+	v, err := rc.b.history(rc.ctx, rc.name)
 	if err != nil {
 		return err
 	}
-	b, closeFn, err := cf.open(stderr)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	ctx, cancel := cf.withTimeout(ctx)
-	defer cancel()
-	v, err := b.history(ctx, name)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
+	if rc.asJSON {
 		return printJSON(stdout, v)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)

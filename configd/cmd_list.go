@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -18,29 +17,16 @@ Flags:
 `
 
 func runList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("list", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseArgs(fs, listUsage, args, stdout)
-	if err != nil {
-		return helpOK(err)
+	rc, err := openRead(ctx, "list", listUsage, false, args, stdout, stderr)
+	if err != nil || rc == nil {
+		return err
 	}
-	if len(pos) != 0 {
-		return usageErrorf("list: takes no arguments, got %q", pos)
-	}
-	b, closeFn, err := cf.open(stderr)
+	defer rc.done()
+	v, err := rc.b.list(rc.ctx)
 	if err != nil {
 		return err
 	}
-	defer closeFn()
-	ctx, cancel := cf.withTimeout(ctx)
-	defer cancel()
-	v, err := b.list(ctx)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
+	if rc.asJSON {
 		return printJSON(stdout, v)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)

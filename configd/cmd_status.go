@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -24,30 +23,16 @@ Flags:
 `
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseArgs(fs, statusUsage, args, stdout)
-	if err != nil {
-		return helpOK(err)
+	rc, err := openRead(ctx, "status", statusUsage, true, args, stdout, stderr)
+	if err != nil || rc == nil {
+		return err
 	}
-	name, err := oneName("status", pos)
+	defer rc.done()
+	v, err := rc.b.status(rc.ctx, rc.name)
 	if err != nil {
 		return err
 	}
-	b, closeFn, err := cf.open(stderr)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	ctx, cancel := cf.withTimeout(ctx)
-	defer cancel()
-	v, err := b.status(ctx, name)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
+	if rc.asJSON {
 		return printJSON(stdout, v)
 	}
 	printStatus(stdout, v, time.Now())

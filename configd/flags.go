@@ -170,3 +170,45 @@ func (c *clientFlags) open(stderr io.Writer) (b backend, closeFn func(), err err
 func (c *clientFlags) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.timeout)
 }
+
+// readCommand is what the read-only subcommands (get, list, status,
+// history) share once their flags are parsed: the provider NAME (empty for
+// list), --json, and the open backend, bounded by --timeout.
+type readCommand struct {
+	name   string
+	asJSON bool
+	b      backend
+	ctx    context.Context
+	done   func() // releases the backend and the timeout
+}
+
+// openRead parses a read subcommand's flags and arguments — exactly one
+// provider NAME if takesName, none otherwise — and opens its backend. It
+// returns a nil readCommand and a nil error when --help was asked for.
+func openRead(ctx context.Context, cmd, usage string, takesName bool, args []string, stdout, stderr io.Writer) (*readCommand, error) {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseArgs(fs, usage, args, stdout)
+	if err != nil {
+		return nil, helpOK(err)
+	}
+	rc := &readCommand{}
+	switch {
+	case takesName:
+		if rc.name, err = oneName(cmd, pos); err != nil {
+			return nil, err
+		}
+	case len(pos) != 0:
+		return nil, usageErrorf("%s: takes no arguments, got %q", cmd, pos)
+	}
+	b, closeFn, err := cf.open(stderr)
+	if err != nil {
+		return nil, err
+	}
+	tctx, cancel := cf.withTimeout(ctx)
+	rc.asJSON, rc.b, rc.ctx = *asJSON, b, tctx
+	rc.done = func() { cancel(); closeFn() }
+	return rc, nil
+}
