@@ -52,7 +52,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/sluice-go/sluice/bench/internal/harness"
+	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 

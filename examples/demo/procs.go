@@ -3,88 +3,15 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 )
-
-// build builds each package (relative to the module root) into dir, once,
-// and returns the binaries' paths.
-func build(root, dir string, pkgs ...string) ([]string, error) {
-	bins := make([]string, len(pkgs))
-	for i, p := range pkgs {
-		bins[i] = filepath.Join(dir, filepath.Base(p))
-	}
-	args := append([]string{"build", "-o", dir + string(filepath.Separator)}, pkgs...)
-	cmd := exec.Command("go", args...)
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bins, nil
-}
-
-// moduleRoot is the directory of the sluice module's go.mod.
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("run the demo from inside the sluice module (go run ./examples/demo)")
-	}
-	return filepath.Dir(gomod), nil
-}
-
-// startEtcd starts a single-member etcd in this process, data in dir, on
-// free loopback ports, logging nothing.
-func startEtcd(dir string) (*embed.Etcd, string, error) {
-	cu, pu := url.URL{Scheme: "http", Host: freeAddr()}, url.URL{Scheme: "http", Host: freeAddr()}
-	cfg := embed.NewConfig()
-	cfg.Name, cfg.Dir = "demo", dir
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.TickMs, cfg.ElectionMs = 10, 100
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return nil, "", fmt.Errorf("embedded etcd: %w", err)
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return nil, "", fmt.Errorf("embedded etcd: %w", err)
-	case <-time.After(30 * time.Second):
-		e.Close()
-		return nil, "", errors.New("embedded etcd: not ready after 30s")
-	}
-	return e, cu.String(), nil
-}
-
-// freeAddr returns a free TCP address on 127.0.0.1.
-func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // proc is a child process in a process group of its own: Ctrl-C in the
 // terminal reaches only the demo, which stops its children itself, and

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-go/sluice/examples/internal/stub"
 	"github.com/sluice-go/sluice/examples/loadgen"
+	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/internal/ntptest"
 	"github.com/sluice-go/sluice/internal/schema"
 )
@@ -106,13 +107,9 @@ func (d *demo) setup(ctx context.Context) error {
 	o := d.out
 	o.linef("sluice demo: provider %q, limit %d calls per %v, %v of scenario", provider, d.cfg.limit, window, d.cfg.duration)
 	if d.cfg.binDir == "" {
-		root, err := moduleRoot()
-		if err != nil {
-			return err
-		}
 		t := time.Now()
 		o.linef("building configd, examples/demo/instance and examples/httphandler into %s ...", d.tmp)
-		bins, err := build(root, d.tmp, "./configd", "./examples/demo/instance", "./examples/httphandler")
+		bins, err := harness.Build(d.tmp, "./configd", "./examples/demo/instance", "./examples/httphandler")
 		if err != nil {
 			return err
 		}
@@ -124,7 +121,7 @@ func (d *demo) setup(ctx context.Context) error {
 		d.bins.httphandler = filepath.Join(d.cfg.binDir, "httphandler")
 	}
 
-	etcd, url, err := startEtcd(filepath.Join(d.tmp, "etcd"))
+	etcd, url, err := harness.StartEtcd("demo", filepath.Join(d.tmp, "etcd"))
 	if err != nil {
 		return err
 	}

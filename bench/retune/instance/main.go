@@ -41,7 +41,7 @@ import (
 	"go.uber.org/ratelimit"
 	"go.uber.org/zap"
 
-	"github.com/sluice-go/sluice/bench/internal/harness"
+	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/limiter"
 	"github.com/sluice-go/sluice/limiter/cluster"
 )

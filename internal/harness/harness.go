@@ -41,8 +41,9 @@ func ModuleRoot() (string, error) {
 }
 
 // Build builds each package (a path relative to the module root, such as
-// "./configd") into dir, named after its last element, and returns the
-// binaries' paths in the same order. The compiler's output goes to stderr.
+// "./configd") into dir, named after its last element, in one go build (so
+// the packages compile in parallel), and returns the binaries' paths in the
+// same order. A failed build's error carries the compiler's output.
 func Build(dir string, pkgs ...string) ([]string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
@@ -51,11 +52,11 @@ func Build(dir string, pkgs ...string) ([]string, error) {
 	bins := make([]string, len(pkgs))
 	for i, p := range pkgs {
 		bins[i] = filepath.Join(dir, filepath.Base(p))
-		cmd := exec.Command("go", "build", "-o", bins[i], p)
-		cmd.Dir, cmd.Stdout, cmd.Stderr = root, os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return nil, fmt.Errorf("go build %s: %w", p, err)
-		}
+	}
+	cmd := exec.Command("go", append([]string{"build", "-o", dir + string(filepath.Separator)}, pkgs...)...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build %s: %w\n%s", strings.Join(pkgs, " "), err, out)
 	}
 	return bins, nil
 }
