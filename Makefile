@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build test vet fmt-check unit fuzz bench sim accuracy demo clean
+.PHONY: all build test vet fmt-check unit fuzz bench sim accuracy faults demo clean
 
 all: build test
 
@@ -42,7 +42,12 @@ FUZZ_TARGETS = \
 	./internal/schema:FuzzDecodeInstanceRecord \
 	./internal/schema:FuzzDecodeShares \
 	./internal/schema:FuzzDecodeHistoryEntry \
-	./internal/schema:FuzzKeysParse
+	./internal/schema:FuzzKeysParse \
+	./configd:FuzzPreconditions \
+	./limiter/cluster:FuzzObserve \
+	./consumer:FuzzDeadLetter \
+	./examples/httphandler:FuzzBudgetHeader \
+	./examples/httphandler:FuzzParseRetryAfter
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -64,6 +69,12 @@ sim:
 ## fair vs even, and +200ms clock skew without/with NTP (about 5 minutes).
 accuracy:
 	$(GO) run ./bench/accuracy $(ACCURACY_FLAGS)
+
+## faults: the fault suite — real processes under a leader kill, a zombie
+## instance, an etcd outage, a flood of joins and leaves, a network cut.
+## SLUICE_FAULTS_STRICT=1 fails on known findings instead of skipping them.
+faults:
+	SLUICE_FAULTS=1 $(GO) test -count=1 -v -timeout 15m ./faults/
 
 ## demo: the main job on one machine: configd with embedded etcd, a provider
 ## stub, several instance processes (one a Kafka consumer, one an HTTP handler),

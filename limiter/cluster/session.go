@@ -234,6 +234,13 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
 		v.problems[key] = err.Error()
 	}
 	good := func() { delete(v.problems, key) }
+	defer m.setStatus(func(s *Status) {
+		s.Problems = s.Problems[:0]
+		for key, why := range v.problems {
+			s.Problems = append(s.Problems, key+": "+why)
+		}
+		slices.Sort(s.Problems)
+	})
 	switch k.Kind {
 	case schema.KindConfig:
 		if deleted {
@@ -258,6 +265,9 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
 			return
 		}
 		s, err := schema.DecodeShares(value)
+		if err == nil && s.Provider != m.provider {
+			err = fmt.Errorf("shares record names provider %q", s.Provider)
+		}
 		if err != nil {
 			bad(err)
 			return
@@ -274,13 +284,6 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
 			v.instances[k.Instance] = true
 		}
 	}
-	m.setStatus(func(s *Status) {
-		s.Problems = s.Problems[:0]
-		for key, why := range v.problems {
-			s.Problems = append(s.Problems, key+": "+why)
-		}
-		slices.Sort(s.Problems)
-	})
 }
 
 // apply sets the limiter to the share in force and reports whether a new

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/limiter"
+)
+
+// TestBadBudgetHeader: every malformed X-Latency-Budget is answered 400
+// with a message naming the header and what is allowed, without calling
+// the downstream or spending a permit.
+func TestBadBudgetHeader(t *testing.T) {
+	lim, err := limiter.New(1000, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	down := &fakeDown{}
+	h := &handler{lim: lim, down: down, budget: 300 * time.Millisecond, callTime: 20 * time.Millisecond}
+	for _, budget := range []string{
+		"0", "0s", "-1s", "-0.5ms", "150", "1e3ms", " 150ms", "150ms ", "150 ms", "150MS", "NaNs", "Infs", "∞",
+		"9999999999h", "2562048h", "1h1", ".s", "ms", "\x00", strings.Repeat("9", 4096) + "ms", "150ms,150ms",
+	} {
+		rec := serve(h, budget)
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), BudgetHeader) ||
+			!strings.Contains(rec.Body.String(), "positive duration such as 150ms") {
+			t.Errorf("budget %.40q: %d %q, want 400 naming the header and the rule", budget, rec.Code, rec.Body)
+		}
+	}
+	if n := down.calls.Load(); n != 0 {
+		t.Errorf("the downstream was called %d times for bad budgets", n)
+	}
+	if st := lim.Stats(); st.Admitted != 0 {
+		t.Errorf("bad budgets spent %d permits", st.Admitted)
+	}
+	// Odd but valid: the largest duration, a nanosecond.
+	for _, budget := range []string{"2562047h", "1ns", "1h0m0.000000001s"} {
+		if rec := serve(h, budget); rec.Code != http.StatusOK && rec.Code != http.StatusServiceUnavailable {
+			t.Errorf("budget %q: %d %q", budget, rec.Code, rec.Body)
+		}
+	}
+}

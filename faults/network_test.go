@@ -1,0 +1,176 @@
+package faults
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// proxy is a TCP proxy between one instance and etcd: cut closes every
+// connection through it and refuses new ones (the instance is cut off from
+// etcd, nothing else); heal lets connections through again.
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  map[net.Conn]bool
+	wg     sync.WaitGroup
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		ln.Close()
+		p.setCut(true)
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *proxy) url() string { return "http://" + p.ln.Addr().String() }
+
+func (p *proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.conns[c], p.conns[up] = true, true
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			io.Copy(dst, src)
+			dst.Close()
+			src.Close()
+			p.mu.Lock()
+			delete(p.conns, dst)
+			delete(p.conns, src)
+			p.mu.Unlock()
+		}
+		p.wg.Go(func() { pipe(up, c) })
+		p.wg.Go(func() { pipe(c, up) })
+	}
+}
+
+// setCut cuts (closing every open connection) or heals.
+func (p *proxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for c := range p.conns {
+			c.Close()
+		}
+	}
+}
+
+// partition is how long the instance stays cut off from etcd.
+const partition = 8 * time.Second
+
+// TestInstanceCutOffFromEtcd: one instance reaches etcd through a TCP proxy
+// in the test (method: proxy — no network namespaces); the proxy drops its
+// connections and refuses new ones for 8 s while the instance keeps
+// serving. It must keep its share (fail-static) and say so, the others keep
+// theirs, no aligned window may go over the limit, and once the proxy lets
+// it through again it registers again.
+func TestInstanceCutOffFromEtcd(t *testing.T) {
+	r := newRig(t, "fault-partition")
+	u, err := url.Parse(r.endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, u.Host)
+	c := startConfigd(t, r.endpoint, "cd-a")
+	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
+	i1 := startInstance(t, px.url(), r.provider, r.stub.url(), 1)
+	i2 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 2)
+	i3 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 3)
+	insts := []*instance{i1, i2, i3}
+	before := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), insts...)
+	old, err := leases(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := startLoad(insts...)
+	waitUntil(time.Unix(0, (from+2)*int64(window)).Add(100 * time.Millisecond))
+
+	errsFrom := i1.errs.len()
+	px.setCut(true)
+	cut := time.Now()
+	t.Logf("injected: inst-1 cut off from etcd for %v — method: a TCP proxy in the test between inst-1 and etcd drops its connections and refuses new ones (no network namespaces); inst-1 keeps serving; configd, inst-2 and inst-3 reach etcd directly", partition)
+	l, _, err := i1.errs.wait(errsFrom, partition, func(s string) bool { return strings.Contains(s, "fail-static") })
+	if err != nil {
+		t.Errorf("inst-1 did not report fail-static while cut off: %v", err)
+	} else {
+		t.Logf("inst-1 says: %s", l)
+	}
+	gone, goneErr := r.w.waitDeleted("inst-1", partition-time.Since(cut))
+	if goneErr == nil {
+		t.Logf("inst-1's key deleted %v after the cut (lease TTL %v)", gone.Sub(cut).Round(time.Millisecond), leaseTTL)
+	}
+	waitUntil(cut.Add(partition - time.Second))
+	for _, in := range insts {
+		st := in.stats(t)
+		t.Logf("during the partition: %s share %s (%s, gen %s)", in.id, st["share"], st["source"], st["gen"])
+		if in == i1 && st["share"] != fmt.Sprint(before.Shares["inst-1"]) {
+			t.Errorf("inst-1: share %s while cut off, want its last share %d (fail-static)", st["share"], before.Shares["inst-1"])
+		}
+	}
+	waitUntil(cut.Add(partition))
+	px.setCut(false)
+	healed := time.Now()
+	t.Logf("injected: proxy lets inst-1 through again after %v", healed.Sub(cut).Round(time.Millisecond))
+
+	var reg time.Time
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cur, err := leases(r)
+		if l, ok := cur["inst-1"]; err == nil && ok && l != old["inst-1"] {
+			reg = time.Now()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("inst-1 not registered again within 30s after the proxy healed: leases %v, err %v", cur, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	back := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), insts...)
+	waitUntil(back.EffectiveTime().Add(2 * window))
+	to := stopLoad(insts...)
+	logPhases(t, insts...)
+
+	evs := r.w.all()
+	for _, ev := range evs {
+		t.Logf("published: %s (seen %s)", describe(ev.sh), ev.seen.UTC().Format("15:04:05.000"))
+	}
+	checkGenerations(t, evs)
+	checkApplied(t, evs, insts...)
+	tl := checkWindowsKnown(t, r, "whole run, partition included", from, to)
+	for k := windowIndex(cut); k <= windowIndex(healed)+1; k++ {
+		t.Logf("during the partition: %s", tl.row(k))
+	}
+	t.Logf("recovery: inst-1 registered again (new lease) %v after the proxy healed; even split in force (gen %d) %v after",
+		reg.Sub(healed).Round(time.Millisecond), back.Generation, back.EffectiveTime().Sub(healed).Round(time.Millisecond))
+}
