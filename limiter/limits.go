@@ -135,11 +135,12 @@ func (l *Limiter) SetShadow(on bool) { l.shadow.Store(on) }
 
 // SetClockOffset sets the correction added to the clock: the limiter's time
 // becomes the clock's time plus d, which moves every window boundary by the
-// change. Call it with each new NTP measurement. Waiters are placed again on
+// change. d is clamped to ±100 years, so corrected time stays in range. Call it with each new NTP measurement. Waiters are placed again on
 // the new time, in order, with their real deadlines kept. A correction that
 // moves time backwards does not reopen a window already closed: the current
 // window lasts until its end on the new clock.
 func (l *Limiter) SetClockOffset(d time.Duration) {
+	d = clampOffset(d)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if time.Duration(l.offset.Load()) == d {
@@ -184,6 +185,13 @@ func (l *Limiter) SetClockUncertainty(u time.Duration) {
 	l.advanceLocked(now)
 	l.replaceLocked(rs, now, 0)
 }
+
+// maxOffset bounds a clock correction so that corrected time stays within
+// what int64 nanoseconds hold (years 1678 to 2262) for any clock of this
+// century: about 100 years either way.
+const maxOffset = 100 * 365 * 24 * time.Hour
+
+func clampOffset(d time.Duration) time.Duration { return min(max(d, -maxOffset), maxOffset) }
 
 // ClockOffset returns the correction set by SetClockOffset or
 // WithClockOffset.

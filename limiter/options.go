@@ -53,5 +53,5 @@ func WithShadow(on bool) Option {
 // WithClockOffset starts the Limiter with a clock correction: the limiter's
 // time is the clock's time plus d. SetClockOffset changes it at run time.
 func WithClockOffset(d time.Duration) Option {
-	return optionFunc(func(cfg *config) { cfg.offset = d })
+	return optionFunc(func(cfg *config) { cfg.offset = clampOffset(d) })
 }

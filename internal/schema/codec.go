@@ -21,7 +21,7 @@ var fieldSentinels = map[string]error{
 	"mode":             ErrInvalidMode,
 	"algorithm":        ErrInvalidAlgorithm,
 	"floor":            ErrInvalidFloor,
-	"max_clock_offset": ErrInvalidClockOffset,
+	"max_clock_offset": ErrInvalidMaxClockOffset,
 	"clock_offset":     ErrInvalidClockOffset,
 	"version":          ErrInvalidVersion,
 	"total":            ErrInvalidLimit,

@@ -21,14 +21,17 @@ var (
 	ErrInvalidAlgorithm   = errors.New(`algorithm must be "even" or "fair"`)
 	ErrInvalidFloor       = errors.New("floor must be an integer from 0 up to the limit")
 	ErrInvalidClockOffset = errors.New("clock offset must be a duration within ±1h")
-	ErrInvalidVersion     = fmt.Errorf("version must be %d (or absent)", Version)
-	ErrInvalidField       = errors.New("value out of range")
-	ErrInvalidShares      = errors.New("shares record is inconsistent")
-	ErrInvalidKey         = errors.New("key does not belong to the sluice key layout")
-	ErrInvalidPrefix      = errors.New(`prefix must start and end with "/" (e.g. "/sluice/")`)
-	ErrUnknownField       = errors.New("unknown field (only the documented fields are accepted)")
-	ErrTooLarge           = fmt.Errorf("record larger than %d bytes", MaxRecordSize)
-	ErrMalformed          = errors.New("malformed JSON")
+	// ErrInvalidMaxClockOffset is the bound's own error: it cannot be
+	// negative.
+	ErrInvalidMaxClockOffset = errors.New("max clock offset must be a duration from 0 to 1h")
+	ErrInvalidVersion        = fmt.Errorf("version must be %d (or absent)", Version)
+	ErrInvalidField          = errors.New("value out of range")
+	ErrInvalidShares         = errors.New("shares record is inconsistent")
+	ErrInvalidKey            = errors.New("key does not belong to the sluice key layout")
+	ErrInvalidPrefix         = errors.New(`prefix must start and end with "/" (e.g. "/sluice/")`)
+	ErrUnknownField          = errors.New("unknown field (only the documented fields are accepted)")
+	ErrTooLarge              = fmt.Errorf("record larger than %d bytes", MaxRecordSize)
+	ErrMalformed             = errors.New("malformed JSON")
 )
 
 // ValidationError says which field of a record was wrong, what it held and

@@ -135,7 +135,7 @@ func (c ProviderConfig) Validate() error {
 		return invalid("floor", c.Floor, ErrInvalidFloor)
 	}
 	if c.MaxClockOffset < 0 || c.MaxClockOffset.D() > time.Hour {
-		return invalid("max_clock_offset", c.MaxClockOffset, ErrInvalidClockOffset)
+		return invalid("max_clock_offset", c.MaxClockOffset, ErrInvalidMaxClockOffset)
 	}
 	return nil
 }

@@ -117,7 +117,7 @@ func TestProviderConfigValidate(t *testing.T) {
 		{"algorithm bad", func(c *ProviderConfig) { c.Algorithm = "random" }, ErrInvalidAlgorithm},
 		{"floor over limit", func(c *ProviderConfig) { c.Floor = c.Limit + 1 }, ErrInvalidFloor},
 		{"floor negative", func(c *ProviderConfig) { c.Floor = -1 }, ErrInvalidFloor},
-		{"max clock offset 2h", func(c *ProviderConfig) { c.MaxClockOffset = Duration(2 * time.Hour) }, ErrInvalidClockOffset},
+		{"max clock offset 2h", func(c *ProviderConfig) { c.MaxClockOffset = Duration(2 * time.Hour) }, ErrInvalidMaxClockOffset},
 		{"version 2", func(c *ProviderConfig) { c.Version = 2 }, ErrInvalidVersion},
 	}
 	for _, tc := range cases {

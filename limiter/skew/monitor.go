@@ -236,6 +236,9 @@ func (m *Monitor) safeQuery(ctx context.Context, server string) (r *ntp.Response
 }
 
 // check validates a response.
+// maxDispersion is NTP's largest meaningful root distance (RFC 5905).
+const maxDispersion = 16 * time.Second
+
 func check(r *ntp.Response) error {
 	if r == nil {
 		return fmt.Errorf("%w: no response", ErrBadResponse)
@@ -245,6 +248,11 @@ func check(r *ntp.Response) error {
 	}
 	if r.RTT < 0 || r.RootDistance < 0 {
 		return fmt.Errorf("%w: negative round trip %v or root distance %v", ErrBadResponse, r.RTT, r.RootDistance)
+	}
+	if r.RootDistance > maxDispersion {
+		// RFC 5905's MAXDISP: a server this unsure, or a reply whose
+		// timestamps are nonsense (a receive time of 0), says nothing.
+		return fmt.Errorf("%w: root distance %v exceeds %v", ErrBadResponse, r.RootDistance, maxDispersion)
 	}
 	return nil
 }
