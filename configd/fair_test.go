@@ -144,6 +144,9 @@ func TestFairSharesFollowDemand(t *testing.T) {
 	// handover's follow-up (i-a grows) no sooner than the shrink takes
 	// effect. All take effect on time.
 	prev := sh
+	// The simulated instances watch etcd on their own: wait until they have
+	// seen what waitShares read.
+	instancesOf(t, cli, "pay").seen(t, sh2.Generation)
 	for _, p := range instancesOf(t, cli, "pay").publications() {
 		if p.Generation <= sh.Generation || p.Generation > sh2.Generation {
 			continue

@@ -39,6 +39,7 @@ func TestHandoverJoinConverges(t *testing.T) {
 	}
 	// The join took a shrink (the newcomer at 0, the old grants kept) and
 	// then growth.
+	sim.seen(t, sh.Generation)
 	var sawShrink bool
 	for _, p := range sim.publications() {
 		if p.Instances == 3 && p.Shares["i-c"] == 0 && p.Granted["i-a"] == 50 && p.Granted["i-b"] == 50 {
@@ -83,7 +84,8 @@ func TestHandoverDemandShiftConverges(t *testing.T) {
 	if want2["i-a"] <= want["i-a"] || want2["i-c"] >= want["i-c"] {
 		t.Fatalf("alloc.Fair: %v → %v", want, want2)
 	}
-	waitShares(t, cli, "pay", "the fair split after the shift", func(s schema.Shares) bool { return maps.Equal(s.Shares, want2) })
+	shifted := waitShares(t, cli, "pay", "the fair split after the shift", func(s schema.Shares) bool { return maps.Equal(s.Shares, want2) })
+	sim.seen(t, shifted.Generation)
 	// No generation grew i-a before i-c's shrink was acknowledged: i-a's
 	// share never exceeded what i-c's grant left.
 	var steps int

@@ -262,6 +262,20 @@ func (s *sim) publications() []schema.Shares {
 // every simulated instance that is neither silent nor gone, and its first
 // window has begun: from then on the leader, when it next computes, knows
 // every acknowledgement there is. It returns that record.
+// seen waits until the simulated instances have seen generation gen: they
+// watch etcd on their own, behind a read of the shares key.
+func (s *sim) seen(t testing.TB, gen int64) {
+	t.Helper()
+	waitFor(t, 5*time.Second, "the simulated instances to see the generation", func() bool {
+		for _, p := range s.publications() {
+			if p.Generation >= gen {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 func (s *sim) settled(t testing.TB) schema.Shares {
 	t.Helper()
 	var sh schema.Shares

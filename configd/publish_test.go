@@ -137,6 +137,7 @@ func TestLeaderFailover(t *testing.T) {
 	}
 	// Nothing was published between the first leader's last generation and
 	// the new leader's first: it resumed from what etcd held.
+	instancesOf(t, cli, "pay").seen(t, sh3.Generation)
 	for _, p := range instancesOf(t, cli, "pay").publications() {
 		if p.Generation == sh.Generation+1 && (p.Leader != standby.id || p.Instances != 3) {
 			t.Errorf("the generation after the failover: %+v", p)
