@@ -69,30 +69,12 @@ func itWait(t *testing.T, what string, cond func() (ok bool, why string)) {
 	}
 }
 
-// itLog is a concurrency-safe buffer for a replica's log.
-type itLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *itLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *itLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // itReplica is one `configd serve` run through run() in a goroutine, with a
 // context of its own.
 type itReplica struct {
 	id     string
 	addr   string // the admin API's address, read from the log (it listens on port 0)
-	log    *itLog
+	log    *syncBuffer
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error // what run returned; valid after done is closed
@@ -106,7 +88,7 @@ var servingRE = regexp.MustCompile(`msg="configd serving" listen=(\S+)`)
 func itServe(t *testing.T, srv *etcdtest.Server, id string) *itReplica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &itReplica{id: id, log: &itLog{}, cancel: cancel, done: make(chan struct{})}
+	r := &itReplica{id: id, log: &syncBuffer{}, cancel: cancel, done: make(chan struct{})}
 	args := []string{"serve",
 		"--etcd-endpoints", strings.Join(srv.Endpoints(), ","),
 		"--listen", "127.0.0.1:0",
@@ -204,11 +186,11 @@ func itJoin(t *testing.T, srv *etcdtest.Server, provider string, ids ...string) 
 	t.Helper()
 	members := make([]*cluster.Member, len(ids))
 	errs := make([]error, len(ids))
-	logs := make([]*itLog, len(ids))
+	logs := make([]*syncBuffer, len(ids))
 	var wg sync.WaitGroup
 	for i, id := range ids {
 		cli := itClient(t, srv)
-		logs[i] = &itLog{}
+		logs[i] = &syncBuffer{}
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
 			defer cancel()

@@ -205,23 +205,12 @@ func (c config) rates() (before, after []int) {
 
 func run(c config) error {
 	started := time.Now()
-	tmp, err := os.MkdirTemp("", "sluice-accuracy-")
-	if err != nil {
-		return err
-	}
-	if c.keep {
-		defer fmt.Printf("\nkept %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
-	}
 	printHeader(c)
-
-	t0 := time.Now()
-	bins, err := harness.Build(tmp, "./configd", "./bench/accuracy/instance")
+	tmp, bins, cleanup, err := harness.WorkDir("sluice-accuracy-", c.keep, "./configd", "./bench/accuracy/instance")
 	if err != nil {
 		return err
 	}
-	fmt.Printf("built configd and instance in %v\n", time.Since(t0).Round(time.Millisecond))
+	defer cleanup()
 
 	etcd, endpoint, err := harness.StartEtcd("accuracy", filepath.Join(tmp, "etcd"))
 	if err != nil {

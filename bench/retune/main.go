@@ -101,26 +101,13 @@ func main() {
 
 func run(c config) error {
 	started := time.Now()
-	tmp, err := os.MkdirTemp("", "sluice-retune-")
-	if err != nil {
-		return err
-	}
-	if c.keep {
-		defer fmt.Printf("\nkept %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
-	}
-
 	printHeader(c)
-
-	// Build configd and the instance program.
-	t0 := time.Now()
-	bins, err := harness.Build(tmp, "./configd", "./bench/retune/instance")
+	tmp, bins, cleanup, err := harness.WorkDir("sluice-retune-", c.keep, "./configd", "./bench/retune/instance")
 	if err != nil {
 		return err
 	}
+	defer cleanup()
 	configdBin, instanceBin := bins[0], bins[1]
-	fmt.Printf("built configd and instance in %v\n", time.Since(t0).Round(time.Millisecond))
 
 	// etcd, in this process.
 	etcd, endpoint, err := harness.StartEtcd("retune", filepath.Join(tmp, "etcd"))

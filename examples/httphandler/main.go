@@ -33,7 +33,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -71,16 +70,6 @@ func main() {
 	}
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
 	var endpoints, ntp string
@@ -107,7 +96,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	c.join.Endpoints, c.join.NTPServers = splitList(endpoints), splitList(ntp)
+	c.join.Endpoints, c.join.NTPServers = join.List(endpoints), join.List(ntp)
 	switch {
 	case c.budget <= 0:
 		return c, fmt.Errorf("-budget %v: must be > 0", c.budget)

@@ -46,7 +46,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
@@ -55,9 +54,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/ratelimit"
-	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/limiter"
@@ -106,26 +103,13 @@ func run() error {
 
 	o := harness.NewLines(os.Stdout)
 	cnt := harness.NewCounter()
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   strings.Split(f.endpoints, ","),
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: cnt.DialOptions(),
-	})
+	cli, err := cnt.Dial(f.endpoints)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
 
-	opts := []cluster.Option{
-		cluster.WithLeaseTTL(f.leaseTTL),
-		cluster.WithReportInterval(f.report),
-		cluster.WithFallback(0, f.window),
-		cluster.WithLogger(slog.New(&harness.AppliedHandler{Out: o})),
-	}
-	if f.id != "" {
-		opts = append(opts, cluster.WithID(f.id))
-	}
+	opts := harness.MemberOptions(f.id, f.leaseTTL, f.report, f.window, o)
 	var lopts []limiter.Option
 	if f.clockOffset != 0 {
 		lopts = append(lopts, limiter.WithClockOffset(f.clockOffset))

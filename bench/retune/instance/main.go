@@ -29,7 +29,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -37,9 +36,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/ratelimit"
-	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/limiter"
@@ -64,12 +61,7 @@ func run() error {
 
 	o := harness.NewLines(os.Stdout)
 	cnt := harness.NewCounter()
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   strings.Split(*endpoints, ","),
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: cnt.DialOptions(),
-	})
+	cli, err := cnt.Dial(*endpoints)
 	if err != nil {
 		return err
 	}
@@ -77,16 +69,7 @@ func run() error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	opts := []cluster.Option{
-		cluster.WithLeaseTTL(*leaseTTL),
-		cluster.WithReportInterval(*report),
-		cluster.WithFallback(0, *window),
-		cluster.WithLogger(slog.New(&harness.AppliedHandler{Out: o})),
-	}
-	if *id != "" {
-		opts = append(opts, cluster.WithID(*id))
-	}
-	m, err := cluster.Join(ctx, cli, *provider, opts...)
+	m, err := cluster.Join(ctx, cli, *provider, harness.MemberOptions(*id, *leaseTTL, *report, *window, o)...)
 	if err != nil {
 		return err
 	}

@@ -74,8 +74,8 @@ func main() {
 	flag.DurationVar(&f.join.NTPInterval, "ntp-interval", 2*time.Second, "clock monitor interval")
 	flag.DurationVar(&f.join.ClockSkew, "clock-skew", 0, "inject a clock error: the limiter's clock is the system clock plus this")
 	flag.Parse()
-	f.join.Endpoints = split(endpoints)
-	f.join.NTPServers = split(ntp)
+	f.join.Endpoints = join.List(endpoints)
+	f.join.NTPServers = join.List(ntp)
 	if f.stub == "" || len(f.join.Endpoints) == 0 || (f.mode != "load" && f.mode != "kafka") {
 		fmt.Fprintln(os.Stderr, "instance: -stub and -etcd-endpoints are required; -mode is load or kafka")
 		os.Exit(2)
@@ -86,16 +86,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "instance:", err)
 		os.Exit(1)
 	}
-}
-
-func split(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 func run(ctx context.Context, f flags) error {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,3 +153,15 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 type skewed time.Duration
 
 func (d skewed) Now() time.Time { return time.Now().Add(time.Duration(d)) }
+
+// List splits a comma-separated flag value (endpoints, NTP servers) into
+// its non-empty, trimmed items.
+func List(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
