@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strconv"
 )
 
 const deleteUsage = `Usage: configd delete NAME [--if-revision R]
@@ -35,12 +34,9 @@ func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	ifRev := int64(anyRevision)
-	if ifRevision.set {
-		ifRev, err = strconv.ParseInt(ifRevision.val, 10, 64)
-		if err != nil || ifRev < 1 {
-			return usageErrorf("delete: --if-revision must be a revision number >= 1, got %q", ifRevision.val)
-		}
+	ifRev, err := ifRevision.revision("delete", 1)
+	if err != nil {
+		return err
 	}
 	b, closeFn, err := cf.open(stderr)
 	if err != nil {

@@ -42,6 +42,20 @@ type optString struct {
 func (o *optString) String() string     { return o.val }
 func (o *optString) Set(s string) error { o.val, o.set = s, true; return nil }
 
+// revision parses an --if-revision value for command cmd: anyRevision when
+// the flag was not given, else a revision number of at least least (set
+// allows 0: "the provider must not exist yet").
+func (o *optString) revision(cmd string, least int64) (int64, error) {
+	if !o.set {
+		return anyRevision, nil
+	}
+	rev, err := strconv.ParseInt(o.val, 10, 64)
+	if err != nil || rev < least {
+		return 0, usageErrorf("%s: --if-revision must be a revision number >= %d, got %q", cmd, least, o.val)
+	}
+	return rev, nil
+}
+
 func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("set", flag.ContinueOnError)
 	var cf clientFlags
@@ -67,12 +81,9 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	pacingSet := false
 	fs.Visit(func(f *flag.Flag) { pacingSet = pacingSet || f.Name == "pacing" })
 
-	ifRev := int64(anyRevision)
-	if ifRevision.set {
-		ifRev, err = strconv.ParseInt(ifRevision.val, 10, 64)
-		if err != nil || ifRev < 0 {
-			return usageErrorf("set: --if-revision must be a revision number >= 0, got %q", ifRevision.val)
-		}
+	ifRev, err := ifRevision.revision("set", 0)
+	if err != nil {
+		return err
 	}
 	b, closeFn, err := cf.open(stderr)
 	if err != nil {
