@@ -80,7 +80,6 @@ accuracy:
 
 ## faults: the fault suite — real processes under a leader kill, a zombie
 ## instance, an etcd outage, a flood of joins and leaves, a network cut.
-## SLUICE_FAULTS_STRICT=1 fails on known findings instead of skipping them.
 faults:
 	SLUICE_FAULTS=1 $(GO) test -count=1 -v -timeout 15m ./faults/
 

@@ -102,6 +102,8 @@ func TestBadInputCLISweep(t *testing.T) {
 		{args: []string{"set", "keep", "--floor", huge}, want: []string{"floor must be", huge}},
 		{args: []string{"set", "keep", "--max-clock-offset", "2h"}, want: []string{"max_clock_offset", "got 2h0m0s"}},
 		{args: []string{"set", "keep", "--max-clock-offset", "soon"}, want: []string{"max_clock_offset", `got "soon"`}},
+		{args: []string{"set", "keep", "--fail-static", "2h"}, want: []string{"fail_static", "got 2h0m0s", "from 0 to 1h"}},
+		{args: []string{"set", "keep", "--fail-static", "later"}, want: []string{"fail_static", `got "later"`}},
 		{args: []string{"set", "keep", "--max-clock-offset", "-1s"}, want: []string{"max_clock_offset", "got -1s", "from 0"},
 			bug: "the error for a negative --max-clock-offset says the offset must be \"within ±1h\", which -1s is: it should say 0 to 1h"},
 		{args: []string{"set", "keep", "--mode", ""}, want: []string{`mode must be "enforce" or "shadow"`, `got ""`}},
@@ -345,6 +347,7 @@ func TestAPIBadInputSweep(t *testing.T) {
 		{"version 2", "PUT", "new", nil, `{"limit":5,"version":2}`, 400, "version must be 1 (or absent), got 2", ""},
 		{"floor above limit", "PUT", "new", nil, `{"limit":5,"floor":6}`, 400, "floor must be an integer from 0 up to the limit, got 6", ""},
 		{"negative offset", "PUT", "new", nil, `{"limit":5,"max_clock_offset":"-1s"}`, 400, "max_clock_offset", ""},
+		{"negative fail static", "PUT", "new", nil, `{"limit":5,"fail_static":"-1s"}`, 400, "fail_static", ""},
 		// Duplicated keys: the last one wins silently in encoding/json, and
 		// keys match fields case-insensitively, so one body can say two
 		// things.

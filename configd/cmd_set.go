@@ -14,7 +14,8 @@ import (
 )
 
 const setUsage = `Usage: configd set NAME --limit N [--window 1s] [--mode enforce|shadow] [--algorithm even|fair]
-                   [--pacing] [--floor N] [--max-clock-offset D] [--if-revision R] [--dry-run]
+                   [--pacing] [--floor N] [--max-clock-offset D] [--fail-static D]
+                   [--if-revision R] [--dry-run]
 
 Creates provider NAME or changes it, and prints the change (old → new). Flags
 not given keep their current values (or defaults for a new provider: window
@@ -60,7 +61,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("set", flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
-	var limit, window, mode, algorithm, floor, maxOffset, ifRevision optString
+	var limit, window, mode, algorithm, floor, maxOffset, failStatic, ifRevision optString
 	fs.Var(&limit, "limit", "permits per window, all instances together (1..1000000000000)")
 	fs.Var(&window, "window", "window length, 10ms..1h, dividing 24h (default 1s for a new provider)")
 	fs.Var(&mode, "mode", "enforce or shadow")
@@ -68,6 +69,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	pacing := fs.Bool("pacing", false, "spread each window's permits evenly across it (--pacing=false to turn off)")
 	fs.Var(&floor, "floor", "least share an idle instance keeps under fair (0: allocator default)")
 	fs.Var(&maxOffset, "max-clock-offset", "clock measurement uncertainty beyond which an instance's share is cut (0: the default, 2% of the window)")
+	fs.Var(&failStatic, "fail-static", "how long an instance cut off from etcd keeps its share past its lease, and configd keeps an expired instance's share reserved (0: the default, 10s; at most 1h)")
 	fs.Var(&ifRevision, "if-revision", "write only if the provider is at this revision (0: only if it does not exist)")
 	dryRun := fs.Bool("dry-run", false, "print the change without making it")
 	pos, err := parseArgs(fs, setUsage, args, stdout)
@@ -149,6 +151,13 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		cfg.MaxClockOffset = schema.Duration(d)
 	}
+	if failStatic.set {
+		d, err := time.ParseDuration(failStatic.val)
+		if err != nil {
+			return &schema.ValidationError{Field: "fail_static", Value: strconv.Quote(failStatic.val), Err: schema.ErrInvalidFailStatic}
+		}
+		cfg.FailStatic = schema.Duration(d)
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -211,6 +220,7 @@ func fields(c schema.ProviderConfig) [][2]string {
 		{"pacing", strconv.FormatBool(c.Pacing)},
 		{"floor", strconv.FormatInt(c.Floor, 10)},
 		{"max_clock_offset", c.MaxClockOffset.String()},
+		{"fail_static", c.FailStaticOrDefault().String()}, // 0 means the default: show what applies
 	}
 }
 

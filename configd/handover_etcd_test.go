@@ -31,7 +31,7 @@ func TestHandoverJoinConverges(t *testing.T) {
 	waitShares(t, cli, "pay", "the even split of 2", func(s schema.Shares) bool {
 		return maps.Equal(s.Shares, map[string]int64{"i-a": 50, "i-b": 50})
 	})
-	lease := addInstance(t, cli, "pay", "i-c")
+	addInstance(t, cli, "pay", "i-c")
 	want := map[string]int64{"i-a": 34, "i-b": 33, "i-c": 33}
 	sh := waitShares(t, cli, "pay", "the even split of 3", func(s schema.Shares) bool { return maps.Equal(s.Shares, want) })
 	if !maps.Equal(sh.Granted, want) {
@@ -49,9 +49,7 @@ func TestHandoverJoinConverges(t *testing.T) {
 	if !sawShrink {
 		t.Errorf("no generation shrank i-a and i-b while keeping their grants:\n%s", sim)
 	}
-	if _, err := cli.Revoke(ctxT(t), lease); err != nil {
-		t.Fatal(err)
-	}
+	sim.leave("i-c")
 	waitShares(t, cli, "pay", "the even split after the leave", func(s schema.Shares) bool {
 		return maps.Equal(s.Shares, map[string]int64{"i-a": 50, "i-b": 50})
 	})
@@ -108,12 +106,13 @@ func TestHandoverDemandShiftConverges(t *testing.T) {
 // keeps its grant, so the share taken from it is not handed on: the
 // newcomer grows only by what the others freed, stays below its target
 // through later publishes, and grows once the silent one acknowledges.
-// The same with a silent instance whose lease is revoked.
+// The same with a silent instance whose lease expires: its grant is held
+// for the provider's fail_static, then handed on.
 func TestHandoverWaitsForSilentInstance(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
-	cliOK(t, "set", "pay", "--limit", "100", "--server", r.url())
+	cliOK(t, "set", "pay", "--limit", "100", "--fail-static", "1s", "--server", r.url())
 	sim := instancesOf(t, cli, "pay")
 	leases := map[string]clientv3.LeaseID{}
 	for _, id := range []string{"i-a", "i-b"} {
@@ -165,11 +164,20 @@ func TestHandoverWaitsForSilentInstance(t *testing.T) {
 	if last.Shares["i-e"] != 15 || last.Granted["i-b"] != 25 {
 		t.Errorf("while i-b is silent: %+v", last)
 	}
-	// i-b's lease is revoked: it holds nothing, and the rest reach 25 each.
+	// i-b's lease ends without a leaving mark (as when it expires): its
+	// grant stays held for the fail_static (it may still be enforcing it,
+	// cut off from etcd); then the rest reach 25 each.
 	if _, err := cli.Revoke(ctxT(t), leases["i-b"]); err != nil {
 		t.Fatal(err)
 	}
-	waitShares(t, cli, "pay", "the even split once i-b's lease is gone", func(s schema.Shares) bool {
+	heldGen := waitShares(t, cli, "pay", "i-b gone and held", func(s schema.Shares) bool {
+		_, named := s.Shares["i-b"]
+		return s.Instances == 4 && !named
+	})
+	if heldGen.Granted["i-b"] != 25 || heldGen.Shares["i-e"] != 15 {
+		t.Errorf("the publish after i-b's lease ended: %+v, want i-b's 25 still granted and i-e still at 15", heldGen)
+	}
+	waitShares(t, cli, "pay", "the even split once i-b's hold ends", func(s schema.Shares) bool {
 		return maps.Equal(s.Shares, map[string]int64{"i-a": 25, "i-c": 25, "i-d": 25, "i-e": 25})
 	})
 	sim.checkHandover(t)

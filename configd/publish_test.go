@@ -49,9 +49,7 @@ func TestSharesFollowInstances(t *testing.T) {
 	checkTiming(t, sh, DefaultPropagationMargin)
 	gen := sh.Generation
 
-	if _, err := cli.Revoke(ctxT(t), leases["i-b"]); err != nil {
-		t.Fatal(err)
-	}
+	instancesOf(t, cli, "pay").leave("i-b")
 	want = map[string]int64{"i-a": 50, "i-c": 50}
 	sh = waitShares(t, cli, "pay", "the even split of 2 instances", func(s schema.Shares) bool { return maps.Equal(s.Shares, want) })
 	if sh.Instances != 2 || sh.Generation <= gen {

@@ -100,10 +100,70 @@ type providerState struct {
 	maxGen    int64            // highest generation known for this provider
 	due       time.Time        // a damped change to look at again then; zero: none
 	target    map[string]int64 // the split a handover is moving toward; nil: none chosen yet
+	// held is, per instance whose lease expired (it did not say it was
+	// leaving), until when its grant stays reserved: it may only be cut off
+	// from etcd, and then keeps its share for the provider's fail_static.
+	held map[string]time.Time
 }
 
 func (st *providerState) empty() bool {
 	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.sharesKey
+}
+
+// failStatic is the provider's fail_static, or the default without a
+// config.
+func (st *providerState) failStatic() time.Duration {
+	if st.cfg == nil {
+		return schema.DefaultFailStatic
+	}
+	return st.cfg.FailStaticOrDefault()
+}
+
+// holdable reports whether the published shares leave id permits it may
+// still be enforcing.
+func (st *providerState) holdable(id string) bool {
+	return st.shares != nil && max(st.shares.Shares[id], st.shares.Granted[id]) > 0
+}
+
+// holdMissing holds, until now+fail_static, every instance the published
+// shares leave permits to that is neither live nor held already: a leader
+// that starts (or reloads) cannot know when they left, nor whether they
+// left gracefully.
+func (st *providerState) holdMissing(now time.Time) {
+	if st.shares == nil {
+		return
+	}
+	for _, m := range []map[string]int64{st.shares.Shares, st.shares.Granted} {
+		for id := range m {
+			if _, live := st.instances[id]; live || !st.holdable(id) {
+				continue
+			}
+			if _, ok := st.held[id]; !ok {
+				st.held[id] = now.Add(st.failStatic())
+			}
+		}
+	}
+}
+
+// heldGrants returns what each held instance may still be enforcing, and
+// forgets the holds that ended by now; next is when the first remaining
+// one ends (zero: none).
+func (st *providerState) heldGrants(now time.Time) (held map[string]int64, next time.Time) {
+	for id, until := range st.held {
+		_, live := st.instances[id]
+		if live || !now.Before(until) || !st.holdable(id) {
+			delete(st.held, id)
+			continue
+		}
+		if held == nil {
+			held = map[string]int64{}
+		}
+		held[id] = max(st.shares.Shares[id], st.shares.Granted[id])
+		if next.IsZero() || until.Before(next) {
+			next = until
+		}
+	}
+	return held, next
 }
 
 // run publishes until ctx ends or leadership is lost (errNotLeader). It
@@ -171,7 +231,13 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			if o.maxGen > st.maxGen {
 				st.maxGen = o.maxGen
 			}
+			for id, until := range o.held {
+				if _, live := st.instances[id]; !live {
+					st.held[id] = until
+				}
+			}
 		}
+		st.holdMissing(p.now())
 	}
 	for name := range p.providers {
 		p.dirty[name] = true
@@ -232,7 +298,7 @@ func (p *publisher) nextDue() (time.Time, bool) {
 func (p *publisher) state(name string) *providerState {
 	st := p.providers[name]
 	if st == nil {
-		st = &providerState{instances: map[string]schema.InstanceRecord{}}
+		st = &providerState{instances: map[string]schema.InstanceRecord{}, held: map[string]time.Time{}}
 		p.providers[name] = st
 	}
 	return st
@@ -276,9 +342,17 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 		st.cfg, st.cfgRev = &cfg, kv.ModRevision
 	case schema.KindInstance:
 		if !put {
+			rec, was := st.instances[k.Instance]
 			delete(st.instances, k.Instance)
+			if was && !rec.Leaving && st.holdable(k.Instance) {
+				until := p.now().Add(st.failStatic())
+				st.held[k.Instance] = until
+				p.log.Info("instance lease expired; its share stays reserved for the provider's fail_static",
+					"provider", k.Provider, "instance", k.Instance, "until", until.UTC())
+			}
 			break
 		}
+		delete(st.held, k.Instance)
 		rec, err := schema.DecodeInstanceRecord(kv.Value)
 		if err == nil && rec.ID != k.Instance {
 			err = fmt.Errorf("record id %q does not match its key", rec.ID)
@@ -408,6 +482,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	p.metrics.liveInstances.WithLabelValues(name).Set(float64(len(ids)))
 	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))
 	now := p.now()
+	held, holdEnds := st.heldGrants(now)
 	d := plan.Decide(plan.Input{
 		Total:          cfg.Limit,
 		Window:         cfg.Window.D(),
@@ -418,9 +493,13 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 		Cur:            published(st.shares, st.published),
 		Rewrite:        st.sharesBad,
 		Moving:         st.target,
+		Held:           held,
 		Now:            now,
 	})
 	st.target, st.due = d.Target, d.Due
+	if !holdEnds.IsZero() && (st.due.IsZero() || holdEnds.Before(st.due)) {
+		st.due = holdEnds
+	}
 	if d.Damped != "" {
 		p.metrics.damped.WithLabelValues(name, d.Damped).Inc()
 		p.log.Debug("shares not republished", "provider", name, "reason", d.Damped, "retry", d.Due)

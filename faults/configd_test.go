@@ -63,35 +63,6 @@ func checkWindows(t *testing.T, r *rig, name string, from, to int64) tally {
 	return tl
 }
 
-// knownOverLimit is why an instance that keeps its share while etcd is out
-// of its reach (fail-static) can push windows over the limit once its lease
-// has expired and configd has handed that share to the others: an open
-// finding of the fault suite, with a fix planned (a fail-static horizon the
-// instance enforces, and configd holding an expired instance's grant until
-// it has passed).
-const knownOverLimit = "fail-static outlives the lease: the cut-off instance keeps a share configd has already handed out"
-
-// checkWindowsKnown is checkWindows for a scenario that hits
-// knownOverLimit: windows over the limit skip the test as known, with the
-// figures logged, unless SLUICE_FAULTS_STRICT=1.
-func checkWindowsKnown(t *testing.T, r *rig, name string, from, to int64) tally {
-	t.Helper()
-	tl := count(r.stub.calls(), from, to)
-	logWindows(t, tl, name)
-	over := tl.over(limit)
-	if len(over) > 0 && !strict() {
-		for _, k := range over {
-			t.Logf("window over the limit: %s", tl.row(k))
-		}
-		_, _, most := tl.max()
-		t.Skipf("known: %s: %d window(s) over the limit by grant time, most %d of %d (SLUICE_FAULTS_STRICT=1 fails instead)", knownOverLimit, len(over), most, int64(limit))
-	}
-	for _, k := range over {
-		t.Errorf("window over the limit: %s", tl.row(k))
-	}
-	return tl
-}
-
 // logWindows logs the invariant's figures.
 func logWindows(t *testing.T, tl tally, name string) {
 	t.Helper()

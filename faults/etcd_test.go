@@ -137,7 +137,7 @@ func TestEtcdOutage(t *testing.T) {
 	}
 	checkGenerations(t, evs)
 	checkApplied(t, evs, insts...)
-	tl := checkWindowsKnown(t, r, "whole run, outage included", from, to)
+	tl := checkWindows(t, r, "whole run, outage included", from, to)
 	for k := windowIndex(up) - 2; k <= windowIndex(settled); k++ {
 		t.Logf("around the restart: %s", tl.row(k))
 	}

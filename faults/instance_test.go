@@ -2,7 +2,6 @@ package faults
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,15 +22,14 @@ func evenShares(ids ...string) func(schema.Shares) bool {
 	}
 }
 
-// strict reports whether known findings fail the test instead of
-// skipping it (SLUICE_FAULTS_STRICT=1).
-func strict() bool { return os.Getenv("SLUICE_FAULTS_STRICT") == "1" }
 
 // TestZombieInstance: an instance is SIGSTOPped for longer than its lease
-// TTL, so its lease expires and configd hands its share to the others;
-// then it is SIGCONTed: a zombie that wakes holding a stale share. While it
-// is stopped its share must go to the others; after it wakes no aligned
-// window may go over the limit.
+// TTL plus the provider's fail_static (10 s by default), so its lease
+// expires, configd keeps its share reserved for the fail_static and then
+// hands it to the others; then it is SIGCONTed: a zombie that wakes
+// holding a stale share. While it is stopped its share must go to the
+// others; after it wakes it must admit nothing on the stale share (its
+// limiter expired it) and no aligned window may go over the limit.
 func TestZombieInstance(t *testing.T) {
 	r := newRig(t, "fault-zombie")
 	c := startConfigd(t, r.endpoint, "cd-a")
@@ -87,7 +85,6 @@ func TestZombieInstance(t *testing.T) {
 	}
 	checkGenerations(t, evs)
 	tl := count(r.stub.calls(), from, to)
-	_, _, byGrant := tl.max()
 	over := tl.over(limit)
 	// The zombie's grants after waking (from the start of the wake window:
 	// it runs before this process reads the clock after SIGCONT), before
@@ -103,26 +100,15 @@ func TestZombieInstance(t *testing.T) {
 		describe(back), back.EffectiveTime().Sub(woke).Round(time.Millisecond))
 	logWindows(t, tl, "whole run, the zombie's wake included")
 	t.Logf("the wake window: %s", tl.row(windowIndex(woke)))
-	if len(over) == 0 {
-		return
-	}
-	// The overshoot the zombie causes is bounded by its stale share, in the
-	// windows it wakes in; anything else is a plain failure.
-	known := true
 	for _, k := range over {
-		t.Logf("over the limit: %s", tl.row(k))
-		i := k - tl.first
-		if k < windowIndex(woke) || k > windowIndex(fixed.t) || tl.granted[i]-tl.perInst[i][1] > limit || tl.perInst[i][1] > before.Shares["inst-1"] {
-			known = false
-			t.Errorf("window over the limit beyond the zombie's stale share: %s", tl.row(k))
-		}
+		t.Errorf("window over the limit: %s", tl.row(k))
 	}
-	if known && !strict() {
-		t.Skipf("known: a zombie instance woken after its lease expired admits with its stale share (%d) until it sees it lost it (%v after SIGCONT): %d window(s) over the limit, most %d of %d (+%d); fail-static keeps the share, lease expiry hands it out (SLUICE_FAULTS_STRICT=1 fails instead)",
-			before.Shares["inst-1"], fixed.t.Sub(woke).Round(time.Millisecond), len(over), byGrant, limit, byGrant-limit)
-	} else if known {
-		t.Errorf("zombie overshoot: %d window(s) over the limit, most %d of %d", len(over), byGrant, limit)
+	// Stopped past its lease and fail_static, the zombie's limiter had
+	// already expired its share when it woke: nothing admitted on it.
+	if zombie != 0 {
+		t.Errorf("the zombie was granted %d permits with its stale share after waking, want 0 (its fail-static horizon had passed)", zombie)
 	}
+	t.Logf("invariant: the zombie admitted %d permits with its stale share after waking", zombie)
 }
 
 // TestJoinLeaveFlood: three instances under load while 20 short-lived

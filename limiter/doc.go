@@ -31,7 +31,10 @@
 // permit went back), ErrClosed, ErrNoQuota (no share yet) and ErrInvalid.
 // Shadow mode (WithShadow) admits everything and counts what it would have
 // refused; pacing (WithPacing) spreads a window's permits across it;
-// Backoff pauses admissions when the provider answers 429 with Retry-After.
+// Backoff pauses admissions when the provider answers 429 with Retry-After;
+// SetExpiry stops admissions from a time on unless re-armed, so that an
+// instance cut off from its cluster's coordinator gives up its share by
+// itself.
 //
 // Time comes from the system clock, or from a Clock given to WithClock.
 // Tests of waits run under testing/synctest, whose fake time the system

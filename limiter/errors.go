@@ -22,9 +22,10 @@ var (
 
 	// ErrNoQuota means the quota in force, now and in every scheduled window,
 	// is smaller than the permits asked for (a quota of 0 is the usual case:
-	// an instance that has no share yet). Reserve returns it at once; Acquire
-	// waits for a quota change until its deadline and then returns an error
-	// that matches both ErrTimeout and ErrNoQuota.
+	// an instance that has no share yet), or that no window before the
+	// expiry (SetExpiry) has room for them. Reserve returns it at once;
+	// Acquire waits for a quota change until its deadline and then returns
+	// an error that matches both ErrTimeout and ErrNoQuota.
 	ErrNoQuota = errors.New("limiter: no quota")
 
 	// ErrInvalid means an argument was out of range; the message says which

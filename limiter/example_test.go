@@ -67,3 +67,26 @@ func ExampleLimiter_TryAcquireN() {
 	// false
 	// true
 }
+
+func ExampleLimiter_SetExpiry() {
+	lim, err := limiter.New(3, time.Hour)
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close()
+
+	// Re-armed on every lease keep-alive; here it lapses at once. The
+	// current hour keeps its permits, the next admits nothing.
+	lim.SetExpiry(lim.Now())
+	fmt.Println(lim.TryAcquire())
+	_, err = lim.Reserve(3, 2*time.Hour)
+	fmt.Println(errors.Is(err, limiter.ErrNoQuota))
+
+	lim.SetExpiry(lim.Now().Add(24 * time.Hour)) // renewed in time
+	r, err := lim.Reserve(3, 2*time.Hour)
+	fmt.Println(err == nil && r.Delay() > 0)
+	// Output:
+	// true
+	// true
+	// true
+}

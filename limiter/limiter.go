@@ -42,9 +42,9 @@ const (
 // permit free when it asks, later callers get later ones, and each waiter
 // sleeps until its own permit is valid, so a window boundary wakes only the
 // waiters whose permits are due. When the limits change (SetQuota, Backoff,
-// SetClockOffset) waiters are placed again in the order they asked. A
-// waiter whose context is cancelled gives its permit back for the next
-// caller.
+// SetClockOffset, SetExpiry) waiters are placed again in the order they
+// asked. A waiter whose context is cancelled gives its permit back for the
+// next caller.
 //
 // When a permit is available in the current window, the Limiter takes no
 // lock, makes no allocation and starts no goroutine or timer. A Limiter
@@ -87,6 +87,7 @@ type Limiter struct {
 	nextSeq      uint64                // reservation order
 	overCur      int64                 // permits the current window took beyond a lowered quota
 	guard        int64                 // clock uncertainty: no admission this close to a boundary
+	expiry       time.Time             // as given to SetExpiry; sched holds it in corrected ns
 	backoffUntil int64
 	closed       bool
 	counts       counts
@@ -366,10 +367,12 @@ func (l *Limiter) Acquire(ctx context.Context, maxWait time.Duration) error {
 // context.DeadlineExceeded. Either way the permits go back to the limiter.
 // A maxWait of 0 or less waits for nothing.
 //
-// When the quota in force is smaller than n (a quota of 0 above all) the
-// earliest moment is unknown: AcquireN waits for a quota change until maxWait
-// or ctx's deadline, and then returns an error matching ErrTimeout and
-// ErrNoQuota.
+// When the quota in force is smaller than n (a quota of 0 above all, or the
+// windows past an expiry, see SetExpiry) the earliest moment is unknown:
+// AcquireN waits for a quota change until maxWait or ctx's deadline, and
+// then returns an error matching ErrTimeout and ErrNoQuota. It returns that
+// error at once when no change could come in time: a maxWait of 0, or a
+// deadline before the next window when the current one is past the expiry.
 //
 // n must lie between 1 and MaxQuota; otherwise AcquireN returns an error
 // wrapping ErrInvalid at once. After Close it returns ErrClosed. In shadow
@@ -392,8 +395,9 @@ func (l *Limiter) AcquireN(ctx context.Context, n int64, maxWait time.Duration) 
 // within maxWait, and returns at once: the Reservation says when they are
 // valid, and Cancel gives them back. It returns an error wrapping ErrTimeout
 // if they cannot be valid within maxWait, ErrNoQuota if the quota in force is
-// smaller than n, ErrInvalid for n outside 1..MaxQuota and ErrClosed after
-// Close. In shadow mode the Reservation is valid at once.
+// smaller than n or they would fall past the expiry (SetExpiry), ErrInvalid
+// for n outside 1..MaxQuota and ErrClosed after Close. In shadow mode the
+// Reservation is valid at once.
 func (l *Limiter) Reserve(n int64, maxWait time.Duration) (*Reservation, error) {
 	return l.reserve(context.Background(), n, maxWait, false)
 }

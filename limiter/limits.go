@@ -80,8 +80,8 @@ func (l *Limiter) SetLimit(q int64, window time.Duration, at time.Time) error {
 	if p.window == l.sched.cur.window && atNs <= now {
 		// From now on, p: the current window changes at once and every
 		// scheduled change is dropped.
-		l.sched = schedule{cur: p}
-		l.setCurrentQuotaLocked(q)
+		l.sched.cur, l.sched.changes = p, nil
+		l.setCurrentQuotaLocked()
 	} else {
 		// From the first boundary, at or after at and after the current
 		// window, that the window in force there and the new one share.
@@ -95,13 +95,14 @@ func (l *Limiter) SetLimit(q int64, window time.Duration, at time.Time) error {
 	return nil
 }
 
-// setCurrentQuotaLocked changes the current window's quota to q, keeping
+// setCurrentQuotaLocked changes the current window's quota to the one the
+// schedule now gives it (0 if it began at or after the expiry), keeping
 // what it consumed: in one compare-and-swap against the hot path, so no
 // admission between reading and writing the word is lost.
-func (l *Limiter) setCurrentQuotaLocked(q int64) {
+func (l *Limiter) setCurrentQuotaLocked() {
 	old := l.cur.quota
 	l.cur = l.spanLocked(l.cur.start)
-	l.cur.quota = q
+	q := l.cur.quota
 	l.quota.Store(q)
 	l.paced.Store(l.cur.pacedWindow())
 	for {
@@ -184,6 +185,68 @@ func (l *Limiter) SetClockUncertainty(u time.Duration) {
 	}
 	l.advanceLocked(now)
 	l.replaceLocked(rs, now, 0)
+}
+
+// SetExpiry makes the limiter admit nothing in the windows that begin at or
+// after t: their quota is 0 whatever SetLimit scheduled, until a later
+// SetExpiry moves t. t is in corrected time, like every boundary (see
+// SetClockOffset), and need not be a boundary: the window that contains t
+// keeps its quota, and the first to admit nothing is the first to begin at
+// or after t. The zero Time removes the expiry; there is none by default.
+//
+// A window already begun keeps its quota: moving t earlier never takes back
+// a permit of the current window, even one that began after the new t, and
+// moving t later (or removing it) gives quota back from the next window
+// that begins before the new t, never to the current one. A SetLimit that
+// takes effect at once cannot give quota to a current window that began at
+// or after t either.
+//
+// It is a dead man's switch for a share of a cluster-wide limit: a member
+// re-arms it on every successful lease keep-alive, to the time after which
+// its coordinator may hand the share to others. An instance cut off from
+// its coordinator, or a process stopped and woken later, then stops
+// admitting by itself once its share may be in use elsewhere, without
+// needing a timer or a call that may never come. The expiry is applied
+// when a window begins, on the slow path: it costs TryAcquire nothing.
+//
+// No permit is placed in a window at or after t. Reserve fails at once
+// with ErrNoQuota when its permits fit in no window before t. Acquire then
+// waits for quota, as under a quota of 0, until a change of limits (a later
+// t above all) serves it or its deadline passes; it fails at once if the
+// current window began at or after t and the deadline falls before the
+// next window, as no change could serve it in time. When t changes,
+// waiters are placed again in the order they asked, as by SetLimit: an
+// earlier t moves those past it to room before it, or fails them (Acquire
+// waiters wait for quota instead), and a later t serves those waiting.
+func (l *Limiter) SetExpiry(t time.Time) {
+	var e int64
+	expires := !t.IsZero()
+	if expires {
+		e = clampUnixNano(t)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.expiry = t
+	if expires == l.sched.expires && e == l.sched.expiry {
+		return
+	}
+	if l.closed {
+		l.sched.expires, l.sched.expiry = expires, e
+		return
+	}
+	now := l.now()
+	l.advanceLocked(now)
+	rs := l.unplaceLocked(now)
+	l.sched.expires, l.sched.expiry = expires, e
+	l.replaceLocked(rs, now, 0)
+}
+
+// Expiry returns the time last given to SetExpiry: the zero Time if there
+// is no expiry.
+func (l *Limiter) Expiry() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expiry
 }
 
 // maxOffset bounds a clock correction so that corrected time stays within

@@ -57,7 +57,7 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 	}
 	if l.shadow.Load() {
 		// Admit at once; count what enforcing would have done.
-		if err := l.placeLocked(n, now, deadline, math.MinInt64, nil); err == nil || (wait && err == ErrNoQuota) {
+		if err := l.placeLocked(n, now, deadline, math.MinInt64, nil); err == nil || (wait && err == ErrNoQuota && l.quotaMayComeLocked(deadline)) {
 			l.counts.shadowDelayed += n
 		} else {
 			l.counts.shadowRejected += n
@@ -73,16 +73,34 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 	switch {
 	case err == nil:
 		return r, nil
-	case err == ErrNoQuota && wait && deadline > now:
+	case err == ErrNoQuota && wait && deadline > now && l.quotaMayComeLocked(deadline):
 		r.due, r.state = math.MaxInt64, resPending
 		l.noQuota = append(l.noQuota, r)
 		return r, nil
 	case err == ErrNoQuota:
 		l.counts.timedOut += n
-		return nil, fmt.Errorf("%w: %w: quota %d is below the %d permits asked for", ErrTimeout, ErrNoQuota, l.cur.quota, n)
+		return nil, fmt.Errorf("%w: %w: %s", ErrTimeout, ErrNoQuota, l.noQuotaLocked(n, "is"))
 	}
 	l.counts.timedOut += n
 	return nil, fmt.Errorf("%w: %d permits not available within %v", ErrTimeout, n, time.Duration(deadline-now))
+}
+
+// quotaMayComeLocked reports whether a change of limits could still give a
+// waiter for quota its permits by deadline. One can come at any time (a
+// SetQuota that takes effect at once), unless the current window began at
+// or after the expiry: no change reopens that window, so only a window that
+// begins by deadline can serve the waiter.
+func (l *Limiter) quotaMayComeLocked(deadline int64) bool {
+	return !l.sched.expires || l.cur.start < l.sched.expiry || deadline >= l.cur.end
+}
+
+// noQuotaLocked says why n permits found no quota, for an ErrNoQuota
+// message: verb is "is" or "stayed".
+func (l *Limiter) noQuotaLocked(n int64, verb string) string {
+	if l.sched.expires {
+		return fmt.Sprintf("%d permits fit in no window before the expiry at %s", n, time.Unix(0, l.sched.expiry).UTC().Format(time.RFC3339Nano))
+	}
+	return fmt.Sprintf("quota %d %s below the %d permits asked for", l.cur.quota, verb, n)
 }
 
 func (l *Limiter) newReservation(n, now, deadline int64, holder bool) *Reservation {
@@ -155,10 +173,10 @@ func (l *Limiter) placeFutureLocked(n, t, deadline int64) (placement, error) {
 	ws := max(t, l.cur.end, l.scanFrom)
 	for {
 		w := l.spanLocked(ws)
-		next, changes := l.sched.nextChange(w.start)
-		if w.quota < n && !changes {
+		if w.quota < n && !l.sched.quotaAhead(w.start, n) {
 			return placement{}, ErrNoQuota
 		}
+		next, _ := l.sched.nextChange(w.start)
 		if w.start > deadline {
 			return placement{}, ErrTimeout
 		}
@@ -286,7 +304,7 @@ func (l *Limiter) replaceLocked(rs []*Reservation, now, shift int64) {
 		err := l.placeLocked(r.n, now, r.deadline, minDue, r)
 		switch {
 		case err == nil:
-		case err == ErrNoQuota && r.deadline > now && !r.holder:
+		case err == ErrNoQuota && r.deadline > now && !r.holder && l.quotaMayComeLocked(r.deadline):
 			r.due, r.state = math.MaxInt64, resPending
 			l.noQuota = append(l.noQuota, r)
 			continue

@@ -20,8 +20,9 @@ const (
 // ReadyAt on; Cancel gives them back.
 //
 // A Reservation keeps its window and time unless the limits change under it:
-// a lowered quota, a Backoff or a new clock offset can move it later (or, if
-// that is past its deadline, fail it), in the order reservations were made.
+// a lowered quota, a Backoff, an earlier expiry or a new clock offset can
+// move it later (or, if that is past its deadline, fail it), in the order
+// reservations were made.
 // One made by Reserve never moves earlier than the time it first gave. Wait
 // follows such moves; a holder that sleeps until ReadyAt itself should check
 // Err when it wakes.
@@ -153,7 +154,7 @@ func (r *Reservation) Wait(ctx context.Context) error {
 				l.counts.canceled -= r.n
 				l.counts.timedOut += r.n
 				l.mu.Unlock()
-				return fmt.Errorf("%w: %w: quota %d stayed below the %d permits asked for", ErrTimeout, ErrNoQuota, l.cur.quota, r.n)
+				return fmt.Errorf("%w: %w: %s", ErrTimeout, ErrNoQuota, l.noQuotaLocked(r.n, "stayed"))
 			}
 			d = r.deadline - now
 		} else {

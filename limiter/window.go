@@ -73,10 +73,13 @@ type params struct {
 
 // schedule is the quota and window in force now and the changes scheduled
 // to take effect later, in order of time. Each change starts at a boundary
-// of both the window before it and its own.
+// of both the window before it and its own. An expiry overrides them all:
+// a window that begins at or after it has quota 0 (see SetExpiry).
 type schedule struct {
 	cur     params
 	changes []change
+	expires bool  // whether expiry is set; the zero schedule never expires
+	expiry  int64 // corrected Unix ns
 }
 
 type change struct {
@@ -97,14 +100,52 @@ func (s *schedule) at(t int64) params {
 }
 
 // nextChange returns the time of the first change after t, and false if
-// there is none: the params in force at t hold for good.
+// there is none: the params in force at t hold for good. The first window
+// to begin at or after the expiry is a change, to quota 0 for good: from it
+// on nothing changes any more.
 func (s *schedule) nextChange(t int64) (int64, bool) {
+	e, expires := s.expiryStart()
+	if expires && e <= t {
+		return 0, false
+	}
 	for _, c := range s.changes {
 		if c.from > t {
+			if expires {
+				return min(c.from, e), true
+			}
 			return c.from, true
 		}
 	}
-	return 0, false
+	return e, expires
+}
+
+// quotaAhead reports whether a change scheduled after t gives a quota of
+// at least n to a window that begins before the expiry.
+func (s *schedule) quotaAhead(t, n int64) bool {
+	e, expires := s.expiryStart()
+	for _, c := range s.changes {
+		if c.from > t && c.p.quota >= n && (!expires || c.from < e) {
+			return true
+		}
+	}
+	return false
+}
+
+// expiryStart returns the start of the first window that begins at or
+// after the expiry, and false if there is no expiry, or no such window
+// before the end of int64 time.
+func (s *schedule) expiryStart() (int64, bool) {
+	if !s.expires {
+		return 0, false
+	}
+	sp := s.spanAt(s.expiry, false)
+	switch {
+	case sp.start == s.expiry:
+		return sp.start, true
+	case sp.end == math.MaxInt64: // cut short: no valid window divides 2^63-1
+		return 0, false
+	}
+	return sp.end, true
 }
 
 // advance folds the changes in effect by t into cur.
@@ -136,8 +177,9 @@ type span struct {
 	guard      int64 // nothing is admitted within guard of either end
 }
 
-// spanAt returns the window that contains corrected time t. Windows at the
-// ends of int64 time are cut short rather than wrapped around.
+// spanAt returns the window that contains corrected time t, with quota 0
+// if it begins at or after the expiry. Windows at the ends of int64 time
+// are cut short rather than wrapped around.
 func (s *schedule) spanAt(t int64, pacing bool) span {
 	p := s.at(t)
 	start := t - floorMod(t, p.window)
@@ -148,7 +190,11 @@ func (s *schedule) spanAt(t int64, pacing bool) span {
 	if end < start {
 		end = math.MaxInt64
 	}
-	return span{start: start, end: end, quota: p.quota, paced: pacing && p.quota > 0}
+	q := p.quota
+	if s.expires && start >= s.expiry {
+		q = 0
+	}
+	return span{start: start, end: end, quota: q, paced: pacing && q > 0}
 }
 
 // withGuard sets the window's guard band, at most just under half the

@@ -99,6 +99,13 @@ type Input struct {
 	// Moving is the target a handover under way moves toward: the previous
 	// Decision's Target; nil: none chosen yet.
 	Moving map[string]int64
+	// Held is, per instance ID that is no longer live, the permits it may
+	// still be enforcing: an instance whose lease expired keeps its share
+	// for the provider's fail_static (it may only be cut off from etcd), so
+	// its grant stays taken until then. They count against the total like a
+	// live instance's bound, and stay in the published Granted so that a new
+	// leader holds them too. IDs that are live are ignored.
+	Held map[string]int64
 
 	Now time.Time
 }
@@ -157,12 +164,23 @@ func (p Planner) Decide(in Input) Decision {
 	}
 	// The target is reached through the safe handover: growth only out of
 	// what no instance may still be enforcing.
-	shares, granted := p.handover()(in.Total, target, bounds(cur, target, in.Acked, in.Now, p.bound()))
+	b := bounds(cur, target, in.Acked, in.Now, p.bound())
+	for id, h := range in.Held {
+		if _, live := target[id]; !live && h > 0 {
+			b[id] = h
+		}
+	}
+	shares, granted := p.handover()(in.Total, target, b)
+	for id, h := range b {
+		if _, live := target[id]; !live {
+			granted[id] = h
+		}
+	}
 	if alloc.Pending(shares, target) && cur != nil && in.Now.Before(cur.EffectiveFrom) {
 		// Acknowledged shrinks free their permits when their window begins.
 		d.Due = cur.EffectiveFrom
 	}
-	if cur != nil && !in.Rewrite && maps.Equal(shares, cur.Shares) &&
+	if cur != nil && !in.Rewrite && maps.Equal(shares, cur.Shares) && sameHeld(granted, cur, target) &&
 		cur.Total == in.Total && cur.Window == in.Window && cur.ConfigRevision == in.ConfigRevision {
 		return d // waiting for acknowledgements
 	}
@@ -275,6 +293,23 @@ func NextBoundary(t time.Time, w time.Duration) time.Time {
 		b += wn
 	}
 	return time.Unix(0, b)
+}
+
+// sameHeld reports whether granted holds for instances that are not live
+// (not in target) exactly what cur's grants hold for them: a hold that
+// ended is published even when no share moves.
+func sameHeld(granted map[string]int64, cur *Published, target map[string]int64) bool {
+	for id, g := range cur.Granted {
+		if _, live := target[id]; !live && granted[id] != g {
+			return false
+		}
+	}
+	for id, g := range granted {
+		if _, live := target[id]; !live && cur.Granted[id] != g {
+			return false
+		}
+	}
+	return true
 }
 
 // sameIDs reports whether a and b name the same instances.

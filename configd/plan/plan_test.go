@@ -217,3 +217,45 @@ func TestPlannerHooks(t *testing.T) {
 		t.Errorf("the greedy handover was not used: %v", d.Shares)
 	}
 }
+
+// TestHeld: the share of an instance whose lease expired stays taken while
+// it is held, is published in Granted (so a new leader holds it too), and
+// is handed out once the hold ends.
+func TestHeld(t *testing.T) {
+	w := time.Second
+	now := time.Unix(1000, 0).Add(300 * time.Millisecond)
+	cur := &Published{Generation: 4, EffectiveFrom: time.Unix(990, 0), Total: 300, Window: w, ConfigRevision: 7,
+		At: time.Unix(989, 0), Shares: map[string]int64{"a": 100, "b": 100, "c": 100}, Granted: map[string]int64{"a": 100, "b": 100, "c": 100}}
+	in := Input{Total: 300, Window: w, ConfigRevision: 7, Margin: 200 * time.Millisecond,
+		Target: map[string]int64{"a": 150, "b": 150}, Acked: map[string]int64{"a": 4, "b": 4}, Cur: cur, Now: now}
+
+	held := in
+	held.Held = map[string]int64{"c": 100, "a": 7} // a is live: ignored
+	d := Decide(held)
+	if !d.Publish || !maps.Equal(d.Shares, map[string]int64{"a": 100, "b": 100}) ||
+		!maps.Equal(d.Granted, map[string]int64{"a": 100, "b": 100, "c": 100}) {
+		t.Fatalf("while c is held: %+v; want shares a=b=100 and c's 100 still granted", d)
+	}
+
+	// The same hold again, once that is published: nothing to do.
+	after := &Published{Generation: 5, EffectiveFrom: d.EffectiveFrom, Total: 300, Window: w, ConfigRevision: 7,
+		At: now, Shares: d.Shares, Granted: d.Granted}
+	again := held
+	again.Cur, again.Acked, again.Moving, again.Now = after, map[string]int64{"a": 5, "b": 5}, d.Target, d.EffectiveFrom.Add(time.Millisecond)
+	if d2 := Decide(again); d2.Publish {
+		t.Errorf("the same hold republished: %+v", d2)
+	}
+
+	// The hold ends: c's share goes to the others.
+	free := again
+	free.Held = nil
+	d3 := Decide(free)
+	if !d3.Publish || !maps.Equal(d3.Shares, map[string]int64{"a": 150, "b": 150}) || d3.Granted["c"] != 0 {
+		t.Errorf("after the hold: %+v; want a=b=150 and nothing granted to c", d3)
+	}
+
+	// Without any hold (a graceful leave), c's share is handed out at once.
+	if d := Decide(in); !d.Publish || !maps.Equal(d.Shares, map[string]int64{"a": 150, "b": 150}) {
+		t.Errorf("without a hold: %+v; want a=b=150 at once", d)
+	}
+}

@@ -22,6 +22,7 @@ var fieldSentinels = map[string]error{
 	"algorithm":        ErrInvalidAlgorithm,
 	"floor":            ErrInvalidFloor,
 	"max_clock_offset": ErrInvalidMaxClockOffset,
+	"fail_static":      ErrInvalidFailStatic,
 	"clock_offset":     ErrInvalidClockOffset,
 	"version":          ErrInvalidVersion,
 	"total":            ErrInvalidLimit,

@@ -24,6 +24,7 @@ var (
 	// ErrInvalidMaxClockOffset is the bound's own error: it cannot be
 	// negative.
 	ErrInvalidMaxClockOffset = errors.New("max clock offset must be a duration from 0 to 1h")
+	ErrInvalidFailStatic     = errors.New("fail static must be a duration from 0 to 1h")
 	ErrInvalidVersion        = fmt.Errorf("version must be %d (or absent)", Version)
 	ErrInvalidField          = errors.New("value out of range")
 	ErrInvalidShares         = errors.New("shares record is inconsistent")

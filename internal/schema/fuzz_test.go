@@ -16,7 +16,7 @@ import (
 
 var configSeeds = []string{
 	`{"version":1,"name":"payments","limit":1000,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}`,
-	`{"name":"a","limit":1,"window":"10ms","mode":"shadow","algorithm":"fair","pacing":true,"floor":1,"max_clock_offset":"5ms"}`,
+	`{"name":"a","limit":1,"window":"10ms","mode":"shadow","algorithm":"fair","pacing":true,"floor":1,"max_clock_offset":"5ms","fail_static":"30s"}`,
 	`{"name":"a","limit":1.5}`, `{"name":"a","limit":-3,"window":"7s"}`, `{"limit":1e400}`, `{"x":1}`,
 	`null`, `[]`, `{`, ``, `{"window":"-9223372036854775808ns"}`, "{\"name\":\"\xff\"}",
 }

@@ -21,6 +21,10 @@ const (
 	MaxWindow     = time.Hour
 	MaxRecordSize = 1 << 20 // bytes; larger bodies and records are rejected
 	DefaultWindow = time.Second
+	// DefaultFailStatic is a provider's fail_static when none is set.
+	DefaultFailStatic = 10 * time.Second
+	// MaxFailStatic is the longest fail_static a provider may have.
+	MaxFailStatic = time.Hour
 )
 
 // Duration is a time.Duration encoded in JSON as a string such as "1s" or
@@ -90,6 +94,24 @@ type ProviderConfig struct {
 	// instance's share is cut (see skew.EnforcedShare); 0 selects the
 	// default, 2% of the window.
 	MaxClockOffset Duration `json:"max_clock_offset,omitempty"`
+	// FailStatic is how long an instance cut off from etcd keeps enforcing
+	// its share after its lease would have expired, and so how long
+	// configd keeps the share of an instance whose lease expired (rather
+	// than one that left) reserved for it before handing it to others: the
+	// two never overlap, so an instance out of reach never pushes a window
+	// over the limit. Past it the instance admits nothing until it is back.
+	// Longer rides out longer etcd outages; shorter hands a crashed
+	// instance's share to the others sooner. 0 selects DefaultFailStatic;
+	// at most MaxFailStatic.
+	FailStatic Duration `json:"fail_static,omitempty"`
+}
+
+// FailStaticOrDefault returns FailStatic, or DefaultFailStatic when it is 0.
+func (c ProviderConfig) FailStaticOrDefault() time.Duration {
+	if c.FailStatic == 0 {
+		return DefaultFailStatic
+	}
+	return c.FailStatic.D()
 }
 
 // WithDefaults returns c with empty fields set to their defaults: the
@@ -136,6 +158,9 @@ func (c ProviderConfig) Validate() error {
 	}
 	if c.MaxClockOffset < 0 || c.MaxClockOffset.D() > time.Hour {
 		return invalid("max_clock_offset", c.MaxClockOffset, ErrInvalidMaxClockOffset)
+	}
+	if c.FailStatic < 0 || c.FailStatic.D() > MaxFailStatic {
+		return invalid("fail_static", c.FailStatic, ErrInvalidFailStatic)
 	}
 	return nil
 }
@@ -185,6 +210,11 @@ type InstanceRecord struct {
 	ClockKnown  bool     `json:"clock_known"`
 	// AppliedGeneration is the Shares.Generation the instance enforces now.
 	AppliedGeneration int64 `json:"applied_generation"`
+	// Leaving is written just before the instance revokes its lease on a
+	// graceful exit, after it stopped admitting: configd may hand its share
+	// to the others at once instead of keeping it for the provider's
+	// fail_static.
+	Leaving bool `json:"leaving,omitempty"`
 }
 
 // Validate checks the record.

@@ -118,6 +118,8 @@ func TestProviderConfigValidate(t *testing.T) {
 		{"floor over limit", func(c *ProviderConfig) { c.Floor = c.Limit + 1 }, ErrInvalidFloor},
 		{"floor negative", func(c *ProviderConfig) { c.Floor = -1 }, ErrInvalidFloor},
 		{"max clock offset 2h", func(c *ProviderConfig) { c.MaxClockOffset = Duration(2 * time.Hour) }, ErrInvalidMaxClockOffset},
+		{"fail static negative", func(c *ProviderConfig) { c.FailStatic = Duration(-time.Second) }, ErrInvalidFailStatic},
+		{"fail static 2h", func(c *ProviderConfig) { c.FailStatic = Duration(2 * time.Hour) }, ErrInvalidFailStatic},
 		{"version 2", func(c *ProviderConfig) { c.Version = 2 }, ErrInvalidVersion},
 	}
 	for _, tc := range cases {
@@ -307,7 +309,7 @@ func TestHistoryEntryValidate(t *testing.T) {
 // TestRoundTrip encodes each record and decodes it back.
 func TestRoundTrip(t *testing.T) {
 	c := validConfig()
-	c.Floor, c.MaxClockOffset, c.Pacing = 5, Duration(50*time.Millisecond), true
+	c.Floor, c.MaxClockOffset, c.Pacing, c.FailStatic = 5, Duration(50*time.Millisecond), true, Duration(30*time.Second)
 	b, err := Encode(c)
 	if err != nil {
 		t.Fatal(err)

@@ -124,7 +124,34 @@ func TestEvenSplitFollowsMembership(t *testing.T) {
 			t.Errorf("%s status %+v", m.ID(), st)
 		}
 	}
-	c.Close() // revokes its lease: the others grow without waiting for a TTL
+	// Close says c is leaving, then revokes its lease: the others grow
+	// without waiting for a TTL, and configd would hand its share on at
+	// once instead of holding it for the fail_static.
+	wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer wcancel()
+	cur, err := cli.Get(wctx, keys.Instance("api", "c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := cli.Watch(wctx, keys.Instance("api", "c"), clientv3.WithRev(cur.Header.Revision+1))
+	c.Close()
+	if c.Limiter().TryAcquire() {
+		t.Error("a closed member admitted")
+	}
+	leaving := false
+	for !leaving {
+		wr, ok := <-events
+		if !ok {
+			t.Fatal("no record saying c was leaving before the watch timed out")
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				t.Fatal("c's key was deleted before its record said it was leaving")
+			}
+			r, err := schema.DecodeInstanceRecord(ev.Kv.Value)
+			leaving = err == nil && r.Leaving
+		}
+	}
 	enforcing(t, a, 45)
 	enforcing(t, b, 45)
 
@@ -182,33 +209,71 @@ func TestPublishedSharesWinAndAreAcknowledged(t *testing.T) {
 	enforcing(t, b, 45)
 }
 
+// TestFailStaticThenRegisterAgain: with etcd gone, an instance keeps its
+// last share until its fail-static horizon — the lease's end under the
+// even split, the provider's fail_static past it under configd's shares —
+// then admits nothing from the first window that begins after it, and
+// registers again by itself when etcd returns.
 func TestFailStaticThenRegisterAgain(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(100 * time.Millisecond)})
-	a := join(t, cli, "api", "a")
-	enforcing(t, a, 40)
+	const w = 100 * time.Millisecond
+	// The embedded server takes seconds to stop (its gRPC servers drain),
+	// so the horizons are a few seconds long.
+	for _, tc := range []struct {
+		source  string
+		ttl     time.Duration
+		horizon time.Duration // the most AdmitsUntil may lie after the cut
+	}{
+		{"even", 8 * time.Second, 8 * time.Second},                 // the lease TTL
+		{"shares", 3 * time.Second, 3*time.Second + 3*time.Second}, // and the provider's fail_static
+	} {
+		t.Run(tc.source, func(t *testing.T) {
+			srv := etcdtest.Start(t)
+			cli := srv.Client(t)
+			putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(3 * time.Second)})
+			if tc.source == "shares" {
+				lease, err := cli.Grant(context.Background(), 60)
+				if err != nil {
+					t.Fatal(err)
+				}
+				put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+				put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+					Version: 1, Provider: "api", Generation: 1, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
+					Total: 40, Instances: 1, Shares: map[string]int64{"a": 40},
+				}))
+			}
+			a := join(t, cli, "api", "a", WithLeaseTTL(tc.ttl))
+			enforcing(t, a, 40)
+			if st := a.Status(); st.Source != tc.source || st.AdmitsUntil.IsZero() {
+				t.Fatalf("connected: %+v, want source %s and a horizon", st, tc.source)
+			}
 
-	srv.Stop()
-	waitFor(t, "disconnected", func() bool { return !a.Status().Connected })
-	if st := a.Status(); st.Share != 40 || st.LastError == "" {
-		t.Fatalf("during the outage: %+v, want share 40 kept and an error", st)
-	}
-	// Still admitting at the last share while etcd is gone.
-	admitted := 0
-	for a.Limiter().TryAcquire() {
-		admitted++
-	}
-	if admitted == 0 || admitted > 40 {
-		t.Fatalf("admitted %d in a window during the outage, want 1..40", admitted)
-	}
+			cut := a.Limiter().Now()
+			stopped := make(chan struct{})
+			go func() { srv.Stop(); close(stopped) }()
+			waitFor(t, "disconnected", func() bool { return !a.Status().Connected })
+			t.Logf("disconnected %v after the cut; admits until %v after it", a.Limiter().Now().Sub(cut), a.Status().AdmitsUntil.Sub(cut))
+			// Still admitting at the last share while etcd is gone...
+			waitFor(t, "a fresh window", func() bool { return a.Limiter().Stats().Quota == 40 && a.Limiter().TryAcquire() })
+			st := a.Status()
+			if st.Share != 40 || st.LastError == "" || st.AdmitsUntil.Before(cut) || st.AdmitsUntil.After(cut.Add(tc.horizon)) {
+				t.Fatalf("during the outage: %+v, want share 40 kept, an error, and admitting until at most %v after the cut at %v", st, tc.horizon, cut)
+			}
+			// ... and nothing from the first window that begins after it.
+			waitFor(t, "the horizon", func() bool { return !a.Limiter().Now().Before(st.AdmitsUntil.Truncate(w).Add(w)) })
+			if a.Limiter().TryAcquire() {
+				t.Fatalf("admitted after the fail-static horizon %v (now %v)", st.AdmitsUntil, a.Limiter().Now())
+			}
 
-	srv.Restart()
-	waitFor(t, "reconnected", func() bool { return a.Status().Connected })
-	waitFor(t, "registered again", func() bool {
-		resp, err := cli.Get(context.Background(), keys.Instance("api", "a"))
-		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0
-	})
+			<-stopped
+			srv.Restart()
+			waitFor(t, "reconnected", func() bool { return a.Status().Connected })
+			waitFor(t, "registered again", func() bool {
+				resp, err := cli.Get(context.Background(), keys.Instance("api", "a"))
+				return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0
+			})
+			waitFor(t, "admitting again", func() bool { return a.Limiter().TryAcquire() })
+		})
+	}
 }
 
 func TestColdStartWithoutEtcd(t *testing.T) {

@@ -24,8 +24,22 @@
 // window boundary every instance computes alike; before the provider is
 // configured, or at a cold start with etcd unreachable, the fallback of
 // WithFallback (0 by default: fail-closed). Once a share is known, an etcd
-// outage keeps it (fail-static, Status.Connected false), and the Member
-// registers again by itself, with a new lease, when etcd is back.
+// outage keeps it (fail-static, Status.Connected false) until
+// Status.AdmitsUntil, and the Member registers again by itself, with a new
+// lease, when etcd is back.
+//
+// Fail-static has a horizon, so that it never overlaps with the share
+// being handed to others: every lease renewal sets the limiter's expiry
+// (limiter.SetExpiry) to the time the renewal was sent plus the lease TTL —
+// before which etcd cannot expire the lease — plus the provider's
+// fail_static under configd's shares (configd keeps an expired instance's
+// share reserved for that long after its key goes), or plus nothing under
+// the even split (the others grow when its key goes). Windows that begin
+// after it admit nothing. The expiry lives in the limiter, not in a timer:
+// a process stopped past it (SIGSTOP, a long GC pause, a suspended VM) and
+// woken later admits nothing, before any goroutine of its own has run.
+// Close stops admitting and writes a leaving mark before revoking the
+// lease, so configd hands the share on at once.
 //
 // The even split without configd is a degraded mode: when an instance
 // joins, the others shrink at the boundary they compute on seeing it, so

@@ -51,8 +51,13 @@ type Member struct {
 type Status struct {
 	// Connected is true while the Member has a live lease and an
 	// up-to-date view of the provider; false while etcd is unreachable,
-	// when the Member keeps its last share (fail-static).
+	// when the Member keeps its last share (fail-static) until AdmitsUntil.
 	Connected bool
+	// AdmitsUntil is when the limiter stops admitting if the lease is not
+	// renewed before: the provider's fail_static past the lease's end
+	// under configd's shares, the lease's end under the even split; zero
+	// on the fallback (never). Every renewal moves it on.
+	AdmitsUntil time.Time
 	// Source says where the quota in force comes from: "fallback" (cold
 	// start without etcd, or no provider config yet), "even" (total / live
 	// instances, no configd alive), "shares" (published by configd).

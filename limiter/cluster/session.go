@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-go/sluice/internal/follow"
@@ -76,7 +77,8 @@ func (m *Member) run(ctx context.Context) {
 		}
 		if connected {
 			connected = false
-			m.log.Warn("etcd unreachable; keeping the last share (fail-static)", "err", err, "share", ap.quota)
+			m.log.Warn("etcd unreachable; keeping the last share (fail-static)", "err", err, "share", ap.quota,
+				"admits_until", m.Status().AdmitsUntil)
 		}
 		m.setStatus(func(s *Status) { s.Connected, s.LastError = false, err.Error() })
 		if time.Since(start) > 10*time.Second {
@@ -98,17 +100,24 @@ func (m *Member) opCtx(ctx context.Context) (context.Context, context.CancelFunc
 }
 
 // session registers with a fresh lease, loads the provider and follows it
-// until etcd fails or ctx ends; on ctx's end it revokes the lease.
+// until etcd fails or ctx ends; on ctx's end it says it is leaving and
+// revokes the lease.
 func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporter, connected *bool) error {
 	sctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait() // after cancel: deferred calls run last in, first out
 	defer cancel()
 
 	octx, ocancel := m.opCtx(sctx)
+	sent := m.lim.Now()
 	lease, err := m.cli.Grant(octx, int64(math.Ceil(m.cfg.leaseTTL.Seconds())))
 	ocancel()
 	if err != nil {
 		return fmt.Errorf("grant lease: %w", err)
 	}
+	// The lease cannot expire before leaseEnd: etcd counts its TTL from
+	// when it received the request, which is after it was sent.
+	leaseEnd := sent.Add(time.Duration(lease.TTL) * time.Second)
 	defer func() {
 		// Leave at once rather than after the TTL. Best effort: etcd may be
 		// the reason this session ends.
@@ -120,10 +129,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 		return err
 	}
-	ka, err := m.cli.KeepAlive(sctx, lease.ID)
-	if err != nil {
-		return fmt.Errorf("keep lease alive: %w", err)
-	}
+	renewed := make(chan time.Time)
+	kaDone := make(chan error, 1)
+	wg.Go(func() { kaDone <- m.keepAlive(sctx, lease.ID, renewed) })
 
 	// One transaction, so the four reads share a revision to watch from.
 	octx, ocancel = m.opCtx(sctx)
@@ -150,7 +158,13 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		}
 	}
 	rev := resp.Header.Revision
-	m.apply(v, ap)
+	// follow applies the view and moves the limiter's expiry with it.
+	follow := func() bool {
+		acked := m.apply(v, ap)
+		m.arm(v, ap, leaseEnd)
+		return acked
+	}
+	follow()
 	if !*connected {
 		*connected = true
 		m.log.Info("connected to etcd", "lease", fmt.Sprintf("%x", lease.ID), "share", ap.quota, "source", ap.source)
@@ -170,11 +184,12 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	for {
 		select {
 		case <-ctx.Done():
+			m.leave(lease.ID, rep)
 			return ctx.Err()
-		case _, ok := <-ka:
-			if !ok {
-				return errLeaseLost
-			}
+		case leaseEnd = <-renewed:
+			m.arm(v, ap, leaseEnd)
+		case err := <-kaDone:
+			return err
 		case wr, ok := <-providerEvents:
 			if !ok {
 				return fmt.Errorf("watch provider %s: closed", m.provider)
@@ -188,7 +203,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			acked := false
 			for _, ev := range wr.Events {
 				m.observe(v, string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
-				acked = m.apply(v, ap) || acked
+				acked = follow() || acked
 			}
 			if acked {
 				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
@@ -209,13 +224,98 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 					v.leaders[string(ev.Kv.Key)] = true
 				}
 			}
-			m.apply(v, ap)
+			follow()
 		case <-tick.C:
-			m.apply(v, ap) // follows the clock measurement
+			follow() // follows the clock measurement
 			if err := m.report(sctx, lease.ID, ap, rep, false); err != nil {
 				return err
 			}
 		}
+	}
+}
+
+// keepAlive renews the lease every third of its TTL until ctx ends, and
+// sends on renewed, after each renewal, the time before which the lease
+// cannot expire: when the request was sent plus the TTL etcd granted (a
+// response read late, by a process stopped and woken, counts from when its
+// request left). A failed renewal is tried again at the next tick; the
+// lease is given up as lost when etcd says it is gone, or when its end
+// passes without a renewal.
+func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, renewed chan<- time.Time) error {
+	tick := time.NewTicker(max(m.cfg.leaseTTL/3, 100*time.Millisecond))
+	defer tick.Stop()
+	end := m.lim.Now().Add(m.cfg.leaseTTL) // at the latest; Grant's own end is earlier
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		sent := m.lim.Now()
+		if !sent.Before(end) {
+			return errLeaseLost
+		}
+		octx, cancel := context.WithTimeout(ctx, min(m.cfg.opTimeout, end.Sub(sent)))
+		resp, err := m.cli.KeepAliveOnce(octx, lease)
+		cancel()
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
+			return errLeaseLost
+		case err != nil:
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			m.log.Debug("lease renewal failed; trying again", "err", err)
+			continue
+		}
+		end = sent.Add(time.Duration(resp.TTL) * time.Second)
+		select {
+		case renewed <- end:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// arm sets when the limiter stops admitting unless the lease is renewed
+// first. Under configd's shares: the provider's fail_static past the
+// lease's end, as long as configd keeps an expired instance's share
+// reserved, so that an instance cut off from etcd (or stopped and woken)
+// never enforces a share configd has handed to others. Under the even
+// split: the lease's end, since the others grow as soon as its key goes.
+// On the fallback: never (nobody hands it out).
+func (m *Member) arm(v *view, ap *applied, leaseEnd time.Time) {
+	var until time.Time
+	switch {
+	case ap.source == "shares" && v.config != nil:
+		until = leaseEnd.Add(v.config.FailStaticOrDefault())
+	case ap.source == "even":
+		until = leaseEnd
+	}
+	m.lim.SetExpiry(until)
+	m.setStatus(func(s *Status) { s.AdmitsUntil = until })
+}
+
+// leave is the graceful end of a session: the limiter stops admitting, and
+// the record says the instance is leaving, so that configd hands its share
+// to the others at once when the lease is revoked instead of keeping it
+// reserved for the provider's fail_static. Best effort: without it the
+// share is only handed on later.
+func (m *Member) leave(lease clientv3.LeaseID, rep *reporter) {
+	m.lim.Close()
+	if !rep.haveWrite {
+		return
+	}
+	rec := rep.written
+	rec.Leaving, rec.Updated = true, time.Now().UTC()
+	b, err := schema.Encode(rec)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := m.cli.Put(ctx, m.keys.Instance(m.provider, m.id), string(b), clientv3.WithLease(lease)); err != nil {
+		m.log.Warn("could not say the instance is leaving; configd keeps its share reserved for the provider's fail_static", "err", err)
 	}
 }
 
