@@ -348,12 +348,18 @@ func TestAPIBadInputSweep(t *testing.T) {
 		{"floor above limit", "PUT", "new", nil, `{"limit":5,"floor":6}`, 400, "floor must be an integer from 0 up to the limit, got 6", ""},
 		{"negative offset", "PUT", "new", nil, `{"limit":5,"max_clock_offset":"-1s"}`, 400, "max_clock_offset", ""},
 		{"negative fail static", "PUT", "new", nil, `{"limit":5,"fail_static":"-1s"}`, 400, "fail_static", ""},
-		// Duplicated keys: the last one wins silently in encoding/json, and
-		// keys match fields case-insensitively, so one body can say two
-		// things.
-		{"duplicated limit", "PUT", "new", nil, `{"limit":0,"limit":5}`, 400, "duplicate", "a body with a duplicated key is accepted (the last value wins): a proxy or auditor reading the first value sees another limit than configd stores"},
-		{"limit and LIMIT", "PUT", "new", nil, `{"limit":5,"LIMIT":7}`, 400, "LIMIT", "keys match fields case-insensitively: {\"limit\":5,\"LIMIT\":7} stores limit 7"},
-		{"duplicated name", "PUT", "new", nil, `{"name":"new","name":"other","limit":5}`, 400, "must match the URL", ""},
+		// Duplicated keys, and keys that match a field only when case is
+		// ignored: encoding/json would let the last one win and match
+		// "LIMIT" to limit, so one body could say two things (a proxy or an
+		// auditor reading the first value sees another limit than configd
+		// stores). Both are refused, naming the key.
+		{"duplicated limit", "PUT", "new", nil, `{"limit":0,"limit":5}`, 400, `body: duplicate key "limit" (a key may appear only once in an object)`, ""},
+		{"duplicated limit, same value", "PUT", "new", nil, `{"limit":5,"limit":5}`, 400, `duplicate key "limit"`, ""},
+		{"duplicated limit, escaped", "PUT", "new", nil, `{"limit":5,"\u006cimit":7}`, 400, `duplicate key "limit"`, ""},
+		{"limit and LIMIT", "PUT", "new", nil, `{"limit":5,"LIMIT":7}`, 400, `body: unknown field "LIMIT" (field names are case-sensitive; did you mean "limit"?)`, ""},
+		{"Limit alone", "PUT", "new", nil, `{"Limit":5}`, 400, `unknown field "Limit" (field names are case-sensitive; did you mean "limit"?)`, ""},
+		{"long s folds to s", "PUT", "new", nil, `{"limit":5,"pacing":false,"ver\u017fion":1}`, 400, `did you mean "version"?`, ""},
+		{"duplicated name", "PUT", "new", nil, `{"name":"new","name":"other","limit":5}`, 400, `duplicate key "name"`, ""},
 		// Oversized.
 		{"1 MiB + 1 of padding", "PUT", "new", nil, `{"limit":5}` + strings.Repeat(" ", 1<<20), 413, "larger than 1048576 bytes", ""},
 		{"8 MiB", "PUT", "new", nil, strings.Repeat("x", 8<<20), 413, "larger than 1048576 bytes", ""},

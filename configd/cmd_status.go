@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -80,6 +82,15 @@ func printStatus(w io.Writer, v statusView, now time.Time) {
 	tw.Flush()
 	if len(v.Instances) == 0 {
 		fmt.Fprintln(w, "(no live instances)")
+	}
+	if s := v.Shares; s != nil {
+		// Grants of instances the shares no longer name: their leases
+		// expired and their shares stay reserved for the fail_static.
+		for _, id := range slices.Sorted(maps.Keys(s.Granted)) {
+			if _, named := s.Shares[id]; !named && s.Granted[id] > 0 {
+				fmt.Fprintf(w, "held:      %s %d (lease expired; reserved for the provider's fail_static)\n", id, s.Granted[id])
+			}
+		}
 	}
 	printMalformed(w, v.Malformed)
 }

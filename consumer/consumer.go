@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
 
@@ -42,14 +44,56 @@ type Limiter interface {
 // failed attempt.
 type Handler func(ctx context.Context, msg kafka.Message) error
 
-// Headers added to a dead letter, after the original headers.
+// Headers added to a dead letter, after the original headers. Every header
+// name that starts with HeaderPrefix is the consumer's, and each appears
+// once: an original header named so is kept, renamed with
+// RenamedHeaderPrefix (see HeaderPrefix), so that a reader taking the first
+// — or the last — header of a name reads the consumer's.
 const (
 	HeaderError     = "sluice-error"     // the last handler error's text
 	HeaderAttempts  = "sluice-attempts"  // handler calls made, decimal
 	HeaderTopic     = "sluice-topic"     // the original topic
 	HeaderPartition = "sluice-partition" // the original partition, decimal
 	HeaderOffset    = "sluice-offset"    // the original offset, decimal
+
+	// Added only to a dead letter that was too large for the broker as a
+	// whole, and written without part of the message (see deadLetter);
+	// the topic, partition and offset headers say where to re-read the
+	// original from. Each holds what was left out, decimal.
+	HeaderErrorTruncated = "sluice-error-truncated" // HeaderError holds only the start of the error text; its full length in bytes
+	HeaderValueDropped   = "sluice-value-dropped"   // the value is left out; its length in bytes
+	HeaderKeyDropped     = "sluice-key-dropped"     // the key is left out; its length in bytes
+	HeaderHeadersDropped = "sluice-headers-dropped" // the original headers are left out; how many there were
 )
+
+// HeaderPrefix starts the name of every header the consumer adds to a dead
+// letter; the name is matched without regard to case. An original header
+// whose name starts with it, after any number of RenamedHeaderPrefix —
+// a message dead-lettered before, or one that tries to pass for a dead
+// letter — is kept, in its place, with RenamedHeaderPrefix put in front:
+// "sluice-error" becomes "original-sluice-error", and that one, on a
+// second trip to a dead-letter topic, "original-original-sluice-error".
+const (
+	HeaderPrefix        = "sluice-"
+	RenamedHeaderPrefix = "original-"
+)
+
+// renamed returns the name under which an original header named k is kept
+// in a dead letter.
+func renamed(k string) string {
+	s := k
+	for hasPrefixFold(s, RenamedHeaderPrefix) {
+		s = s[len(RenamedHeaderPrefix):]
+	}
+	if hasPrefixFold(s, HeaderPrefix) {
+		return RenamedHeaderPrefix + k
+	}
+	return k
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
 
 // A Consumer reads a topic as a member of a consumer group and calls a
 // Handler for every message, taking one permit from a Limiter before each
@@ -504,39 +548,152 @@ func (c *Consumer) acquire(ctx context.Context) error {
 }
 
 // deadLetter writes msg to the dead-letter topic, retrying until it is
-// written or ctx ends.
+// written or ctx ends. Only a dead letter written makes the message done
+// (committable): one that is never written holds its partition's commits
+// back, it is never skipped.
+//
+// A dead letter the broker (or the writer's BatchBytes) refuses as too
+// large is not retried as it is, which would stall the partition for good:
+// it is written again at once, smaller, one step at a time until it fits —
+// the error text cut to maxErrorText bytes, then the value left out, then
+// the key and the original headers too — each step saying what it left out
+// in a header (HeaderErrorTruncated...). The topic, partition and offset
+// headers are always there, so the original can be read again from its
+// topic while its retention keeps it.
 func (c *Consumer) deadLetter(ctx context.Context, msg kafka.Message, cause error, attempts int) (outcome, error) {
 	if c.dlq == nil {
 		return outFatal, fmt.Errorf("%w: partition %d offset %d failed %d attempt(s): %w",
 			ErrHandlerFailed, msg.Partition, msg.Offset, attempts, cause)
 	}
-	dl := kafka.Message{
-		Topic:   c.cfg.DeadLetterTopic,
-		Key:     msg.Key,
-		Value:   msg.Value,
-		Headers: make([]kafka.Header, 0, len(msg.Headers)+5),
+	step, trimmed := trimNothing, false
+	dl, _ := deadLetterAt(c.cfg.DeadLetterTopic, msg, cause.Error(), attempts, step)
+	for failures := 1; ; failures++ {
+		err := c.dlq.WriteMessages(ctx, dl)
+		if err == nil {
+			c.count.deadLettered.Add(1)
+			if trimmed {
+				c.count.deadLettersTrimmed.Add(1)
+			}
+			c.log.Warn("message dead-lettered", "partition", msg.Partition, "offset", msg.Offset,
+				"attempts", attempts, "trimmed", trimmed, "err", cause)
+			return outDone, nil
+		}
+		if tooLarge(err) {
+			from := dlSize(dl)
+			// The next step that makes the letter smaller: one may not
+			// (a short key's "left out" header outweighs the key).
+			for step < trimAll && dlSize(dl) >= from {
+				step++
+				if smaller, leftOut := deadLetterAt(c.cfg.DeadLetterTopic, msg, cause.Error(), attempts, step); dlSize(smaller) < from {
+					dl, trimmed = smaller, true
+					c.log.Warn("dead letter too large for the broker; writing a smaller one", "partition", msg.Partition,
+						"offset", msg.Offset, "left_out", strings.Join(leftOut, ", "), "bytes", from, "now", dlSize(dl), "err", err)
+				}
+			}
+			if dlSize(dl) < from {
+				failures = 0
+				continue // at once: a smaller letter is a new try, not a retry
+			}
+			// Nothing left to leave out: the broker's limit is below what
+			// is left, the consumer's headers. Retried like any failure;
+			// the partition waits, uncommitted, until the limit is raised.
+		}
+		c.log.Warn("writing a dead letter failed; retrying", "err", err, "failures", failures,
+			"partition", msg.Partition, "offset", msg.Offset, "bytes", dlSize(dl))
+		if !wait(ctx, backoff(failures, c.cfg.retryBackoff(), c.cfg.maxBackoff())) {
+			return outAbandoned, nil
+		}
 	}
-	dl.Headers = append(dl.Headers, msg.Headers...)
+}
+
+// The steps by which deadLetter makes a dead letter smaller, each leaving
+// out what the previous ones did and more.
+const (
+	trimNothing = iota
+	trimError   // the error text cut to maxErrorText bytes
+	trimValue   // the value left out
+	trimAll     // the key and the original headers left out: the consumer's headers alone
+)
+
+// maxErrorText is how much of the handler's error text a dead letter too
+// large as a whole keeps: enough to say what went wrong.
+const maxErrorText = 4 << 10
+
+// deadLetterAt returns the dead letter of msg at a trim step, and what it
+// leaves out.
+func deadLetterAt(topic string, msg kafka.Message, errText string, attempts, step int) (kafka.Message, []string) {
+	dl := kafka.Message{Topic: topic, Key: msg.Key, Value: msg.Value}
+	var own []kafka.Header
+	var leftOut []string
+	if step >= trimError && len(errText) > maxErrorText {
+		own = append(own, kafka.Header{Key: HeaderErrorTruncated, Value: []byte(strconv.Itoa(len(errText)))})
+		n := maxErrorText
+		for n > 0 && !utf8.RuneStart(errText[n]) {
+			n-- // not in the middle of a character
+		}
+		errText = errText[:n]
+		leftOut = append(leftOut, "the error text past "+strconv.Itoa(n)+" bytes")
+	}
+	if step >= trimValue && len(msg.Value) > 0 {
+		own = append(own, kafka.Header{Key: HeaderValueDropped, Value: []byte(strconv.Itoa(len(msg.Value)))})
+		dl.Value = nil
+		leftOut = append(leftOut, "the value")
+	}
+	headers := msg.Headers
+	if step >= trimAll {
+		if len(msg.Key) > 0 {
+			own = append(own, kafka.Header{Key: HeaderKeyDropped, Value: []byte(strconv.Itoa(len(msg.Key)))})
+			dl.Key = nil
+			leftOut = append(leftOut, "the key")
+		}
+		if len(msg.Headers) > 0 {
+			own = append(own, kafka.Header{Key: HeaderHeadersDropped, Value: []byte(strconv.Itoa(len(msg.Headers)))})
+			headers = nil
+			leftOut = append(leftOut, "the headers")
+		}
+	}
+	dl.Headers = make([]kafka.Header, 0, len(headers)+5+len(own))
+	for _, h := range headers {
+		h.Key = renamed(h.Key)
+		dl.Headers = append(dl.Headers, h)
+	}
 	dl.Headers = append(dl.Headers,
-		kafka.Header{Key: HeaderError, Value: []byte(cause.Error())},
+		kafka.Header{Key: HeaderError, Value: []byte(errText)},
 		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(attempts))},
 		kafka.Header{Key: HeaderTopic, Value: []byte(msg.Topic)},
 		kafka.Header{Key: HeaderPartition, Value: []byte(strconv.Itoa(msg.Partition))},
 		kafka.Header{Key: HeaderOffset, Value: []byte(strconv.FormatInt(msg.Offset, 10))},
 	)
-	for failures := 1; ; failures++ {
-		err := c.dlq.WriteMessages(ctx, dl)
-		if err == nil {
-			c.count.deadLettered.Add(1)
-			c.log.Warn("message dead-lettered", "partition", msg.Partition, "offset", msg.Offset,
-				"attempts", attempts, "err", cause)
-			return outDone, nil
-		}
-		c.log.Warn("writing a dead letter failed; retrying", "err", err, "failures", failures)
-		if !wait(ctx, backoff(failures, c.cfg.retryBackoff(), c.cfg.maxBackoff())) {
-			return outAbandoned, nil
+	dl.Headers = append(dl.Headers, own...)
+	return dl, leftOut
+}
+
+// dlSize is the bytes of a dead letter's key, value and headers.
+func dlSize(m kafka.Message) int {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// tooLarge reports whether a write failed because the message was too
+// large: for the broker (kafka.MessageSizeTooLarge, inside the
+// kafka.WriteErrors a kafka.Writer returns, which does not unwrap) or for
+// the writer's BatchBytes (kafka.MessageTooLargeError).
+func tooLarge(err error) bool {
+	if errors.Is(err, kafka.MessageSizeTooLarge) {
+		return true
+	}
+	var we kafka.WriteErrors
+	if errors.As(err, &we) {
+		for _, e := range we {
+			if e != nil && errors.Is(e, kafka.MessageSizeTooLarge) {
+				return true
+			}
 		}
 	}
+	return false
 }
 
 // commitLoop commits progress whenever there is some, at most once per

@@ -59,9 +59,19 @@
 // up to Config.MaxAttempts calls in all; each call takes its own permit.
 // Then the message is produced to Config.DeadLetterTopic with its key,
 // value and headers plus the HeaderError, HeaderAttempts, HeaderTopic,
-// HeaderPartition and HeaderOffset headers, and counts as done. Without a
-// dead-letter topic, Run stops with ErrHandlerFailed and the message stays
-// uncommitted. A RetryAfter error (the provider answered 429 or 503) calls
+// HeaderPartition and HeaderOffset headers, and counts as done once it is
+// written (never before: a dead letter that cannot be written holds its
+// partition's commits back). Header names starting with HeaderPrefix
+// ("sluice-") are the consumer's alone: an original header named so is
+// kept renamed with RenamedHeaderPrefix ("original-sluice-error"), so a
+// message cannot pass its own values off as the consumer's. A dead letter
+// too large for the broker is written smaller rather than retried forever:
+// the error text cut, then the value left out, then the key and headers,
+// each saying what it left out (HeaderErrorTruncated, HeaderValueDropped,
+// HeaderKeyDropped, HeaderHeadersDropped; Stats.DeadLettersTrimmed), and
+// the original can be read again from the topic, partition and offset the
+// dead letter names. Without a dead-letter topic, Run stops with
+// ErrHandlerFailed and the message stays uncommitted. A RetryAfter error (the provider answered 429 or 503) calls
 // Limiter.Backoff and retries without using up an attempt; a Permanent
 // error skips the retries.
 //
@@ -84,7 +94,7 @@
 //
 // Stats returns the counters at any time. WithRegisterer exports them to
 // Prometheus as sluice_consumer_* metrics (consumed, handled, retried,
-// dead-lettered, abandoned, throttled, throttle wait, commits, rebalances,
+// dead-lettered, dead letters trimmed, abandoned, throttled, throttle wait, commits, rebalances,
 // in flight, lag) and a permit-wait histogram, labelled with the topic and
 // the group. Nothing is registered on the global registry. Logs go to the
 // *slog.Logger given with WithLogger; by default they are discarded.

@@ -10,40 +10,43 @@ import (
 // Stats is a snapshot of a Consumer's counters since New. Counts are in
 // messages unless said otherwise.
 type Stats struct {
-	Consumed     int64         // messages fetched from Kafka (re-deliveries count again)
-	Handled      int64         // messages whose handler returned nil
-	Retried      int64         // handler calls that failed and were tried again (RetryAfter answers included)
-	DeadLettered int64         // messages written to the dead-letter topic after their last attempt
-	Abandoned    int64         // messages given up at shutdown (drain deadline passed); not committed, delivered again later
-	Throttled    int64         // permits that took longer than Config.MaxWait (the message still waited and was handled)
-	ThrottleWait time.Duration // total time spent waiting for permits
-	InFlight     int64         // messages fetched and not yet committed (≤ Config.MaxInFlight)
-	Commits      int64         // offset commits the broker accepted
-	CommitErrors int64         // offset commits that failed (retried at the next commit)
-	Rebalances   int64         // consumer group generations joined, the first included
-	Lag          int64         // messages behind the partition's end, as of the last fetch (kafka-go's estimate)
+	Consumed           int64         // messages fetched from Kafka (re-deliveries count again)
+	Handled            int64         // messages whose handler returned nil
+	Retried            int64         // handler calls that failed and were tried again (RetryAfter answers included)
+	DeadLettered       int64         // messages written to the dead-letter topic after their last attempt
+	DeadLettersTrimmed int64         // of DeadLettered, those written without part of their message: the whole was too large for the broker
+	Abandoned          int64         // messages given up at shutdown (drain deadline passed); not committed, delivered again later
+	Throttled          int64         // permits that took longer than Config.MaxWait (the message still waited and was handled)
+	ThrottleWait       time.Duration // total time spent waiting for permits
+	InFlight           int64         // messages fetched and not yet committed (≤ Config.MaxInFlight)
+	Commits            int64         // offset commits the broker accepted
+	CommitErrors       int64         // offset commits that failed (retried at the next commit)
+	Rebalances         int64         // consumer group generations joined, the first included
+	Lag                int64         // messages behind the partition's end, as of the last fetch (kafka-go's estimate)
 }
 
 // counters is the single source of Stats and of the Prometheus metrics.
 type counters struct {
 	consumed, handled, retried, deadLettered, abandoned, throttled atomic.Int64
 	waitNanos, inFlight, commits, commitErrors, rebalances, lag    atomic.Int64
+	deadLettersTrimmed                                             atomic.Int64
 }
 
 func (c *counters) stats() Stats {
 	return Stats{
-		Consumed:     c.consumed.Load(),
-		Handled:      c.handled.Load(),
-		Retried:      c.retried.Load(),
-		DeadLettered: c.deadLettered.Load(),
-		Abandoned:    c.abandoned.Load(),
-		Throttled:    c.throttled.Load(),
-		ThrottleWait: time.Duration(c.waitNanos.Load()),
-		InFlight:     c.inFlight.Load(),
-		Commits:      c.commits.Load(),
-		CommitErrors: c.commitErrors.Load(),
-		Rebalances:   c.rebalances.Load(),
-		Lag:          c.lag.Load(),
+		Consumed:           c.consumed.Load(),
+		Handled:            c.handled.Load(),
+		Retried:            c.retried.Load(),
+		DeadLettered:       c.deadLettered.Load(),
+		DeadLettersTrimmed: c.deadLettersTrimmed.Load(),
+		Abandoned:          c.abandoned.Load(),
+		Throttled:          c.throttled.Load(),
+		ThrottleWait:       time.Duration(c.waitNanos.Load()),
+		InFlight:           c.inFlight.Load(),
+		Commits:            c.commits.Load(),
+		CommitErrors:       c.commitErrors.Load(),
+		Rebalances:         c.rebalances.Load(),
+		Lag:                c.lag.Load(),
 	}
 }
 
@@ -62,6 +65,7 @@ var counterMetrics = []struct{ name, help string }{
 	{"sluice_consumer_handled_total", "Messages whose handler succeeded."},
 	{"sluice_consumer_retried_total", "Handler calls that failed and were tried again."},
 	{"sluice_consumer_dead_lettered_total", "Messages written to the dead-letter topic."},
+	{"sluice_consumer_dead_letters_trimmed_total", "Dead letters written without part of their message (too large for the broker as a whole)."},
 	{"sluice_consumer_abandoned_total", "Messages given up at shutdown, to be delivered again."},
 	{"sluice_consumer_throttled_total", "Permits that took longer than the configured MaxWait."},
 	{"sluice_consumer_throttle_wait_seconds_total", "Total time spent waiting for permits, in seconds."},
@@ -97,7 +101,7 @@ func (col *collector) counterValues() []float64 {
 	c := col.c
 	return []float64{
 		float64(c.consumed.Load()), float64(c.handled.Load()), float64(c.retried.Load()),
-		float64(c.deadLettered.Load()), float64(c.abandoned.Load()), float64(c.throttled.Load()),
+		float64(c.deadLettered.Load()), float64(c.deadLettersTrimmed.Load()), float64(c.abandoned.Load()), float64(c.throttled.Load()),
 		time.Duration(c.waitNanos.Load()).Seconds(), float64(c.commits.Load()),
 		float64(c.commitErrors.Load()), float64(c.rebalances.Load()),
 	}

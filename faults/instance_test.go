@@ -22,7 +22,6 @@ func evenShares(ids ...string) func(schema.Shares) bool {
 	}
 }
 
-
 // TestZombieInstance: an instance is SIGSTOPped for longer than its lease
 // TTL plus the provider's fail_static (10 s by default), so its lease
 // expires, configd keeps its share reserved for the fail_static and then

@@ -320,13 +320,15 @@ func run(c config) error {
 	fmt.Fprintln(tw, "event\ttime after the SIGKILL\t")
 	if ok {
 		fmt.Fprintf(tw, "its instance key deleted (lease expired)\t%v\t\n", gone.Sub(killed).Round(time.Millisecond))
+		fmt.Fprintf(tw, "its share held until (key deleted + fail_static)\t%v\t\n", (gone.Sub(killed) + schema.DefaultFailStatic).Round(time.Millisecond))
 	}
 	fmt.Fprintf(tw, "new shares published (generation %d, configd's clock)\t%v\t\n", sh.Generation, sh.Published.Sub(killed).Round(time.Millisecond))
 	fmt.Fprintf(tw, "last survivor applied its new share\t%v\t\n", time.Duration(last-killed.UnixNano()).Round(time.Millisecond))
 	fmt.Fprintf(tw, "new shares in force (boundary)\t%v\t\n", time.Duration(max(last, sh.EffectiveFrom)-killed.UnixNano()).Round(time.Millisecond))
 	tw.Flush()
-	fmt.Printf("(a lease expires one TTL after its last keep-alive, which the etcd client sends about every TTL/3,\n" +
-		" so a crashed instance's key goes between about 2/3 TTL and one TTL after the crash)\n")
+	fmt.Printf("(a lease expires one TTL after its last keep-alive, sent about every TTL/3, so a crashed instance's key\n"+
+		" goes between about 2/3 TTL and one TTL after the crash; configd then keeps its share reserved for the\n"+
+		" provider's fail_static, %v, since an instance only cut off from etcd keeps enforcing it that long)\n", schema.DefaultFailStatic)
 	fmt.Printf("\netcd during the run (its own metrics, embedded here): %s\n", harness.EtcdHealth())
 	fmt.Printf("total run time %v\n", time.Since(started).Round(time.Second))
 	return nil

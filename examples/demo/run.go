@@ -25,10 +25,14 @@ import (
 )
 
 const (
-	provider  = "demo-api"
-	window    = time.Second
-	leaseTTL  = 3 * time.Second // instances' lease: a SIGKILLed one is counted this long
-	skewAfter = 400 * time.Millisecond
+	provider = "demo-api"
+	window   = time.Second
+	leaseTTL = 3 * time.Second // instances' lease: a SIGKILLed one is counted this long
+	// failStatic is the provider's fail_static: after a crashed instance's
+	// lease expires, configd keeps its share reserved this long (shorter
+	// than the 10s default, so the demo shows the hand-back).
+	failStatic = 3 * time.Second
+	skewAfter  = 400 * time.Millisecond
 )
 
 // instance is one instance process, as the demo knows it.
@@ -163,7 +167,8 @@ func (d *demo) setup(ctx context.Context) error {
 	}
 	d.adminURL = "http://" + addr
 	o.linef("configd serve: pid %d, admin API %s", d.configd.pid(), d.adminURL)
-	return d.configdCLI(ctx, "set", provider, "--limit", strconv.FormatInt(d.cfg.limit, 10), "--window", window.String(), "--algorithm", "fair")
+	return d.configdCLI(ctx, "set", provider, "--limit", strconv.FormatInt(d.cfg.limit, 10), "--window", window.String(), "--algorithm", "fair",
+		"--fail-static", failStatic.String())
 }
 
 // configdAddr reads configd's admin address from its log line

@@ -190,12 +190,12 @@ func (d *demo) kill() error {
 	in := d.get("load-3")
 	d.addEvent(&event{
 		name: "crash", what: fmt.Sprintf("$ kill -KILL %d   (load-3: no goodbye; its lease expires after %v)", in.p.pid(), leaseTTL),
-		followWhat: "configd dropped load-3 from the shares it publishes (its permits go back to the others)",
+		followWhat: fmt.Sprintf("configd handed load-3's share to the others, after holding it for the provider's fail_static (%v: an instance whose lease expired may only be cut off from etcd, and keeps enforcing its share that long)", failStatic),
 		membership: true,
 		check: func(d *demo) bool {
 			sh := d.shares
 			_, still := sh.Shares["load-3"]
-			return !still && sh.Total > 0
+			return !still && sh.Granted["load-3"] == 0 && sh.Total > 0
 		},
 	})
 	d.stopInstance(in, true)

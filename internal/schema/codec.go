@@ -29,7 +29,8 @@ var fieldSentinels = map[string]error{
 }
 
 // decode decodes exactly one JSON value from b into v, rejecting unknown
-// fields, trailing data and oversized input, and translating encoding/json's
+// fields, duplicated keys, keys that match a field only when case is
+// ignored, trailing data and oversized input, and translating encoding/json's
 // errors into *ValidationError.
 func decode(b []byte, v any) error {
 	if len(b) > MaxRecordSize {
@@ -43,8 +44,132 @@ func decode(b []byte, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return &ValidationError{Field: "body", Err: fmt.Errorf("%w: unexpected data after the JSON object", ErrMalformed)}
 	}
+	// encoding/json lets the last of duplicated keys win and matches keys
+	// to fields case-insensitively, so {"limit":5,"LIMIT":7} would store 7
+	// while a proxy, an auditor or another JSON reader sees 5. The body is
+	// valid JSON by now (Decode accepted it, depth limit included), so a
+	// second pass over its keys only has these two things to find.
+	return checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v), "body")
+}
+
+// checkKeys reads the next JSON value from dec, which is decoded into a
+// value of type t, and rejects an object with a duplicated key, and an
+// object decoded into a struct with a key that is not exactly one of the
+// struct's JSON field names. where names the value in errors ("body" for the
+// whole record, else the field holding the object). Map keys (instance ids
+// in Shares) may differ only in case: they are different keys.
+func checkKeys(dec *json.Decoder, t reflect.Type, where string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(jsonUnmarshaler) {
+		// Duration, time.Time: a string, read by its own method.
+		return skipValue(dec)
+	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+	default:
+		return skipValue(dec)
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return jsonError(err)
+	}
+	if tok != json.Delim('{') {
+		return nil // null (Decode accepted it); nothing else gets here
+	}
+	var fields map[string]reflect.Type
+	if t.Kind() == reflect.Struct {
+		fields = jsonFields(t)
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return jsonError(err)
+		}
+		key, _ := tok.(string)
+		if seen[key] {
+			return &ValidationError{Field: where, Err: &keyError{
+				msg: fmt.Sprintf("duplicate key %q (a key may appear only once in an object)", key),
+				err: ErrDuplicateKey,
+			}}
+		}
+		seen[key] = true
+		if t.Kind() == reflect.Map {
+			if err := checkKeys(dec, t.Elem(), where); err != nil {
+				return err
+			}
+			continue
+		}
+		ft, ok := fields[key]
+		if !ok {
+			for name := range fields {
+				if strings.EqualFold(name, key) { // the folding encoding/json uses
+					return &ValidationError{Field: where, Err: &keyError{
+						msg: fmt.Sprintf("unknown field %q (field names are case-sensitive; did you mean %q?)", key, name),
+						err: ErrUnknownField,
+					}}
+				}
+			}
+			// Decode rejected unknown fields already.
+			if err := skipValue(dec); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := checkKeys(dec, ft, key); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return jsonError(err)
+	}
 	return nil
 }
+
+var jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
+
+// skipValue reads past the next JSON value.
+func skipValue(dec *json.Decoder) error {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return jsonError(err)
+	}
+	return nil
+}
+
+// jsonFields returns the JSON names of t's fields, as encoding/json names
+// them (the tag's name, else the Go name; "-" and unexported fields left
+// out), with their types. The records embed no structs, so promotion rules
+// beyond reflect.VisibleFields' are not needed.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for _, f := range reflect.VisibleFields(t) {
+		if !f.IsExported() || f.Anonymous {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch name {
+		case "-":
+			continue
+		case "":
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+// keyError is a sentinel with a message that names the key: "duplicate key
+// "limit" (...)" reads better than the sentinel followed by ", got "limit"".
+type keyError struct {
+	msg string
+	err error
+}
+
+func (e *keyError) Error() string { return e.msg }
+func (e *keyError) Unwrap() error { return e.err }
 
 // jsonError turns an encoding/json error into a *ValidationError.
 func jsonError(err error) error {

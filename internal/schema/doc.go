@@ -20,7 +20,9 @@
 // # Records
 //
 // Every record is a JSON object with a "version" field (Version). Decoders
-// reject unknown fields, bodies larger than MaxRecordSize, versions newer than
+// reject unknown fields, field names in another case ("Limit" for "limit":
+// names are case-sensitive), keys that appear twice in one object
+// (ErrDuplicateKey), bodies larger than MaxRecordSize, versions newer than
 // Version, and records that fail their Validate method. A record read back
 // from etcd goes through the same decoder as a request body, so a record
 // written by hand is held to the same rules:

@@ -30,9 +30,15 @@ var (
 	ErrInvalidShares         = errors.New("shares record is inconsistent")
 	ErrInvalidKey            = errors.New("key does not belong to the sluice key layout")
 	ErrInvalidPrefix         = errors.New(`prefix must start and end with "/" (e.g. "/sluice/")`)
-	ErrUnknownField          = errors.New("unknown field (only the documented fields are accepted)")
-	ErrTooLarge              = fmt.Errorf("record larger than %d bytes", MaxRecordSize)
-	ErrMalformed             = errors.New("malformed JSON")
+	// ErrUnknownField is also the error for a key that matches a field
+	// only when case is ignored ("LIMIT"): field names are case-sensitive.
+	ErrUnknownField = errors.New("unknown field (only the documented fields are accepted)")
+	// ErrDuplicateKey: a key appears twice in one JSON object. Readers
+	// disagree on which one counts (encoding/json takes the last), so
+	// neither is taken.
+	ErrDuplicateKey = errors.New("duplicate key (a key may appear only once in an object)")
+	ErrTooLarge     = fmt.Errorf("record larger than %d bytes", MaxRecordSize)
+	ErrMalformed    = errors.New("malformed JSON")
 )
 
 // ValidationError says which field of a record was wrong, what it held and

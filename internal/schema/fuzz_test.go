@@ -2,6 +2,8 @@ package schema
 
 import (
 	"bytes"
+	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -10,15 +12,21 @@ import (
 //
 //	go test ./internal/schema -run '^$' -fuzz FuzzDecodeProviderConfig -fuzztime 30s
 //
-// Each checks that decoding never panics and that a record that decodes
+// Each checks that decoding never panics, that a record that decodes
 // re-encodes to bytes that decode to the same record (encode∘decode is
-// stable).
+// stable), and that no accepted body has a key twice in one object or a
+// field name in another case (unambiguousKeys).
 
 var configSeeds = []string{
 	`{"version":1,"name":"payments","limit":1000,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}`,
 	`{"name":"a","limit":1,"window":"10ms","mode":"shadow","algorithm":"fair","pacing":true,"floor":1,"max_clock_offset":"5ms","fail_static":"30s"}`,
 	`{"name":"a","limit":1.5}`, `{"name":"a","limit":-3,"window":"7s"}`, `{"limit":1e400}`, `{"x":1}`,
 	`null`, `[]`, `{`, ``, `{"window":"-9223372036854775808ns"}`, "{\"name\":\"\xff\"}",
+	`{"name":"payments","limit":5,"limit":7,"window":"1s","mode":"enforce","algorithm":"even"}`,
+	`{"name":"payments","limit":5,"LIMIT":7,"window":"1s","mode":"enforce","algorithm":"even"}`,
+	`{"name":"payments","Limit":5,"window":"1s","mode":"enforce","algorithm":"even"}`,
+	`{"name":"payments","limit":5,"\u006cimit":7,"window":"1s","mode":"enforce","algorithm":"even"}`,
+	`{"name":"payments","limit":5,"ver\u017fion":1,"window":"1s","mode":"enforce","algorithm":"even"}`,
 }
 
 func FuzzDecodeProviderConfig(f *testing.F) {
@@ -30,6 +38,7 @@ func FuzzDecodeProviderConfig(f *testing.F) {
 		if err != nil {
 			return
 		}
+		unambiguousKeys(t, b)
 		stable(t, c, func(b []byte) (any, error) { return DecodeProviderConfig(b) })
 	})
 }
@@ -46,6 +55,7 @@ func FuzzDecodeProviderConfigInput(f *testing.F) {
 		if c.Name != "payments" {
 			t.Fatalf("name %q accepted for URL name payments", c.Name)
 		}
+		unambiguousKeys(t, b)
 		stable(t, c, func(b []byte) (any, error) { return DecodeProviderConfig(b) })
 	})
 }
@@ -54,6 +64,7 @@ func FuzzDecodeInstanceRecord(f *testing.F) {
 	for _, s := range []string{
 		`{"version":1,"id":"h-1:42","host":"h","pid":42,"started":"2026-01-02T03:04:05Z","updated":"2026-01-02T03:04:06.5+02:00","demand":10,"admitted":9,"clock_offset":"-3ms","clock_known":true,"applied_generation":4}`,
 		`{"id":"x"}`, `{"id":"x","clock_offset":5}`, `{"id":"x","started":"yesterday"}`, `{"id":"../x"}`, `{}`, `1`,
+		`{"id":"x","id":"y"}`, `{"id":"x","ID":"y"}`, `{"Id":"x"}`, `{"id":"x","demand":1,"Demand":-1}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -62,6 +73,7 @@ func FuzzDecodeInstanceRecord(f *testing.F) {
 		if err != nil {
 			return
 		}
+		unambiguousKeys(t, b)
 		stable(t, r, func(b []byte) (any, error) { return DecodeInstanceRecord(b) })
 	})
 }
@@ -73,6 +85,10 @@ func FuzzDecodeShares(f *testing.F) {
 		`{"provider":"p","generation":1,"window":"1s","total":1,"instances":1,"shares":{"a":2}}`,
 		`{"provider":"p","generation":1,"window":"1s","total":9223372036854775807,"instances":2,"shares":{"a":9223372036854775807,"b":9223372036854775807}}`,
 		`{"shares":{"a":"1"}}`,
+		`{"provider":"p","generation":1,"window":"1s","total":10,"instances":2,"shares":{"a":1,"A":2},"granted":{"a":1,"A":2}}`,
+		`{"provider":"p","generation":1,"window":"1s","total":10,"instances":1,"shares":{"a":1,"a":9}}`,
+		`{"provider":"p","generation":1,"window":"1s","total":10,"instances":1,"shares":{"a":1},"granted":{"a":1,"a":9}}`,
+		`{"provider":"p","generation":1,"window":"1s","total":10,"instances":1,"shares":{"a":1},"Total":1}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -88,6 +104,7 @@ func FuzzDecodeShares(f *testing.F) {
 		if sum > s.Total {
 			t.Fatalf("accepted shares adding up to %d > total %d", sum, s.Total)
 		}
+		unambiguousKeys(t, b, "shares", "granted")
 		stable(t, s, func(b []byte) (any, error) { return DecodeShares(b) })
 	})
 }
@@ -98,6 +115,9 @@ func FuzzDecodeHistoryEntry(f *testing.F) {
 		`{"provider":"p","who":"x","old":{"name":"p","limit":5,"window":"1s","mode":"enforce","algorithm":"even"},"new":null,"revision":9}`,
 		`{"provider":"p","new":{"name":"q","limit":5,"window":"1s","mode":"enforce","algorithm":"even"}}`,
 		`{"provider":"p","new":{"name":"p","limit":5,"extra":1}}`,
+		`{"provider":"p","who":"x","new":{"name":"p","limit":5,"window":"1s","mode":"enforce","algorithm":"even","limit":6}}`,
+		`{"provider":"p","who":"x","new":{"name":"p","limit":5,"window":"1s","mode":"enforce","algorithm":"even","Limit":6}}`,
+		`{"provider":"p","who":"x","who":"y","new":{"name":"p","limit":5,"window":"1s","mode":"enforce","algorithm":"even"}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -106,6 +126,7 @@ func FuzzDecodeHistoryEntry(f *testing.F) {
 		if err != nil {
 			return
 		}
+		unambiguousKeys(t, b)
 		stable(t, h, func(b []byte) (any, error) { return DecodeHistoryEntry(b) })
 	})
 }
@@ -142,6 +163,50 @@ func FuzzKeysParse(f *testing.F) {
 			t.Fatalf("Parse(%q) = %+v, formats back as %q", key, p, again)
 		}
 	})
+}
+
+// unambiguousKeys fails t if the accepted JSON b has a key twice in one
+// object, or, in an object that is not a map (every object but those at the
+// paths given in maps, "shares" for the top-level "shares" field), a key
+// that is not a field name as the records spell them (lower case and "_"):
+// encoding/json would have matched "Limit" to "limit".
+func unambiguousKeys(t *testing.T, b []byte, maps ...string) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(b))
+	var walk func(path string)
+	walk = func(path string) {
+		tok, err := dec.Token()
+		if err != nil {
+			t.Fatalf("accepted %q but cannot read it back: %v", b, err)
+		}
+		switch tok {
+		case json.Delim('['):
+			for dec.More() {
+				walk(path + "[]")
+			}
+			dec.Token()
+		case json.Delim('{'):
+			isMap := false
+			for _, m := range maps {
+				isMap = isMap || m == path
+			}
+			seen := map[string]bool{}
+			for dec.More() {
+				tok, _ := dec.Token()
+				key := tok.(string)
+				if seen[key] {
+					t.Fatalf("accepted %q with key %q twice in %q", b, key, path)
+				}
+				seen[key] = true
+				if !isMap && strings.Trim(key, "abcdefghijklmnopqrstuvwxyz_") != "" {
+					t.Fatalf("accepted %q with key %q in %q, not a field name", b, key, path)
+				}
+				walk(key)
+			}
+			dec.Token()
+		}
+	}
+	walk("")
 }
 
 // stable checks that encode(v) decodes, and that encoding the result gives

@@ -179,7 +179,16 @@ func TestDecodeProviderConfigInput(t *testing.T) {
 		{`{"limit":100,"mode":"loud"}`, ErrInvalidMode, `got "loud"`},
 		{`{"limit":100,"algorithm":"magic"}`, ErrInvalidAlgorithm, `got "magic"`},
 		{`{"limit":100,"burst":5}`, ErrUnknownField, `"burst"`},
-		{`{"limit":100,"Limit":5}`, nil, ""}, // encoding/json matches field names case-insensitively
+		// encoding/json matches keys to fields case-insensitively and lets
+		// the last of duplicated keys win; decode refuses both.
+		{`{"limit":100,"Limit":5}`, ErrUnknownField, `unknown field "Limit" (field names are case-sensitive; did you mean "limit"?)`},
+		{`{"Limit":5}`, ErrUnknownField, `did you mean "limit"?`},
+		{`{"limit":5,"LIMIT":7}`, ErrUnknownField, `body: unknown field "LIMIT"`},
+		{`{"limit":5,"ver\u017fion":1}`, ErrUnknownField, `did you mean "version"?`}, // ſ folds to s
+		{`{"limit":5,"limit":7}`, ErrDuplicateKey, `body: duplicate key "limit"`},
+		{`{"limit":5,"\u006cimit":5}`, ErrDuplicateKey, `duplicate key "limit"`}, // same key, escaped
+		{`{"name":"payments","limit":5,"name":"payments"}`, ErrDuplicateKey, `duplicate key "name"`},
+		{`{"limit":5,"window":"1s","window":"1s"}`, ErrDuplicateKey, `duplicate key "window"`},
 		{`{"name":"other","limit":100}`, ErrInvalidName, `"other"`},
 		{`{"limit":100,"version":2}`, ErrInvalidVersion, "got 2"},
 		{`{"limit":100} {}`, ErrMalformed, "after the JSON object"},
@@ -387,5 +396,64 @@ func TestParseLimitAndWindow(t *testing.T) {
 	}
 	if w, err := ParseWindow("250ms"); w != 250*time.Millisecond || err != nil {
 		t.Errorf("ParseWindow(250ms) = %v, %v", w, err)
+	}
+}
+
+// TestDecodeRejectsAmbiguousKeys: every decoder refuses a key given twice
+// and a key that names a field only when case is ignored, at every level
+// decoded into a struct; map keys (instance ids) may differ in case, but
+// not repeat.
+func TestDecodeRejectsAmbiguousKeys(t *testing.T) {
+	const (
+		shares  = `"provider":"p","generation":1,"window":"1s","total":10,"instances":2`
+		history = `"provider":"p","who":"x","old":null`
+		cfg     = `"name":"p","limit":5,"window":"1s","mode":"enforce","algorithm":"even"`
+	)
+	decoders := map[string]func([]byte) error{
+		"config":   func(b []byte) error { _, err := DecodeProviderConfig(b); return err },
+		"instance": func(b []byte) error { _, err := DecodeInstanceRecord(b); return err },
+		"shares":   func(b []byte) error { _, err := DecodeShares(b); return err },
+		"history":  func(b []byte) error { _, err := DecodeHistoryEntry(b); return err },
+	}
+	cases := []struct {
+		decoder, body string
+		want          error  // nil: valid
+		message       string // the whole error
+	}{
+		{"config", `{` + cfg + `}`, nil, ""},
+		{"config", `{` + cfg + `,"limit":6}`, ErrDuplicateKey, `body: duplicate key "limit" (a key may appear only once in an object)`},
+		{"config", `{` + cfg + `,"Pacing":true}`, ErrUnknownField, `body: unknown field "Pacing" (field names are case-sensitive; did you mean "pacing"?)`},
+		{"instance", `{"id":"a"}`, nil, ""},
+		{"instance", `{"id":"a","ID":"b"}`, ErrUnknownField, `body: unknown field "ID" (field names are case-sensitive; did you mean "id"?)`},
+		{"instance", `{"id":"a","id":"a"}`, ErrDuplicateKey, `body: duplicate key "id" (a key may appear only once in an object)`},
+		{"instance", `{"id":"a","clock_known":true,"clock_known":false}`, ErrDuplicateKey, `body: duplicate key "clock_known" (a key may appear only once in an object)`},
+		{"shares", `{` + shares + `,"shares":{"a":1,"A":2}}`, nil, ""},
+		{"shares", `{` + shares + `,"shares":{"a":1,"A":2},"granted":{"a":1,"A":2}}`, nil, ""},
+		{"shares", `{` + shares + `,"shares":{"a":1,"a":2}}`, ErrDuplicateKey, `shares: duplicate key "a" (a key may appear only once in an object)`},
+		{"shares", `{` + shares + `,"shares":{"a":1,"b":2},"granted":{"a":1,"b":2,"b":9}}`, ErrDuplicateKey, `granted: duplicate key "b" (a key may appear only once in an object)`},
+		{"shares", `{` + shares + `,"Shares":{"a":1,"b":2}}`, ErrUnknownField, `body: unknown field "Shares" (field names are case-sensitive; did you mean "shares"?)`},
+		{"history", `{` + history + `,"new":{` + cfg + `}}`, nil, ""},
+		{"history", `{` + history + `,"new":{` + cfg + `,"mode":"shadow"}}`, ErrDuplicateKey, `new: duplicate key "mode" (a key may appear only once in an object)`},
+		{"history", `{` + history + `,"new":{` + cfg + `,"Floor":1}}`, ErrUnknownField, `new: unknown field "Floor" (field names are case-sensitive; did you mean "floor"?)`},
+		{"history", `{` + history + `,"new":{` + cfg + `},"new":null}`, ErrDuplicateKey, `body: duplicate key "new" (a key may appear only once in an object)`},
+		{"history", `{` + history + `,"NEW":{` + cfg + `}}`, ErrUnknownField, `body: unknown field "NEW" (field names are case-sensitive; did you mean "new"?)`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.decoder+"/"+tc.body, func(t *testing.T) {
+			err := decoders[tc.decoder]([]byte(tc.body))
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("err = %v, want nil", err)
+				}
+				return
+			}
+			var ve *ValidationError
+			if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalid) || !errors.As(err, &ve) {
+				t.Fatalf("err = %v, want a *ValidationError matching %v", err, tc.want)
+			}
+			if err.Error() != tc.message {
+				t.Fatalf("err = %q, want %q", err, tc.message)
+			}
+		})
 	}
 }

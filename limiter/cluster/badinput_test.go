@@ -107,6 +107,8 @@ func TestHandWrittenConfigRecords(t *testing.T) {
 		{"nested", `{"version":1,"name":"api","limit":20,"x":` + strings.Repeat("[", 20000) + strings.Repeat("]", 20000) + `}`, "malformed JSON", ""},
 		{"window not dividing a day", `{"version":1,"name":"api","limit":20,"window":"7s","mode":"enforce","algorithm":"even"}`, "divides 24h", ""},
 		{"limit too large", `{"version":1,"name":"api","limit":1000000000001,"window":"100ms","mode":"enforce","algorithm":"even"}`, "up to 1000000000000", ""},
+		{"duplicated limit", `{"version":1,"name":"api","limit":40,"window":"100ms","mode":"enforce","algorithm":"even","limit":20}`, `duplicate key "limit"`, ""},
+		{"limit in another case", `{"version":1,"name":"api","limit":40,"window":"100ms","mode":"enforce","algorithm":"even","LIMIT":20}`, `unknown field "LIMIT" (field names are case-sensitive; did you mean "limit"?)`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Cleanup(func() { // after a skip too
@@ -161,6 +163,9 @@ func TestHandWrittenSharesRecords(t *testing.T) {
 		{"granted below share", rec(`"total":90,"instances":1,"shares":{"a":70},"granted":{"a":1}`), "granted", ""},
 		{"effective_from off a boundary", `{"version":1,"provider":"api","generation":GEN,"effective_from":7,"window":"100ms","total":90,"instances":1,"shares":{"a":70}}`, "effective_from", ""},
 		{"unknown field", rec(`"total":90,"instances":1,"shares":{"a":70},"burst":5`), "unknown field", ""},
+		{"duplicated share", rec(`"total":90,"instances":1,"shares":{"a":30,"a":70}`), `shares: duplicate key "a"`, ""},
+		{"duplicated total", rec(`"total":90,"instances":1,"shares":{"a":70},"total":70`), `duplicate key "total"`, ""},
+		{"total in another case", rec(`"total":90,"instances":1,"shares":{"a":70},"Total":70`), `unknown field "Total"`, ""},
 		{"oversized", rec(`"total":90,"instances":1,"shares":{"a":70},"leader":"` + strings.Repeat("l", 1<<20) + `"`), "larger than", ""},
 		{"empty", ``, "empty or truncated", ""},
 		{"binary", "\xff\x00", "malformed JSON", ""},
@@ -180,32 +185,54 @@ func TestHandWrittenSharesRecords(t *testing.T) {
 	}
 }
 
-// TestHandWrittenInstanceRecords: an instance key counts as a live
-// instance; one whose record is malformed should be ignored and listed like
-// any other malformed record.
+// TestHandWrittenInstanceRecords: a malformed instance record is listed in
+// Status.Problems under its key, naming what was wrong, like any malformed
+// record — but, unlike the others, it is not ignored: the key is attached
+// to a lease, and the lease alone makes an instance live (configd's
+// publisher counts it too). The even split counts it, so the share is the
+// conservative one (40 / 2): a smaller share is safe, a larger one would let
+// the instances together go over the limit if it is running. A good record
+// under the key clears the problem; deleting the key clears it and the
+// count.
 func TestHandWrittenInstanceRecords(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(100 * time.Millisecond)})
+	key := keys.Instance("api", "b")
+	// A malformed record already there when the Member starts is listed
+	// too: the initial load reads the values, not only the keys.
+	put(t, cli, key, `{"version":1,"id":"b","pid":-1}`)
 	a := join(t, cli, "api", "a")
-	enforcing(t, a, 40)
+	counted(t, a, key, "pid")
+	if _, err := cli.Delete(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	cleared(t, a, key, 40)
+
 	for _, tc := range []badCase{
-		{"garbage", "not json", "malformed JSON", "a malformed instance record is counted as a live instance (the even split halves) and not listed in Status.Problems"},
-		{"id of another key", `{"version":1,"id":"zzz","started":"2026-01-01T00:00:00Z","updated":"2026-01-01T00:00:00Z","demand":1}`, "zzz",
-			"an instance record whose id does not match its key is counted as a live instance and not listed"},
-		{"version 2", `{"version":2,"id":"b"}`, "version must be 1", "an instance record of version 2 is counted as a live instance and not listed"},
-		{"negative demand", `{"version":1,"id":"b","demand":-5}`, "demand", "an instance record with a negative demand is counted as a live instance and not listed"},
+		{"garbage", "not json", "malformed JSON", ""},
+		{"id of another key", `{"version":1,"id":"zzz","started":"2026-01-01T00:00:00Z","updated":"2026-01-01T00:00:00Z","demand":1}`, `record id "zzz" does not match its key`, ""},
+		{"version 2", `{"version":2,"id":"b"}`, "version must be 1", ""},
+		{"negative demand", `{"version":1,"id":"b","demand":-5}`, "demand: value out of range, got -5", ""},
+		{"duplicated key", `{"version":1,"id":"b","demand":1,"demand":5}`, `duplicate key "demand"`, ""},
+		{"key in another case", `{"version":1,"id":"b","Demand":5}`, `unknown field "Demand"`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			key := keys.Instance("api", "b")
-			t.Cleanup(func() { // after a skip too
+			t.Cleanup(func() {
 				if _, err := cli.Delete(context.Background(), key); err != nil {
 					t.Fatal(err)
 				}
-				enforcing(t, a, 40)
+				cleared(t, a, key, 40)
 			})
 			put(t, cli, key, tc.value)
-			checkIgnored(t, a, key, 40, tc)
+			counted(t, a, key, tc.want)
+			// A good record under the same key repairs it; the instance
+			// stays counted.
+			put(t, cli, key, `{"version":1,"id":"b","demand":1}`)
+			waitFor(t, "the problem cleared by a good record", func() bool {
+				st := a.Status()
+				return len(st.Problems) == 0 && st.Share == 20 && st.Instances == 2
+			})
 		})
 	}
 	// Keys under instances/ that are not an instance ID are not instances.
@@ -219,6 +246,40 @@ func TestHandWrittenInstanceRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// counted waits until m lists the malformed instance record at key with a
+// problem containing want, and counts its instance: two live instances, the
+// even split of 40 is 20.
+func counted(t *testing.T, m *Member, key, want string) {
+	t.Helper()
+	var st Status
+	deadline := time.Now().Add(10 * time.Second) // a bound on a shared machine, not a measurement
+	for {
+		st = m.Status()
+		i := slices.IndexFunc(st.Problems, func(p string) bool { return strings.HasPrefix(p, key+": ") })
+		if i >= 0 && st.Share == 20 && st.Instances == 2 && st.Source == "even" {
+			if !strings.Contains(st.Problems[i], want) {
+				t.Errorf("problem %q does not say %q", st.Problems[i], want)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s: problems %q, share %d (source %s) of %d instances; want %s listed and the share 20 of 2 instances",
+				st.Problems, st.Share, st.Source, st.Instances, key)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// cleared waits until m lists no problem and enforces share alone.
+func cleared(t *testing.T, m *Member, key string, share int64) {
+	t.Helper()
+	waitFor(t, key+" deleted: no problem listed, share "+strconv.FormatInt(share, 10), func() bool {
+		st := m.Status()
+		return len(st.Problems) == 0 && st.Share == share && st.Instances == 1
+	})
+	enforcing(t, m, share)
 }
 
 // TestProblemListedAtOnce: a malformed record is in Status.Problems as soon

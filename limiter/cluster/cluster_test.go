@@ -1,11 +1,14 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -354,7 +357,8 @@ func TestKilledInstanceShareGoesBack(t *testing.T) {
 // a test SNTP responder over real UDP: the measured offset corrects the
 // limiter's clock and is reported; when the server goes silent and the
 // offset becomes unknown, the share is cut to half; it comes back when the
-// server answers again.
+// server answers again; a step of the offset widens the guard band until
+// it settles.
 func TestClockMonitorCorrectsAndCuts(t *testing.T) {
 	ntpSrv, err := ntptest.Start()
 	if err != nil {
@@ -370,7 +374,8 @@ func TestClockMonitorCorrectsAndCuts(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(time.Second)})
-	a := join(t, cli, "api", "a", WithClockMonitor(mon))
+	var logs lockedBuffer
+	a := join(t, cli, "api", "a", WithClockMonitor(mon), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 
 	near := func(d, want time.Duration) bool { return d > want-time.Millisecond && d < want+time.Millisecond }
 	waitFor(t, "offset applied", func() bool { return near(a.Limiter().ClockOffset(), 250*time.Millisecond) })
@@ -391,6 +396,56 @@ func TestClockMonitorCorrectsAndCuts(t *testing.T) {
 	}
 	ntpSrv.SetMode(ntptest.Answer)
 	enforcing(t, a, 100)
+
+	// The measured offset steps by 300ms (the server's time jumps, or the
+	// local clock was stepped): one server cannot say which clock is right,
+	// so the guard band widens by the step — the share is cut to what that
+	// uncertainty allows, here half — before the offset moves, and narrows
+	// once stepCalm measurements agree with the new offset.
+	mark := logs.Len()
+	ntpSrv.SetOffset(550 * time.Millisecond)
+	// The guard lasts a few measurements (50ms apart here): the log keeps
+	// what a poll of Status could miss.
+	waitFor(t, "the step settled", func() bool { return strings.Contains(logs.From(mark), "clock offset settled") })
+	after := logs.From(mark)
+	step := strings.Index(after, `msg="clock offset stepped`)
+	cut := strings.Index(after, ` share=50 window=1s`)
+	settled := strings.Index(after, `msg="clock offset settled`)
+	if step < 0 || cut < step || settled < cut {
+		t.Errorf("want the step logged, then the share cut to 50, then the step settled; log:\n%s", after)
+	}
+	if !near(a.Limiter().ClockOffset(), 550*time.Millisecond) {
+		t.Errorf("offset %v after the step, want 550ms", a.Limiter().ClockOffset())
+	}
+	enforcing(t, a, 100)
+	if st := a.Status(); st.ClockUncertainty >= 300*time.Millisecond {
+		t.Errorf("after the step settled: %+v, want the guard band back to the measurement's uncertainty", st)
+	}
+}
+
+// lockedBuffer is a log destination tests read while the Member writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Len()
+}
+
+// From returns what was written from offset i on.
+func (l *lockedBuffer) From(i int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()[i:]
 }
 
 func TestCollectorReportsStatus(t *testing.T) {

@@ -41,6 +41,13 @@
 // Close stops admitting and writes a leaving mark before revoking the
 // lease, so configd hands the share on at once.
 //
+// Live instances are the keys under the provider's instances/ prefix: each
+// is attached to its instance's lease. A record there that does not decode
+// or validate (written by hand, or by a newer version) is listed in
+// Status.Problems under its key, like any malformed record, but its
+// instance still counts in the even split, as configd counts it: the lease
+// says it is alive, and counting it can only make the shares smaller.
+//
 // The even split without configd is a degraded mode: when an instance
 // joins, the others shrink at the boundary they compute on seeing it, so
 // for at most one window plus the watch's propagation the total can exceed

@@ -12,10 +12,11 @@ import (
 // FuzzObserve feeds a Member's observe path — what it does with each key
 // and value it reads from etcd — two arbitrary records, each under one of
 // the provider's keys (or a stranger's), and then applies the view, with
-// or without a configd leader. Whatever the bytes: no panic; a config or
-// shares record that fails to decode is listed in Status.Problems under its
-// key; the share applied is within 0..MaxQuota, and an even split within
-// the provider's limit.
+// or without a configd leader. Whatever the bytes: no panic; a config,
+// shares or instance record that fails to decode is listed in
+// Status.Problems under its key; an instance key counts as a live instance
+// whatever its record holds; the share applied is within 0..MaxQuota, and
+// an even split within the provider's limit.
 func FuzzObserve(f *testing.F) {
 	cfg := `{"version":1,"name":"api","limit":40,"window":"100ms","mode":"enforce","algorithm":"even","pacing":false}`
 	sh := `{"version":1,"provider":"api","generation":3,"effective_from":0,"window":"100ms","total":40,"instances":2,"shares":{"a":30,"b":10}}`
@@ -27,6 +28,10 @@ func FuzzObserve(f *testing.F) {
 		[]byte(`{"version":1,"provider":"api","generation":9,"window":"10ms","total":1000000000000,"instances":1,"shares":{"a":1000000000000}}`), true)
 	f.Add(uint8(5), []byte(cfg), uint8(6), []byte(sh), true)
 	f.Add(uint8(0), []byte{}, uint8(1), []byte{0xff}, false)
+	f.Add(uint8(0), []byte(cfg), uint8(3), []byte(`{"version":1,"id":"b","demand":4}`), false)
+	f.Add(uint8(0), []byte(cfg), uint8(3), []byte(`{"version":1,"id":"a","demand":4}`), false)
+	f.Add(uint8(3), []byte(`{"version":1,"id":"b","demand":-4}`), uint8(3), []byte("D"), false)
+	f.Add(uint8(0), []byte(cfg), uint8(3), []byte(`{"version":1,"id":"b","demand":4,"demand":5}`), false)
 
 	k := schema.DefaultKeys()
 	keyFor := []string{
@@ -68,6 +73,16 @@ func FuzzObserve(f *testing.F) {
 				if decodeErr == nil && s.Provider != "api" {
 					decodeErr = errNamed
 				}
+			case k.Instance("api", "a"), k.Instance("api", "b"):
+				id := r.key[len(k.Instances("api")):]
+				var rec schema.InstanceRecord
+				rec, decodeErr = schema.DecodeInstanceRecord(r.value)
+				if decodeErr == nil && rec.ID != id {
+					decodeErr = errNamed
+				}
+				if v.instances[id] == deleted {
+					t.Fatalf("instance key %s (deleted %v, record %q): counted live %v", r.key, deleted, r.value, v.instances[id])
+				}
 			}
 			// The view's problems, which Status.Problems copies; see
 			// TestProblemListedAtOnce for when it does.
@@ -91,7 +106,8 @@ func FuzzObserve(f *testing.F) {
 	})
 }
 
-// errNamed stands for observe's "config names provider" refusal.
+// errNamed stands for observe's refusal of a record naming another
+// provider or instance than its key.
 var errNamed = errorString("config names another provider")
 
 type errorString string

@@ -45,6 +45,8 @@ type Member struct {
 
 	mu     sync.Mutex
 	status Status
+
+	clk clockState // owned by the run goroutine
 }
 
 // Status is a snapshot of what a Member knows and applies.
@@ -76,8 +78,9 @@ type Status struct {
 	// WithClockMonitor); the offset applied is the limiter's ClockOffset.
 	ClockKnown       bool
 	ClockUncertainty time.Duration
-	// Problems lists records found malformed in etcd (ignored; the last
-	// good value is kept).
+	// Problems lists records found malformed in etcd, as "key: why"
+	// (ignored; the last good value is kept — but a malformed instance
+	// record's instance still counts as live, see the package doc).
 	Problems []string
 	// LastError is the last etcd error seen, empty when none.
 	LastError string

@@ -17,7 +17,6 @@ import (
 	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
-	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 var errLeaseLost = errors.New("cluster: lease keep-alive ended")
@@ -138,7 +137,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	resp, err := m.cli.Txn(octx).Then(
 		clientv3.OpGet(m.keys.Config(m.provider)),
 		clientv3.OpGet(m.keys.Shares(m.provider)),
-		clientv3.OpGet(m.keys.Instances(m.provider), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		// With values: a malformed instance record present at the start
+		// is listed in Status.Problems like one arriving later.
+		clientv3.OpGet(m.keys.Instances(m.provider), clientv3.WithPrefix()),
 		clientv3.OpGet(m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	ocancel()
@@ -148,6 +149,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	v.config, v.shares = nil, nil
 	clear(v.instances)
 	clear(v.leaders)
+	// Every record is read again: a key deleted while etcd was out of
+	// reach takes its problem with it.
+	clear(v.problems)
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
 			if i == 3 {
@@ -157,6 +161,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			m.observe(v, string(kv.Key), kv.Value, false)
 		}
 	}
+	m.listProblems(v)
 	rev := resp.Header.Revision
 	// follow applies the view and moves the limiter's expiry with it.
 	follow := func() bool {
@@ -321,7 +326,8 @@ func (m *Member) leave(lease clientv3.LeaseID, rep *reporter) {
 
 // observe folds one key's value (or deletion) into the view. A record that
 // fails to decode or validate is ignored, logged once and listed in
-// Status.Problems; the last good value stays.
+// Status.Problems; the last good value stays. An instance record is the
+// exception: its key alone makes the instance live, malformed or not.
 func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
 	k, err := m.keys.Parse(key)
 	if err != nil || k.Provider != m.provider {
@@ -334,13 +340,7 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
 		v.problems[key] = err.Error()
 	}
 	good := func() { delete(v.problems, key) }
-	defer m.setStatus(func(s *Status) {
-		s.Problems = s.Problems[:0]
-		for key, why := range v.problems {
-			s.Problems = append(s.Problems, key+": "+why)
-		}
-		slices.Sort(s.Problems)
-	})
+	defer m.listProblems(v)
 	switch k.Kind {
 	case schema.KindConfig:
 		if deleted {
@@ -380,10 +380,37 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
 	case schema.KindInstance:
 		if deleted {
 			delete(v.instances, k.Instance)
-		} else {
-			v.instances[k.Instance] = true
+			good()
+			return
 		}
+		// The key (its lease) alone makes an instance live, as for
+		// configd's publisher: a malformed record is listed, but the
+		// instance still counts in the even split. Counting it can only
+		// make this instance's share smaller (safe); not counting it would
+		// let the instances together admit more than the limit if it is
+		// in fact running.
+		v.instances[k.Instance] = true
+		r, err := schema.DecodeInstanceRecord(value)
+		if err == nil && r.ID != k.Instance {
+			err = fmt.Errorf("record id %q does not match its key", r.ID)
+		}
+		if err != nil {
+			bad(err)
+			return
+		}
+		good()
 	}
+}
+
+// listProblems copies the view's problems into Status.Problems.
+func (m *Member) listProblems(v *view) {
+	m.setStatus(func(s *Status) {
+		s.Problems = s.Problems[:0]
+		for key, why := range v.problems {
+			s.Problems = append(s.Problems, key+": "+why)
+		}
+		slices.Sort(s.Problems)
+	})
 }
 
 // apply sets the limiter to the share in force and reports whether a new
@@ -454,25 +481,6 @@ func (m *Member) apply(v *view, ap *applied) bool {
 		}
 	})
 	return newGen && next.gen != 0
-}
-
-// clockCut corrects the limiter's clock by the latest measurement and
-// returns the share to enforce under its uncertainty (see
-// WithClockMonitor). Without a monitor it returns q.
-func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
-	mon := m.cfg.clock
-	if mon == nil {
-		return q
-	}
-	meas := mon.Current()
-	if meas.Known {
-		m.lim.SetClockOffset(meas.Offset)
-		m.lim.SetClockUncertainty(meas.Uncertainty)
-	} else {
-		m.lim.SetClockUncertainty(0) // no bound to keep: the share is halved instead
-	}
-	m.setStatus(func(s *Status) { s.ClockKnown, s.ClockUncertainty = meas.Known, meas.Uncertainty })
-	return skew.EnforcedShare(q, w, meas, bound)
 }
 
 // report writes the instance record when something changed meaningfully —

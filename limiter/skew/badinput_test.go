@@ -79,8 +79,14 @@ func TestGarbageReplyTable(t *testing.T) {
 		{"leap second announced", 0, set(0, 1<<6|4<<3|4), true, false, ""},
 		{"20-byte MAC appended", 0, func(b []byte) []byte { return append(b, make([]byte, 20)...) }, true, false, ""},
 		{"1400 bytes of trailing junk (ignored like extension fields)", 0, func(b []byte) []byte { return append(b, make([]byte, 1400)...) }, true, false, ""},
-		{"server 30 years ahead", 30 * 365 * 24 * time.Hour, func(b []byte) []byte { return b }, false, false,
-			"a single server's reply 30 years ahead is accepted as a known offset of ~30 years with ~ms uncertainty: no sanity bound"},
+		// The sanity bound (WithMaxOffset, ±1h by default): beyond it a
+		// reply is refused, whatever its precision, and the measurement
+		// stays unknown (the instance cuts its share) rather than move
+		// every window by years.
+		{"server 30 years ahead", 30 * 365 * 24 * time.Hour, func(b []byte) []byte { return b }, false, true, ""},
+		{"server 30 years behind", -30 * 365 * 24 * time.Hour, func(b []byte) []byte { return b }, false, true, ""},
+		{"server 61 minutes behind", -61 * time.Minute, func(b []byte) []byte { return b }, false, true, ""},
+		{"server 59 minutes ahead (within the bound)", 59 * time.Minute, func(b []byte) []byte { return b }, true, false, ""},
 	}
 	srv := startServer(t, 0)
 	for _, tc := range cases {
@@ -99,6 +105,8 @@ func TestGarbageReplyTable(t *testing.T) {
 				problem = "error does not wrap ErrNoAnswer or name the server: " + err.Error()
 			case tc.bad && !errors.Is(err, ErrBadResponse):
 				problem = "error does not wrap ErrBadResponse: " + err.Error()
+			case tc.ahead.Abs() > DefaultMaxOffset && !strings.Contains(err.Error(), "beyond the sanity bound ±1h0m0s"):
+				problem = "error does not name the sanity bound: " + err.Error()
 			case got.Known:
 				problem = "measurement known after a refused reply"
 			}

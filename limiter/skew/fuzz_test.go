@@ -12,7 +12,8 @@ import (
 // UDP (with the request's transmit timestamp echoed as origin when echo is
 // set, so that more replies get past the first check). Whatever the bytes, a
 // round must not panic, and must either fail with ErrNoAnswer or produce a
-// known measurement with a non-negative uncertainty.
+// known measurement with a non-negative uncertainty and an offset within the
+// sanity bound (DefaultMaxOffset).
 func FuzzMeasure(f *testing.F) {
 	valid := make([]byte, 48)
 	valid[0] = 4<<3 | 4 // version 4, server mode
@@ -52,7 +53,7 @@ func FuzzMeasure(f *testing.F) {
 			}
 			return
 		}
-		if !got.Known || got.Uncertainty < 0 || got.Answers != 1 {
+		if !got.Known || got.Uncertainty < 0 || got.Answers != 1 || got.Offset.Abs() > DefaultMaxOffset {
 			t.Fatalf("accepted reply %x gave %+v", reply, got)
 		}
 	})

@@ -20,7 +20,8 @@ import (
 // Each round (Measure, or Run every interval) queries every server at once
 // and validates each answer (beevik/ntp's Response.Validate: no kiss of
 // death, stratum 1–15, leap indicator synchronized, root distance under
-// 16 s, fresh reference time). Each valid answer i says the true offset lies
+// 16 s, fresh reference time; and, beyond beevik/ntp, an offset within
+// ±WithMaxOffset, 1 h by default). Each valid answer i says the true offset lies
 // in [θᵢ − λᵢ, θᵢ + λᵢ], θᵢ its offset and λᵢ its root distance. The
 // answers are combined as NTP's selection algorithm does, by Marzullo's
 // interval intersection: if more than half of the valid answers share a
@@ -200,7 +201,7 @@ func (m *Monitor) queryAll(ctx context.Context) ([]answer, []error) {
 		wg.Go(func() {
 			r, err := m.safeQuery(ctx, server)
 			if err == nil {
-				err = check(r)
+				err = check(r, m.cfg.maxOffset)
 			}
 			if err != nil {
 				results[i].err = fmt.Errorf("server %q: %w", server, err)
@@ -235,11 +236,11 @@ func (m *Monitor) safeQuery(ctx context.Context, server string) (r *ntp.Response
 	return m.query(ctx, server)
 }
 
-// check validates a response.
 // maxDispersion is NTP's largest meaningful root distance (RFC 5905).
 const maxDispersion = 16 * time.Second
 
-func check(r *ntp.Response) error {
+// check validates a response; maxOffset bounds its offset either way.
+func check(r *ntp.Response, maxOffset time.Duration) error {
 	if r == nil {
 		return fmt.Errorf("%w: no response", ErrBadResponse)
 	}
@@ -253,6 +254,12 @@ func check(r *ntp.Response) error {
 		// RFC 5905's MAXDISP: a server this unsure, or a reply whose
 		// timestamps are nonsense (a receive time of 0), says nothing.
 		return fmt.Errorf("%w: root distance %v exceeds %v", ErrBadResponse, r.RootDistance, maxDispersion)
+	}
+	if r.ClockOffset > maxOffset || r.ClockOffset < -maxOffset {
+		// A server (or a forged reply) claiming a time this far away is
+		// not believed: moving every window by it would do more harm
+		// than the share cut an unknown offset brings.
+		return fmt.Errorf("%w: offset %v is beyond the sanity bound ±%v (see WithMaxOffset)", ErrBadResponse, r.ClockOffset, maxOffset)
 	}
 	return nil
 }

@@ -18,6 +18,10 @@ const (
 	// DefaultStalenessFactor: the staleness limit defaults to this many
 	// intervals, so that a measurement survives a few lost rounds.
 	DefaultStalenessFactor = 4
+	// DefaultMaxOffset is the largest offset a reply may give (either
+	// sign) to be believed: the most an instance record can carry
+	// (clock_offset within ±1h), and far beyond any clock kept by NTP.
+	DefaultMaxOffset = time.Hour
 )
 
 // Option configures a Monitor in New.
@@ -34,6 +38,7 @@ type config struct {
 	interval  time.Duration
 	timeout   time.Duration
 	staleness time.Duration // 0: DefaultStalenessFactor × interval
+	maxOffset time.Duration // a reply's offset beyond ±maxOffset is refused
 	clock     Clock         // nil: system clock, kernel receive timestamps
 	clockSet  bool
 	logger    *slog.Logger
@@ -68,6 +73,22 @@ func WithStaleness(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.staleness = d })
 }
 
+// WithMaxOffset sets the sanity bound on a reply's offset (> 0): a reply
+// whose offset is beyond ±d is refused as a bad reply (ErrBadResponse,
+// logged like any other server that failed), so a server — or a forged
+// reply — claiming a time years away is not believed; with no other valid
+// answer the measurement stays as it was and goes unknown when stale, and
+// the instance cuts its share (EnforcedShare) rather than move its windows
+// by that much (⌊q/2⌋ is safe whatever the clock error). A local clock
+// really off by more than d is then never measured: step it with the
+// system's tools (ntpd's panic threshold likewise refuses to follow a step
+// over 1000 s). An instance record (package cluster) carries offsets
+// within ±1h only: a Monitor given to cluster.WithClockMonitor should keep
+// d at most DefaultMaxOffset. Default: DefaultMaxOffset.
+func WithMaxOffset(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.maxOffset = d })
+}
+
 // WithClock measures the offset of c instead of the system clock, and
 // times measurements and staleness with it. It must not be nil. Pass the
 // limiter's clock here when the limiter has one.
@@ -95,10 +116,11 @@ func OnChange(f func(Measurement)) Option {
 
 func buildConfig(opts []Option) (config, error) {
 	c := config{
-		servers:  []string{DefaultServer},
-		interval: DefaultInterval,
-		timeout:  DefaultTimeout,
-		logger:   slog.New(slog.DiscardHandler),
+		servers:   []string{DefaultServer},
+		interval:  DefaultInterval,
+		timeout:   DefaultTimeout,
+		maxOffset: DefaultMaxOffset,
+		logger:    slog.New(slog.DiscardHandler),
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -118,6 +140,9 @@ func buildConfig(opts []Option) (config, error) {
 	}
 	if c.timeout <= 0 {
 		return c, fmt.Errorf("%w: timeout %v; allowed is > 0", ErrInvalid, c.timeout)
+	}
+	if c.maxOffset <= 0 {
+		return c, fmt.Errorf("%w: max offset %v; allowed is > 0", ErrInvalid, c.maxOffset)
 	}
 	if c.staleness == 0 {
 		c.staleness = DefaultStalenessFactor * c.interval

@@ -5,7 +5,9 @@
 // sluice's windows start at wall-clock multiples of their length on every
 // instance, so the instances' clocks must agree: a Monitor queries a list of
 // NTP servers every interval, combines their answers robustly, and reports a
-// Measurement (offset, uncertainty, when, known or not). The instance side
+// Measurement (offset, uncertainty, when, known or not). An answer claiming
+// an offset beyond a sanity bound (WithMaxOffset, ±1h by default: what an
+// instance record can carry) is refused like any other bad reply. The instance side
 // passes the offset to the limiter (limiter.SetClockOffset) from the
 // Monitor's OnChange callback, and cuts its share with EnforcedShare when
 // the uncertainty is too large or the offset unknown.

@@ -78,6 +78,24 @@ func (c *shiftedClock) add(d time.Duration) {
 
 func within(got, want, tol time.Duration) bool { return (got - want).Abs() <= tol }
 
+// lockedBuilder is a log destination safe for the round's goroutines.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 func TestNewInvalid(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -92,6 +110,8 @@ func TestNewInvalid(t *testing.T) {
 		{"negative staleness", []Option{WithStaleness(-1)}, "staleness -1ns"},
 		{"nil clock", []Option{WithClock(nil)}, "WithClock(nil)"},
 		{"nil logger", []Option{WithLogger(nil)}, "WithLogger(nil)"},
+		{"zero max offset", []Option{WithMaxOffset(0)}, "max offset 0s; allowed is > 0"},
+		{"negative max offset", []Option{WithMaxOffset(-time.Hour)}, "max offset -1h0m0s; allowed is > 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,7 +133,7 @@ func TestNewDefaults(t *testing.T) {
 	m := newMonitor(t, nil) // a nil Option is ignored
 	c := m.cfg
 	if len(c.servers) != 1 || c.servers[0] != DefaultServer || c.interval != DefaultInterval ||
-		c.timeout != DefaultTimeout || c.staleness != DefaultStalenessFactor*DefaultInterval {
+		c.timeout != DefaultTimeout || c.staleness != DefaultStalenessFactor*DefaultInterval || c.maxOffset != DefaultMaxOffset {
 		t.Errorf("defaults: %+v", c)
 	}
 	if got := m.Current(); got.Known || got.Offset != 0 || !got.At.IsZero() {
@@ -121,10 +141,11 @@ func TestNewDefaults(t *testing.T) {
 	}
 }
 
-// TestMeasureOffset measures chosen offsets over real UDP within 1 ms.
+// TestMeasureOffset measures chosen offsets over real UDP within 1 ms; 3h
+// is beyond the default sanity bound, so the bound is raised.
 func TestMeasureOffset(t *testing.T) {
 	srv := startServer(t, 0)
-	m := newMonitor(t, WithServers(srv.Addr()), WithTimeout(2*time.Second))
+	m := newMonitor(t, WithServers(srv.Addr()), WithTimeout(2*time.Second), WithMaxOffset(4*time.Hour))
 	for _, offset := range []time.Duration{0, 150 * time.Millisecond, -2 * time.Second, 3 * time.Hour, -750 * time.Microsecond} {
 		srv.SetOffset(offset)
 		before := time.Now()
@@ -260,27 +281,43 @@ func TestGarbage(t *testing.T) {
 // TestSeveralServers combines answers: a bad server (garbage, silent, or
 // answering a wrong time with a better root distance) is outvoted by two
 // good ones; two servers that disagree give a measurement spanning both.
+// TestSeveralServers: one bad server among three good ones does not move
+// the result. A server that fails, is silent or is refused (beyond the
+// sanity bound, 30 years or 2h ahead) is left out, its error logged at Warn;
+// one that answers within the bound but disagrees with the others (a
+// falseticker, even a more precise one) is outvoted by Marzullo's
+// intersection (see Monitor): the answer chosen is from a truechimer.
 func TestSeveralServers(t *testing.T) {
 	const good = 50 * time.Millisecond
 	tests := []struct {
-		name        string
-		bad         func(s *ntptest.Server)
-		answers     int
-		offset      time.Duration
-		uncertainty time.Duration // at least
+		name    string
+		bad     func(s *ntptest.Server)
+		answers int
+		logged  string // in the Warn log, "" for none
 	}{
-		{"garbage", func(s *ntptest.Server) { s.SetMode(ntptest.Garbage) }, 2, good, 0},
-		{"silent", func(s *ntptest.Server) { s.SetMode(ntptest.Silent) }, 2, good, 0},
+		{"garbage", func(s *ntptest.Server) { s.SetMode(ntptest.Garbage) }, 2, "NTP server failed; measured with the others"},
+		{"silent", func(s *ntptest.Server) { s.SetMode(ntptest.Silent) }, 2, "NTP server failed; measured with the others"},
 		{"falseticker", func(s *ntptest.Server) {
 			s.SetOffset(5 * time.Second)
 			s.SetRootDistance(0, 0) // looks more precise than the good ones
-		}, 3, good, 0},
+		}, 3, ""},
+		{"falseticker 59 minutes ahead, within the bound", func(s *ntptest.Server) {
+			s.SetOffset(59 * time.Minute)
+			s.SetRootDistance(0, 0)
+		}, 3, ""},
+		{"liar 2 hours ahead", func(s *ntptest.Server) { s.SetOffset(2 * time.Hour) }, 2, "is beyond the sanity bound ±1h0m0s"},
+		{"liar 30 years ahead", func(s *ntptest.Server) {
+			s.SetOffset(30 * 365 * 24 * time.Hour)
+			s.SetRootDistance(0, 0)
+		}, 2, "is beyond the sanity bound ±1h0m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a, b, bad := startServer(t, good), startServer(t, good), startServer(t, good)
 			tt.bad(bad)
-			m := newMonitor(t, WithServers(bad.Addr(), a.Addr(), b.Addr()), WithTimeout(200*time.Millisecond))
+			var log lockedBuilder
+			m := newMonitor(t, WithServers(bad.Addr(), a.Addr(), b.Addr()), WithTimeout(200*time.Millisecond),
+				WithLogger(slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 			got, err := m.Measure(t.Context())
 			if err != nil {
 				t.Fatalf("Measure: %v", err)
@@ -288,8 +325,11 @@ func TestSeveralServers(t *testing.T) {
 			if got.Answers != tt.answers || !got.Known || got.Server == bad.Addr() {
 				t.Errorf("%+v, want %d answers, not from the bad server", got, tt.answers)
 			}
-			if !within(got.Offset, tt.offset, time.Millisecond) {
-				t.Errorf("offset %v, want %v", got.Offset, tt.offset)
+			if !within(got.Offset, good, time.Millisecond) {
+				t.Errorf("offset %v, want %v", got.Offset, good)
+			}
+			if out := log.String(); tt.logged == "" && out != "" || !strings.Contains(out, tt.logged) || tt.logged != "" && !strings.Contains(out, bad.Addr()) {
+				t.Errorf("log %q, want it to say %q about %s", out, tt.logged, bad.Addr())
 			}
 		})
 	}

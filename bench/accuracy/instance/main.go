@@ -11,6 +11,10 @@
 //	load R AT   from AT (Unix ns) on, offer R requests per second (0 stops);
 //	            each load command starts a new phase, numbered from 1
 //	stats       print a stats line
+//	step D      step the instance's clock by D (a duration, e.g. 300ms): what
+//	            an operator or a bad NTP daemon does to a system clock; the
+//	            limiter's clock and the clock monitor's (with -ntp) jump
+//	            together, as they would with the system clock
 //	quit        leave gracefully (Close revokes the lease) and exit
 //
 // Closing stdin is quit. Lines on stdout, fields key=value, times in Unix
@@ -114,20 +118,15 @@ func run() error {
 	if f.clockOffset != 0 {
 		lopts = append(lopts, limiter.WithClockOffset(f.clockOffset))
 	}
-	var clock skew.Clock = systemClock{}
-	if f.clockSkew != 0 {
-		c := skewedClock{f.clockSkew}
-		clock = c
-		lopts = append(lopts, limiter.WithClock(c))
-	}
+	// One clock for the limiter and the monitor, which step D moves.
+	clock := &skewedClock{}
+	clock.d.Store(int64(f.clockSkew))
+	lopts = append(lopts, limiter.WithClock(clock))
 	if len(lopts) > 0 {
 		opts = append(opts, cluster.WithLimiterOptions(lopts...))
 	}
 	if f.ntp != "" {
-		sopts := []skew.Option{skew.WithServers(f.ntp), skew.WithInterval(f.ntpEvery), skew.WithTimeout(500 * time.Millisecond)}
-		if f.clockSkew != 0 {
-			sopts = append(sopts, skew.WithClock(clock))
-		}
+		sopts := []skew.Option{skew.WithServers(f.ntp), skew.WithInterval(f.ntpEvery), skew.WithTimeout(500 * time.Millisecond), skew.WithClock(clock)}
 		mon, err := skew.New(sopts...)
 		if err != nil {
 			return err
@@ -167,6 +166,13 @@ func run() error {
 			o.Printf("stats id=%s t=%d unary=%d stream_sent=%d stream_recv=%d methods=%s share=%d source=%s gen=%d clock_offset=%v clock_known=%t clock_uncertainty=%v phases=%s",
 				m.ID(), time.Now().UnixNano(), cnt.Unary.Load(), cnt.Sent.Load(), cnt.Recv.Load(), cnt.Methods(),
 				st.Share, st.Source, st.Generation, m.Limiter().ClockOffset(), st.ClockKnown, st.ClockUncertainty, ld.phases())
+		case "step":
+			d, err := time.ParseDuration(strings.Join(fs[1:], ""))
+			if len(fs) != 2 || err != nil {
+				return fmt.Errorf("bad step command %q", sc.Text())
+			}
+			clock.d.Add(int64(d))
+			o.Printf("stepped id=%s t=%d by=%v", m.ID(), time.Now().UnixNano(), d)
 		case "quit":
 			return nil
 		default:
@@ -176,14 +182,10 @@ func run() error {
 	return sc.Err()
 }
 
-type systemClock struct{}
+// skewedClock is the system clock off by d nanoseconds (positive: ahead).
+type skewedClock struct{ d atomic.Int64 }
 
-func (systemClock) Now() time.Time { return time.Now() }
-
-// skewedClock is the system clock off by d (positive: ahead).
-type skewedClock struct{ d time.Duration }
-
-func (c skewedClock) Now() time.Time { return time.Now().Add(c.d) }
+func (c *skewedClock) Now() time.Time { return time.Now().Add(time.Duration(c.d.Load())) }
 
 // phase counts one load phase's requests.
 type phase struct {

@@ -1,0 +1,75 @@
+package cluster
+
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/limiter/skew"
+)
+
+// stepCalm is how many consecutive measurements must agree with the offset
+// a step led to before the guard band the step widened narrows again.
+const stepCalm = 5
+
+// clockState is what the Member remembers of the clock measurements it
+// applied, to tell a step of the measured offset from its usual noise.
+type clockState struct {
+	applied time.Duration // the offset last applied
+	have    bool          // applied holds a measurement
+	at      time.Time     // the measurement last folded in, so each counts once
+	step    time.Duration // extra uncertainty since the last step; 0: none
+	calm    int           // measurements agreeing with applied since the step
+}
+
+// clockCut corrects the limiter's clock by the latest measurement and
+// returns the share to enforce under its uncertainty (see
+// WithClockMonitor). Without a monitor it returns q.
+//
+// A step of the measured offset — a change larger than the measurement's
+// uncertainty plus the provider's bound, as when the local clock is
+// stepped or the server's time jumps — cannot be told apart, from one
+// server, from a server gone wrong: either the old clock or the new one
+// may be the true one. Until stepCalm measurements in a row agree with the
+// new offset, the step is added to the uncertainty: the guard band then
+// keeps every permit inside its aligned window whichever clock is right,
+// and is widened before the offset moves, so the jump itself (which ends
+// the current window early when the clock moves forward) admits nothing
+// near a boundary of either clock.
+func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
+	mon := m.cfg.clock
+	if mon == nil {
+		return q
+	}
+	if bound <= 0 {
+		bound = skew.DefaultBound(w)
+	}
+	meas := mon.Current()
+	c := &m.clk
+	if meas.Known && !meas.At.Equal(c.at) {
+		c.at = meas.At
+		d := meas.Offset - c.applied
+		d = max(d, -d)
+		switch {
+		case c.have && d > meas.Uncertainty+bound:
+			c.step, c.calm = max(c.step, d), 0
+			m.log.Warn("clock offset stepped; widening the guard band until it settles",
+				"from", c.applied, "to", meas.Offset, "step", d, "measurements", stepCalm)
+		case c.step > 0:
+			if c.calm++; c.calm >= stepCalm {
+				m.log.Info("clock offset settled after a step; guard band back to the measurement's uncertainty",
+					"offset", meas.Offset, "step", c.step)
+				c.step, c.calm = 0, 0
+			}
+		}
+		c.applied, c.have = meas.Offset, true
+	}
+	meas.Uncertainty += c.step
+	if meas.Known {
+		// The band first, then the clock: see above.
+		m.lim.SetClockUncertainty(meas.Uncertainty)
+		m.lim.SetClockOffset(meas.Offset)
+	} else {
+		m.lim.SetClockUncertainty(0) // no bound to keep: the share is halved instead
+	}
+	m.setStatus(func(s *Status) { s.ClockKnown, s.ClockUncertainty = meas.Known, meas.Uncertainty })
+	return skew.EnforcedShare(q, w, meas, bound)
+}
