@@ -4,9 +4,19 @@
 // every call by the wall-clock-aligned window it arrives in, injects one
 // fault while load runs, and checks the invariants while the fault
 // happens: no aligned window receives more calls than the provider's
-// limit, shares generations never conflict, the system recovers.
+// limit, shares generations never conflict, the system recovers. One
+// scenario runs etcd as a cluster of three members and kills its leader;
+// one steps an instance's clock and silences another's NTP server (each
+// instance measures against its own SNTP responder over real UDP).
 //
-// The suite is slow (10–30 s per scenario, about 100 s in all) and runs
+// The Kafka scenarios run the consumer package (in-process consumers of one
+// group sharing one limiter) against an in-process kfake broker, or the
+// Kafka named by KAFKA_BROKERS where the scenario does not need to restart
+// the broker, and check that no acknowledged message is lost, that
+// committed offsets never pass what was handled, and the same per-window
+// limit; duplicates are counted.
+//
+// The suite is slow (10–30 s per scenario, about 150 s in all) and runs
 // only with SLUICE_FAULTS=1:
 //
 //	SLUICE_FAULTS=1 go test -count=1 -v ./faults/

@@ -1,6 +1,6 @@
-// Package etcdtest starts a real single-node etcd inside the test process
-// (go.etcd.io/etcd/server/v3/embed) for tests that need one; there are no
-// mocks of etcd in sluice.
+// Package etcdtest starts a real etcd, one member or a cluster of several,
+// inside the test process (go.etcd.io/etcd/server/v3/embed) for tests that
+// need one; there are no mocks of etcd in sluice.
 //
 //	func TestSomething(t *testing.T) {
 //		srv := etcdtest.Start(t)     // stopped by t.Cleanup
@@ -9,6 +9,11 @@
 //		srv.Stop()                   // etcd outage: clients see errors
 //		srv.Restart()                // same data dir, same ports
 //	}
+//
+// StartCluster starts several members that form one cluster, for tests of
+// what clients do when a member (the raft leader, say) dies: each member
+// is a Server, which Kill stops without a leadership transfer and Restart
+// brings back.
 //
 // Options make the member secure, as production etcd is: WithClientCerts
 // serves clients over TLS and requires a client certificate signed by the
@@ -57,12 +62,15 @@ const StartTimeout = 20 * time.Second
 // use.
 type Server struct {
 	tb        testing.TB
+	name      string // member name
+	cluster   string // initial cluster ("name=peerURL,..."); "" for a single member
 	dir       string
 	clientURL url.URL
 	peerURL   url.URL
 	opts      options
 	mu        sync.Mutex
 	etcd      *embed.Etcd // nil while stopped
+	rpcs      *rpcs       // the running member's client RPCs, for Kill
 	// closing silences the server's logger while it shuts down, when it
 	// logs its closed listeners as errors.
 	closing atomic.Bool
@@ -83,7 +91,7 @@ type options struct {
 // WithClientCerts serves clients over TLS with certs' server certificate,
 // and refuses clients that present no certificate signed by certs' CA
 // (etcd's --client-cert-auth). Endpoints then are https URLs. Peers stay
-// plain http (one member, loopback only).
+// plain http (loopback only).
 func WithClientCerts(certs *Certs) Option {
 	return optionFunc(func(o *options) { o.certs = certs })
 }
@@ -104,8 +112,26 @@ const RootUser = "root"
 // member is not ready within StartTimeout.
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
+	s := newServer(tb, "etcdtest", opts)
+	if err := s.start(); err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	tb.Cleanup(s.Stop)
+	if s.opts.rootPassword != "" {
+		if err := s.enableAuth(); err != nil {
+			tb.Fatalf("etcdtest: enabling auth: %v", err)
+		}
+	}
+	return s
+}
+
+// newServer prepares a member on free loopback ports, with its data in a
+// temporary directory; start starts it.
+func newServer(tb testing.TB, name string, opts []Option) *Server {
+	tb.Helper()
 	s := &Server{
 		tb:        tb,
+		name:      name,
 		dir:       tb.TempDir(),
 		clientURL: url.URL{Scheme: "http", Host: freeAddr(tb)},
 		peerURL:   url.URL{Scheme: "http", Host: freeAddr(tb)},
@@ -118,17 +144,12 @@ func Start(tb testing.TB, opts ...Option) *Server {
 	if s.opts.certs != nil {
 		s.clientURL.Scheme = "https"
 	}
-	if err := s.start(); err != nil {
-		tb.Fatalf("etcdtest: %v", err)
-	}
-	tb.Cleanup(s.Stop)
-	if s.opts.rootPassword != "" {
-		if err := s.enableAuth(); err != nil {
-			tb.Fatalf("etcdtest: enabling auth: %v", err)
-		}
-	}
 	return s
 }
+
+// Name returns the member's name ("etcdtest", or "m0", "m1"… in a
+// cluster).
+func (s *Server) Name() string { return s.name }
 
 // Endpoints returns the client URLs, for clientv3.Config.Endpoints.
 func (s *Server) Endpoints() []string { return []string{s.clientURL.String()} }
@@ -240,8 +261,31 @@ func (s *Server) Stop() {
 	s.etcd = nil
 }
 
+// Kill stops the member as a crash would: its raft node and peer
+// transport stop at once, without the leadership transfer a graceful Stop
+// makes, and every client RPC in progress ends at once with
+// codes.Unavailable, as when a dead process's connections are reset (watch
+// and lease keep-alive streams included; Stop instead waits up to etcd's
+// request timeout, about 5 s, for them). New RPCs fail the same way until
+// the listeners are closed, which Kill does before it returns. It returns
+// how many RPCs in progress it ended. It is idempotent (a member already
+// stopped ends none); Restart brings the member back.
+func (s *Server) Kill() (ended int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etcd == nil {
+		return 0
+	}
+	s.closing.Store(true)
+	s.etcd.Server.HardStop()
+	ended = s.rpcs.kill()
+	s.etcd.Close()
+	s.etcd = nil
+	return ended
+}
+
 // Restart starts the member again on the same data directory and ports,
-// after Stop. It fails the test if the member does not come back.
+// after Stop or Kill. It fails the test if the member does not come back.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	if err := s.start(); err != nil {
@@ -256,7 +300,7 @@ func (s *Server) start() error {
 		return fmt.Errorf("already running")
 	}
 	cfg := embed.NewConfig()
-	cfg.Name = "etcdtest"
+	cfg.Name = s.name
 	cfg.Dir = s.dir
 	cfg.LogLevel = "error"
 	s.closing.Store(false)
@@ -276,11 +320,16 @@ func (s *Server) start() error {
 			ClientCertAuth: true,
 		}
 	}
+	s.rpcs = newRPCs()
+	cfg.GRPCAdditionalServerOptions = s.rpcs.serverOptions()
 	cfg.ListenClientUrls = []url.URL{s.clientURL}
 	cfg.AdvertiseClientUrls = []url.URL{s.clientURL}
 	cfg.ListenPeerUrls = []url.URL{s.peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{s.peerURL}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if s.cluster != "" {
+		cfg.InitialCluster = s.cluster
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return err

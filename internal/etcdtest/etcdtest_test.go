@@ -157,3 +157,85 @@ func TestAuth(t *testing.T) {
 		t.Errorf("wrong password: %v, want %v", err, rpctypes.ErrAuthFailed)
 	}
 }
+
+// TestClusterKillLeader: a three-member cluster keeps serving when its
+// leader is killed, and the killed member catches up after Restart.
+func TestClusterKillLeader(t *testing.T) {
+	// Registered first, so run last: once every member has stopped, the
+	// peer connections between them end within etcd's peer read timeout
+	// (5 s), later than goleak's own retries wait.
+	t.Cleanup(func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for goleak.Find(IgnoreLeaks()...) != nil && time.Now().Before(deadline) {
+		}
+	})
+	start := time.Now()
+	c := StartCluster(t, 3)
+	t.Logf("3 members ready in %v", time.Since(start))
+	cli := c.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "k", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	leader := -1
+	for i, ep := range c.Endpoints() {
+		st, err := cli.Status(ctx, ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Header.MemberId == st.Leader {
+			leader = i
+		}
+	}
+	if leader < 0 {
+		t.Fatal("no member says it is the leader")
+	}
+	killed := c.Members[leader]
+	// A watch stream on the member to be killed: Kill must end it.
+	watcher, err := clientv3.New(killed.Config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	<-watcher.Watch(wctx, "k", clientv3.WithCreatedNotify())
+	if n := killed.Kill(); n < 1 {
+		t.Errorf("killing %s ended %d RPCs in progress, want at least the watch", killed.Name(), n)
+	}
+	if n := killed.Kill(); n != 0 { // idempotent
+		t.Errorf("killing %s again ended %d RPCs", killed.Name(), n)
+	}
+	// A proposal made before the others elect a new leader would wait out
+	// etcd's request timeout: wait for the election.
+	for elected := false; !elected; {
+		for i, ep := range c.Endpoints() {
+			if i == leader {
+				continue
+			}
+			st, err := cli.Status(ctx, ep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			elected = elected || (st.Leader != 0 && st.Leader == st.Header.MemberId)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := cli.Put(ctx, "k", "v2"); err != nil {
+		t.Fatalf("put with the leader (%s) killed: %v", killed.Name(), err)
+	}
+	killed.Restart()
+	one, err := clientv3.New(killed.Config(t)) // the restarted member alone
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	resp, err := one.Get(ctx, "k") // linearizable: it has caught up
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v2" {
+		t.Fatalf("restarted member reads %v, want v2", resp.Kvs)
+	}
+}
