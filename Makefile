@@ -79,7 +79,9 @@ accuracy:
 	$(GO) run ./bench/accuracy $(ACCURACY_FLAGS)
 
 ## faults: the fault suite — real processes under a leader kill, a zombie
-## instance, an etcd outage, a flood of joins and leaves, a network cut.
+## instance, an etcd outage, a 3-member etcd losing its leader, a flood of
+## joins and leaves, a network cut, a clock step and NTP loss, a Kafka broker
+## restart and a rebalance storm (about 3 minutes; CI runs it).
 faults:
 	SLUICE_FAULTS=1 $(GO) test -count=1 -v -timeout 15m ./faults/
 

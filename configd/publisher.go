@@ -110,13 +110,20 @@ func (st *providerState) empty() bool {
 	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.sharesKey
 }
 
-// failStatic is the provider's fail_static, or the default without a
-// config.
+// failStatic is how long after an instance's key went its grant is held:
+// the provider's fail_static (the default without a config), plus the clock
+// error an instance may have while enforcing its whole share — the
+// provider's max_clock_offset, or 2% of the window (skew.DefaultBound) —
+// since its expiry is on its own clock.
 func (st *providerState) failStatic() time.Duration {
 	if st.cfg == nil {
-		return schema.DefaultFailStatic
+		return schema.DefaultFailStatic + schema.DefaultWindow/50
 	}
-	return st.cfg.FailStaticOrDefault()
+	bound := st.cfg.MaxClockOffset.D()
+	if bound <= 0 {
+		bound = st.cfg.Window.D() / 50
+	}
+	return st.cfg.FailStaticOrDefault() + bound
 }
 
 // holdable reports whether the published shares leave id permits it may
@@ -230,6 +237,10 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			}
 			if o.maxGen > st.maxGen {
 				st.maxGen = o.maxGen
+			}
+			if st.shares == nil && st.sharesBad && o.shares != nil {
+				// Its grants still bound what the instances may enforce.
+				st.shares, st.published = o.shares, o.published
 			}
 			for id, until := range o.held {
 				if _, live := st.instances[id]; !live {
@@ -359,9 +370,15 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 		}
 		if err != nil {
 			p.bad(key, kv.ModRevision, err)
-			if _, ok := st.instances[k.Instance]; !ok {
-				st.instances[k.Instance] = schema.InstanceRecord{ID: k.Instance}
+			// The last good record stays (its demand, its acknowledgement),
+			// but not a leaving mark: only a record that says so now may
+			// spare its share the hold (an id reused by a newer instance).
+			last := st.instances[k.Instance]
+			if last.ID == "" {
+				last = schema.InstanceRecord{ID: k.Instance}
 			}
+			last.Leaving = false
+			st.instances[k.Instance] = last
 			return
 		}
 		st.instances[k.Instance] = rec

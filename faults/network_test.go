@@ -2,89 +2,13 @@ package faults
 
 import (
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
 )
-
-// proxy is a TCP proxy between one instance and etcd: cut closes every
-// connection through it and refuses new ones (the instance is cut off from
-// etcd, nothing else); heal lets connections through again.
-type proxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]bool
-	wg     sync.WaitGroup
-}
-
-func startProxy(t *testing.T, target string) *proxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		ln.Close()
-		p.setCut(true)
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *proxy) url() string { return "http://" + p.ln.Addr().String() }
-
-func (p *proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = true, true
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			io.Copy(dst, src)
-			dst.Close()
-			src.Close()
-			p.mu.Lock()
-			delete(p.conns, dst)
-			delete(p.conns, src)
-			p.mu.Unlock()
-		}
-		p.wg.Go(func() { pipe(up, c) })
-		p.wg.Go(func() { pipe(c, up) })
-	}
-}
-
-// setCut cuts (closing every open connection) or heals.
-func (p *proxy) setCut(cut bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = cut
-	if cut {
-		for c := range p.conns {
-			c.Close()
-		}
-	}
-}
 
 // partition is how long the instance stays cut off from etcd.
 const partition = 8 * time.Second
@@ -101,10 +25,10 @@ func TestInstanceCutOffFromEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	px := startProxy(t, u.Host)
+	px := etcdtest.StartProxy(t, u.Host)
 	c := startConfigd(t, r.endpoint, "cd-a")
 	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
-	i1 := startInstance(t, px.url(), r.provider, r.stub.url(), 1)
+	i1 := startInstance(t, px.URL(), r.provider, r.stub.url(), 1)
 	i2 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 2)
 	i3 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 3)
 	insts := []*instance{i1, i2, i3}
@@ -117,7 +41,7 @@ func TestInstanceCutOffFromEtcd(t *testing.T) {
 	waitUntil(time.Unix(0, (from+2)*int64(window)).Add(100 * time.Millisecond))
 
 	errsFrom := i1.errs.len()
-	px.setCut(true)
+	px.Cut()
 	cut := time.Now()
 	t.Logf("injected: inst-1 cut off from etcd for %v — method: a TCP proxy in the test between inst-1 and etcd drops its connections and refuses new ones (no network namespaces); inst-1 keeps serving; configd, inst-2 and inst-3 reach etcd directly", partition)
 	l, _, err := i1.errs.wait(errsFrom, partition, func(s string) bool { return strings.Contains(s, "fail-static") })
@@ -139,7 +63,7 @@ func TestInstanceCutOffFromEtcd(t *testing.T) {
 		}
 	}
 	waitUntil(cut.Add(partition))
-	px.setCut(false)
+	px.Heal()
 	healed := time.Now()
 	t.Logf("injected: proxy lets inst-1 through again after %v", healed.Sub(cut).Round(time.Millisecond))
 

@@ -444,6 +444,32 @@ func TestExpiryInCorrectedTime(t *testing.T) {
 	})
 }
 
+// TestExpiryMovesWithTheClockOffset: the expiry is an instant of real
+// time (a lease's end): a correction of the clock backwards moves it with
+// the clock, so the limiter never admits past that instant (a review
+// finding: the expiry stayed put in corrected time and admitted 3s late).
+func TestExpiryMovesWithTheClockOffset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const w = time.Second
+		time.Sleep(time.Until(time.Now().Truncate(w).Add(w)))
+		l := mustNew(t, 100, w)
+		t0 := l.Now()
+		l.SetExpiry(t0.Add(2 * w))
+		l.SetClockOffset(-3 * w)
+		if got, want := l.Expiry(), t0.Add(-w); !got.Equal(want) {
+			t.Errorf("expiry %v after a -3s correction, want %v", got, want)
+		}
+		time.Sleep(4*w + w/10) // real t0+4.1s: corrected t0+1.1s
+		if l.TryAcquire() {
+			t.Error("admitted 2s of real time past the expiry after a backward correction")
+		}
+		l.SetClockOffset(0) // and forward again: the same real instant
+		if got, want := l.Expiry(), t0.Add(2*w); !got.Equal(want) {
+			t.Errorf("expiry %v after correcting back, want %v", got, want)
+		}
+	})
+}
+
 func TestExpiryShadowCountsWhatItWouldRefuse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const w = time.Second

@@ -156,6 +156,14 @@ func (l *Limiter) SetClockOffset(d time.Duration) {
 	rs := l.unplaceLocked(before)
 	l.setOffsetLocked(d)
 	now := l.now()
+	if l.sched.expires {
+		// The expiry names an instant of real time (a lease's end, say):
+		// it moves with the clock, as waiters' deadlines do, so that a
+		// correction backwards never lets the limiter admit past it.
+		shift := time.Duration(now - before)
+		l.sched.expiry = addClamped(l.sched.expiry, shift)
+		l.expiry = l.expiry.Add(shift)
+	}
 	l.advanceLocked(now)
 	l.replaceLocked(rs, now, now-before)
 }
@@ -190,7 +198,8 @@ func (l *Limiter) SetClockUncertainty(u time.Duration) {
 // SetExpiry makes the limiter admit nothing in the windows that begin at or
 // after t: their quota is 0 whatever SetLimit scheduled, until a later
 // SetExpiry moves t. t is in corrected time, like every boundary (see
-// SetClockOffset), and need not be a boundary: the window that contains t
+// SetClockOffset), and moves with later changes of the clock offset, so
+// that it stays the same instant of real time; it need not be a boundary: the window that contains t
 // keeps its quota, and the first to admit nothing is the first to begin at
 // or after t. The zero Time removes the expiry; there is none by default.
 //

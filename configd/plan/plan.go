@@ -156,6 +156,8 @@ func (p Planner) Decide(in Input) Decision {
 		d.Target = target
 	case in.Moving != nil && cur != nil && alloc.Pending(cur.Shares, in.Moving) && sameIDs(in.Moving, target):
 		target = in.Moving
+	case reason == unchanged && cur != nil && !sameHeld(heldOnly(in.Held, target), cur, target):
+		d.Target = target // a hold began or ended: the grants change
 	case reason == unchanged:
 		return d
 	default:
@@ -293,6 +295,17 @@ func NextBoundary(t time.Time, w time.Duration) time.Time {
 		b += wn
 	}
 	return time.Unix(0, b)
+}
+
+// heldOnly returns the holds of instances not in target, positive ones.
+func heldOnly(held, target map[string]int64) map[string]int64 {
+	m := map[string]int64{}
+	for id, h := range held {
+		if _, live := target[id]; !live && h > 0 {
+			m[id] = h
+		}
+	}
+	return m
 }
 
 // sameHeld reports whether granted holds for instances that are not live

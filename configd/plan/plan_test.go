@@ -254,6 +254,18 @@ func TestHeld(t *testing.T) {
 		t.Errorf("after the hold: %+v; want a=b=150 and nothing granted to c", d3)
 	}
 
+	// The hold ends while every target stays what is published (nobody
+	// wants c's share yet): the grants are published all the same, so
+	// that the share is free for a later move and a new leader does not
+	// hold it again (a review finding).
+	idle := again
+	idle.Held = nil
+	idle.Target = map[string]int64{"a": 100, "b": 100}
+	idle.Moving = nil
+	if d := Decide(idle); !d.Publish || d.Granted["c"] != 0 || !maps.Equal(d.Shares, map[string]int64{"a": 100, "b": 100}) {
+		t.Errorf("a hold ending with the targets unchanged: %+v; want a publish without c's grant", d)
+	}
+
 	// Without any hold (a graceful leave), c's share is handed out at once.
 	if d := Decide(in); !d.Publish || !maps.Equal(d.Shares, map[string]int64{"a": 150, "b": 150}) {
 		t.Errorf("without a hold: %+v; want a=b=150 at once", d)

@@ -44,12 +44,18 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 	}
 	meas := mon.Current()
 	c := &m.clk
+	if !c.have {
+		// The limiter's own offset (WithClockOffset, or 0) is the clock
+		// before the first measurement: a first measurement far from it
+		// is a step like any other.
+		c.applied, c.have = m.lim.ClockOffset(), true
+	}
 	if meas.Known && !meas.At.Equal(c.at) {
 		c.at = meas.At
 		d := meas.Offset - c.applied
 		d = max(d, -d)
 		switch {
-		case c.have && d > meas.Uncertainty+bound:
+		case d > meas.Uncertainty+bound:
 			c.step, c.calm = max(c.step, d), 0
 			m.log.Warn("clock offset stepped; widening the guard band until it settles",
 				"from", c.applied, "to", meas.Offset, "step", d, "measurements", stepCalm)
@@ -60,7 +66,7 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 				c.step, c.calm = 0, 0
 			}
 		}
-		c.applied, c.have = meas.Offset, true
+		c.applied = meas.Offset
 	}
 	meas.Uncertainty += c.step
 	if meas.Known {

@@ -475,3 +475,60 @@ sluice_member_source{provider="api",source="shares"} 0
 		t.Error(err)
 	}
 }
+
+// TestLapsedShareStartsFromNothing: an instance cut off from etcd past its
+// fail-static horizon admits nothing; when it is back, the share it had
+// must not return in the windows before the shares it now finds take
+// effect (a review finding: the old share, masked by the expiry but still
+// scheduled, came back when the new lease moved the expiry on, while
+// configd had handed it to others).
+func TestLapsedShareStartsFromNothing(t *testing.T) {
+	const w = 100 * time.Millisecond
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(500 * time.Millisecond)})
+	lease, err := cli.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	shares := func(gen int64, from time.Time, s map[string]int64) {
+		put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: from.Truncate(w).UnixNano(), Window: schema.Duration(w),
+			Total: 40, Instances: len(s), Shares: s,
+		}))
+	}
+	shares(1, time.Now(), map[string]int64{"a": 40})
+
+	px := etcdtest.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcli.Close()
+	var logs lockedBuffer
+	a := join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	enforcing(t, a, 40)
+
+	px.Cut()
+	waitFor(t, "disconnected", func() bool { return !a.Status().Connected })
+	until := a.Status().AdmitsUntil
+	waitFor(t, "past the horizon", func() bool { return !a.Limiter().Now().Before(until.Truncate(w).Add(w)) })
+	if a.Limiter().TryAcquire() {
+		t.Fatal("admitted past the fail-static horizon")
+	}
+	// Meanwhile configd handed a's share on, then, a being back, names it
+	// with nothing from a boundary ahead.
+	shares(2, time.Now(), map[string]int64{"b": 40})
+	ahead := time.Now().Add(20 * w).Truncate(w)
+	shares(3, ahead, map[string]int64{"a": 0, "b": 40})
+
+	px.Heal()
+	waitFor(t, "reconnected", func() bool { return a.Status().Connected && a.Status().Generation == 3 })
+	for time.Now().Before(ahead) {
+		if a.Limiter().TryAcquire() {
+			t.Fatalf("admitted with the lapsed share at %v, before generation 3 takes effect at %v; log:\n%s", time.Now().Format("15:04:05.000"), ahead.Format("15:04:05.000"), logs.From(0))
+		}
+		time.Sleep(5 * time.Millisecond) // sampling the windows until the boundary: no event to await
+	}
+}

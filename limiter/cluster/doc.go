@@ -36,10 +36,15 @@
 // share reserved for that long after its key goes), or plus nothing under
 // the even split (the others grow when its key goes). Windows that begin
 // after it admit nothing. The expiry lives in the limiter, not in a timer:
-// a process stopped past it (SIGSTOP, a long GC pause, a suspended VM) and
-// woken later admits nothing, before any goroutine of its own has run.
-// Close stops admitting and writes a leaving mark before revoking the
-// lease, so configd hands the share on at once.
+// a process stopped past it (SIGSTOP, a long pause) and woken later admits
+// nothing, before any goroutine of its own has run. Not so a suspended
+// machine: the limiter reads the monotonic clock, which stops during a
+// suspend, so its time lags by the suspension until the next clock
+// correction. Close stops admitting and writes a leaving mark before
+// revoking the lease, so configd hands the share on at once; a session
+// that ends on an error leaves its lease to expire, never revoking it
+// early. When a new lease comes after the horizon has passed, the member
+// starts from nothing, as a joining instance does.
 //
 // Live instances are the keys under the provider's instances/ prefix: each
 // is attached to its instance's lease. A record there that does not decode

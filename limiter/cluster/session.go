@@ -100,7 +100,9 @@ func (m *Member) opCtx(ctx context.Context) (context.Context, context.CancelFunc
 
 // session registers with a fresh lease, loads the provider and follows it
 // until etcd fails or ctx ends; on ctx's end it says it is leaving and
-// revokes the lease.
+// revokes the lease. A session that ends for any other reason leaves its
+// lease to expire: revoking it would let the share go to others before
+// the limiter's expiry, which counts from the lease's end.
 func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporter, connected *bool) error {
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -118,17 +120,36 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	// when it received the request, which is after it was sent.
 	leaseEnd := sent.Add(time.Duration(lease.TTL) * time.Second)
 	defer func() {
-		// Leave at once rather than after the TTL. Best effort: etcd may be
-		// the reason this session ends.
+		if ctx.Err() == nil {
+			return
+		}
+		// Close: stop admitting, say so, and leave at once rather than
+		// after the TTL. Best effort: etcd may be unreachable.
+		m.leave(lease.ID, rep)
 		rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
 		m.cli.Revoke(rctx, lease.ID)
 		rcancel()
 	}()
+	if exp := m.lim.Expiry(); !exp.IsZero() && !sent.Before(exp) {
+		// The last share lapsed (the horizon passed before this lease):
+		// configd may have handed it on since. Start from nothing, as a
+		// joining instance does, so that no window before the shares
+		// found now take effect admits the old share when the expiry
+		// moves on (see follow.Schedule: a new source grows only from a
+		// boundary ahead).
+		if err := m.lim.SetLimit(0, ap.window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
+			m.log.Error("cannot drop the lapsed share", "err", err)
+		}
+		*ap = applied{source: "lapsed", window: ap.window}
+		m.log.Warn("the last share lapsed while etcd was out of reach; starting from nothing", "expired", exp.UTC())
+	}
 	rep.haveWrite = false
 	if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 		return err
 	}
-	renewed := make(chan time.Time)
+	// The latest lease end, never blocking the keep-alive loop: a renewal
+	// replaces one the main loop has not read yet.
+	renewed := make(chan time.Time, 1)
 	kaDone := make(chan error, 1)
 	wg.Go(func() { kaDone <- m.keepAlive(sctx, lease.ID, renewed) })
 
@@ -189,8 +210,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	for {
 		select {
 		case <-ctx.Done():
-			m.leave(lease.ID, rep)
-			return ctx.Err()
+			return ctx.Err() // the deferred call leaves
 		case leaseEnd = <-renewed:
 			m.arm(v, ap, leaseEnd)
 		case err := <-kaDone:
@@ -246,7 +266,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 // request left). A failed renewal is tried again at the next tick; the
 // lease is given up as lost when etcd says it is gone, or when its end
 // passes without a renewal.
-func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, renewed chan<- time.Time) error {
+func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, renewed chan time.Time) error {
 	tick := time.NewTicker(max(m.cfg.leaseTTL/3, 100*time.Millisecond))
 	defer tick.Stop()
 	end := m.lim.Now().Add(m.cfg.leaseTTL) // at the latest; Grant's own end is earlier
@@ -275,10 +295,10 @@ func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, renewed 
 		}
 		end = sent.Add(time.Duration(resp.TTL) * time.Second)
 		select {
-		case renewed <- end:
-		case <-ctx.Done():
-			return ctx.Err()
+		case <-renewed: // drop the unread older end
+		default:
 		}
+		renewed <- end // the only sender: the slot is free
 	}
 }
 
