@@ -12,8 +12,13 @@ import (
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
-// outage is how long etcd stays down, counted from the start of its stop.
-const outage = 12 * time.Second
+// outage is how long etcd stays down, counted from the start of its stop;
+// outageFailStatic is the provider's fail_static in that scenario: long
+// enough to ride the outage out, and the instances' re-registration after.
+const (
+	outage           = 30 * time.Second
+	outageFailStatic = 40 * time.Second
+)
 
 // leases returns each instance key's lease, read from etcd.
 func leases(r *rig) (map[string]int64, error) {
@@ -33,15 +38,16 @@ func leases(r *rig) (map[string]int64, error) {
 	return out, nil
 }
 
-// TestEtcdOutage: etcd (embedded, one member) is stopped for 12 s under
+// TestEtcdOutage: etcd (embedded, one member) is stopped for 30 s under
 // load, then restarted on the same data dir. While it is down the instances
-// must keep admitting at their last share (fail-static, and say so); when it
+// must keep admitting at their last share (fail-static, and say so: the
+// provider's fail_static, 40 s, covers the outage); when it
 // is back they register again with new leases, configd is elected again, and
 // the split is the even one; no aligned window may go over the limit.
 func TestEtcdOutage(t *testing.T) {
 	r := newRig(t, "fault-etcd")
 	c := startConfigd(t, r.endpoint, "cd-a")
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
+	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even", "--fail-static", outageFailStatic.String())
 	insts := []*instance{
 		startInstance(t, r.endpoint, r.provider, r.stub.url(), 1),
 		startInstance(t, r.endpoint, r.provider, r.stub.url(), 2),

@@ -73,9 +73,12 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 		// The band first, then the clock: see above.
 		m.lim.SetClockUncertainty(meas.Uncertainty)
 		m.lim.SetClockOffset(meas.Offset)
-	} else {
-		m.lim.SetClockUncertainty(0) // no bound to keep: the share is halved instead
 	}
+	// With the offset unknown the guard band stays as the last measurement
+	// left it: the halved share takes effect only from a boundary ahead,
+	// and until then the band is what keeps permits inside their aligned
+	// windows (dropping it at once let one permit spill into the next
+	// window in the fault suite).
 	m.setStatus(func(s *Status) { s.ClockKnown, s.ClockUncertainty = meas.Known, meas.Uncertainty })
 	return skew.EnforcedShare(q, w, meas, bound)
 }
