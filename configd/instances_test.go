@@ -278,12 +278,9 @@ func (s *sim) publications() []schema.Shares {
 	return out
 }
 
-// settled waits until the newest published generation is acknowledged by
-// every simulated instance that is neither silent nor gone, and its first
-// window has begun: from then on the leader, when it next computes, knows
-// every acknowledgement there is. It returns that record.
 // seen waits until the simulated instances have seen generation gen: they
-// watch etcd on their own, behind a read of the shares key.
+// watch etcd on their own, behind a read of the shares key. Their
+// acknowledgements of it are written by then (under the same lock).
 func (s *sim) seen(t testing.TB, gen int64) {
 	t.Helper()
 	waitFor(t, 5*time.Second, "the simulated instances to see the generation", func() bool {
@@ -296,6 +293,10 @@ func (s *sim) seen(t testing.TB, gen int64) {
 	})
 }
 
+// settled waits until the newest published generation is acknowledged by
+// every simulated instance that is neither silent nor gone, and its first
+// window has begun: from then on the leader, when it next computes, knows
+// every acknowledgement there is. It returns that record.
 func (s *sim) settled(t testing.TB) schema.Shares {
 	t.Helper()
 	var sh schema.Shares
