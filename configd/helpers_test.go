@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -31,24 +32,6 @@ func TestMain(m *testing.M) {
 }
 
 var keys = schema.DefaultKeys()
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes (serve's logs).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // waitFor polls cond every 10 ms until it is true, failing the test after
 // timeout. It is how tests wait on state in etcd: no sleeps as
@@ -84,7 +67,7 @@ func ctxT(t testing.TB) context.Context {
 type replica struct {
 	id     string
 	addr   string
-	log    *syncBuffer
+	log    *logbuf.Buffer
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
@@ -95,7 +78,7 @@ type replica struct {
 // and waits until its API answers.
 func startReplica(t *testing.T, srv *etcdtest.Server, id string, extra ...string) *replica {
 	t.Helper()
-	r := &replica{id: id, addr: freeAddr(t), log: &syncBuffer{}, done: make(chan error, 1)}
+	r := &replica{id: id, addr: freeAddr(t), log: &logbuf.Buffer{}, done: make(chan error, 1)}
 	args := append([]string{"serve", "--listen", r.addr, "--replica-id", id, "--session-ttl", "2s", "--log-level", "debug"}, extra...)
 	if srv != nil {
 		args = append(args, "--etcd-endpoints", strings.Join(srv.Endpoints(), ","))

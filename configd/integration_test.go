@@ -31,6 +31,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter/cluster"
 )
@@ -74,7 +75,7 @@ func itWait(t *testing.T, what string, cond func() (ok bool, why string)) {
 type itReplica struct {
 	id     string
 	addr   string // the admin API's address, read from the log (it listens on port 0)
-	log    *syncBuffer
+	log    *logbuf.Buffer
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error // what run returned; valid after done is closed
@@ -88,7 +89,7 @@ var servingRE = regexp.MustCompile(`msg="configd serving" listen=(\S+)`)
 func itServe(t *testing.T, srv *etcdtest.Server, id string) *itReplica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &itReplica{id: id, log: &syncBuffer{}, cancel: cancel, done: make(chan struct{})}
+	r := &itReplica{id: id, log: &logbuf.Buffer{}, cancel: cancel, done: make(chan struct{})}
 	args := []string{"serve",
 		"--etcd-endpoints", strings.Join(srv.Endpoints(), ","),
 		"--listen", "127.0.0.1:0",
@@ -186,11 +187,11 @@ func itJoin(t *testing.T, srv *etcdtest.Server, provider string, ids ...string) 
 	t.Helper()
 	members := make([]*cluster.Member, len(ids))
 	errs := make([]error, len(ids))
-	logs := make([]*syncBuffer, len(ids))
+	logs := make([]*logbuf.Buffer, len(ids))
 	var wg sync.WaitGroup
 	for i, id := range ids {
 		cli := itClient(t, srv)
-		logs[i] = &syncBuffer{}
+		logs[i] = &logbuf.Buffer{}
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
 			defer cancel()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 // errNotLeader: a fenced write found that this replica no longer holds the
@@ -117,20 +118,27 @@ func (st *providerState) empty() bool {
 // since its expiry is on its own clock.
 func (st *providerState) failStatic() time.Duration {
 	if st.cfg == nil {
-		return schema.DefaultFailStatic + schema.DefaultWindow/50
+		return schema.DefaultFailStatic + skew.DefaultBound(schema.DefaultWindow)
 	}
 	bound := st.cfg.MaxClockOffset.D()
 	if bound <= 0 {
-		bound = st.cfg.Window.D() / 50
+		bound = skew.DefaultBound(st.cfg.Window.D())
 	}
 	return st.cfg.FailStaticOrDefault() + bound
 }
 
+// enforcing returns the most the published shares leave id enforcing: its
+// share or its grant, whichever is larger; 0 without shares.
+func (st *providerState) enforcing(id string) int64 {
+	if st.shares == nil {
+		return 0
+	}
+	return max(st.shares.Shares[id], st.shares.Granted[id])
+}
+
 // holdable reports whether the published shares leave id permits it may
 // still be enforcing.
-func (st *providerState) holdable(id string) bool {
-	return st.shares != nil && max(st.shares.Shares[id], st.shares.Granted[id]) > 0
-}
+func (st *providerState) holdable(id string) bool { return st.enforcing(id) > 0 }
 
 // holdMissing holds, until now+fail_static, every instance the published
 // shares leave permits to that is neither live nor held already: a leader
@@ -165,7 +173,7 @@ func (st *providerState) heldGrants(now time.Time) (held map[string]int64, next 
 		if held == nil {
 			held = map[string]int64{}
 		}
-		held[id] = max(st.shares.Shares[id], st.shares.Granted[id])
+		held[id] = st.enforcing(id)
 		if next.IsZero() || until.Before(next) {
 			next = until
 		}

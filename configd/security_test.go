@@ -19,13 +19,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter/cluster"
 )
 
 // secJoin joins a cluster.Member of provider with an etcd client built from
 // cfg (its own TLS material or credentials); Cleanup closes both.
-func secJoin(t *testing.T, cfg clientv3.Config, provider, id string, logs *syncBuffer) *cluster.Member {
+func secJoin(t *testing.T, cfg clientv3.Config, provider, id string, logs *logbuf.Buffer) *cluster.Member {
 	t.Helper()
 	cli, err := clientv3.New(cfg)
 	if err != nil {
@@ -94,7 +95,7 @@ func TestSecurityEtcdTLS(t *testing.T) {
 		t.Errorf("set over TLS printed %q", out)
 	}
 	cli := srv.Client(t)
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	m := secJoin(t, srv.Config(t), "tls-p", "inst-a", &logs) // the same CA and client certificate
 	secHasShare(t, cli, "tls-p", m, 100)
 	if out := cliOK(t, append([]string{"status", "tls-p"}, tlsFlags...)...); !strings.Contains(out, "inst-a") {
@@ -145,7 +146,7 @@ func TestSecurityEtcdAuth(t *testing.T) {
 
 	cliOK(t, append([]string{"set", "auth-p", "--limit", "100"}, configd...)...)
 	cli := srv.Client(t) // root, to look
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	mcfg := srv.Config(t)
 	mcfg.Username, mcfg.Password = "instance", instancePW
 	m := secJoin(t, mcfg, "auth-p", "inst-a", &logs)
@@ -308,7 +309,7 @@ func TestSecurityServeTokenFile(t *testing.T) {
 	} {
 		for _, listen := range []string{"127.0.0.1:0", "0.0.0.0:0"} {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			var logs syncBuffer
+			var logs logbuf.Buffer
 			err := run(ctx, []string{"serve", "--listen", listen, "--admin-token-file", file, "--etcd-endpoints", "http://127.0.0.1:1"}, &logs, &logs)
 			cancel()
 			if err == nil || !strings.Contains(err.Error(), "admin-token-file") || strings.Contains(err.Error(), "tiny-secret") {

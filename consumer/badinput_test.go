@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/internal/logbuf"
 )
 
 // oddHeaders are messages whose headers a handler is likely never to have
@@ -270,7 +271,7 @@ func TestHugeHandlerErrorDoesNotStallThePartition(t *testing.T) {
 	k.produce(t, topic, 1, []kafka.Message{{Key: []byte("big"), Value: big, Headers: []kafka.Header{{Key: "trace", Value: []byte("t0")}}}, {Value: []byte("next")}})
 	next := make(chan struct{})
 	var once sync.Once
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	errText := ""
 	c, err := consumer.New(consumer.Config{Brokers: k.brokers, Topic: topic, GroupID: group, DeadLetterTopic: dlq, MaxAttempts: 1,
 		RetryBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, DrainTimeout: time.Second},
@@ -504,22 +505,4 @@ func headerMap(m kafka.Message) headers {
 // where says what h says of where the original message is.
 func (h headers) where() string {
 	return fmt.Sprintf("topic %q partition %q offset %q", h[consumer.HeaderTopic], h[consumer.HeaderPartition], h[consumer.HeaderOffset])
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writes (logs).
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

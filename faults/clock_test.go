@@ -49,7 +49,7 @@ func TestClockFaults(t *testing.T) {
 			"-ntp", srv.Addr(), "-ntp-interval", ntpInterval.String()))
 	}
 	i1, i2 := insts[0], insts[1]
-	before := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), insts...)
+	before := r.settleEven(t, insts...)
 	share := before.Shares["inst-1"]
 	for _, in := range insts {
 		waitStats(t, in, "its clock measured", func(st map[string]string) bool { return st["clock_known"] == "true" })

@@ -48,12 +48,8 @@ func TestEtcdOutage(t *testing.T) {
 	r := newRig(t, "fault-etcd")
 	c := startConfigd(t, r.endpoint, "cd-a")
 	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even", "--fail-static", outageFailStatic.String())
-	insts := []*instance{
-		startInstance(t, r.endpoint, r.provider, r.stub.url(), 1),
-		startInstance(t, r.endpoint, r.provider, r.stub.url(), 2),
-		startInstance(t, r.endpoint, r.provider, r.stub.url(), 3),
-	}
-	before := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), insts...)
+	insts := r.startInstances(t, 3)
+	before := r.settleEven(t, insts...)
 	if _, _, err := c.errs.wait(0, 10*time.Second, func(s string) bool { return strings.Contains(s, `msg="became leader"`) }); err != nil {
 		t.Fatal(err)
 	}
@@ -131,17 +127,13 @@ func TestEtcdOutage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("configd's line has no time: %q", ll)
 	}
-	after := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), insts...)
+	after := r.settleEven(t, insts...)
 	settled := time.Now()
 	waitUntil(settled.Add(2 * window))
 	to := stopLoad(insts...)
 	logPhases(t, insts...)
 
-	evs := r.w.all()
-	for _, ev := range evs {
-		t.Logf("published: %s (seen %s)", describe(ev.sh), ev.seen.UTC().Format("15:04:05.000"))
-	}
-	checkGenerations(t, evs)
+	evs := r.published(t)
 	checkApplied(t, evs, insts...)
 	tl := checkWindows(t, r, "whole run, outage included", from, to)
 	for k := windowIndex(up) - 2; k <= windowIndex(settled); k++ {

@@ -73,12 +73,8 @@ func TestEtcdLeaderKilled(t *testing.T) {
 	r, cl := newClusterRig(t, "fault-etcd-member")
 	c := startConfigd(t, r.endpoint, "cd-a")
 	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
-	insts := []*instance{
-		startInstance(t, r.endpoint, r.provider, r.stub.url(), 1),
-		startInstance(t, r.endpoint, r.provider, r.stub.url(), 2),
-		startInstance(t, r.endpoint, r.provider, r.stub.url(), 3),
-	}
-	before := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), insts...)
+	insts := r.startInstances(t, 3)
+	before := r.settleEven(t, insts...)
 	if _, _, err := c.errs.wait(0, 10*time.Second, func(s string) bool { return strings.Contains(s, `msg="became leader"`) }); err != nil {
 		t.Fatal(err)
 	}
@@ -175,17 +171,13 @@ func TestEtcdLeaderKilled(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	after := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), insts...)
+	after := r.settleEven(t, insts...)
 	settled := time.Now()
 	waitUntil(settled.Add(2 * window))
 	to := stopLoad(insts...)
 	logPhases(t, insts...)
 
-	evs := r.w.all()
-	for _, ev := range evs {
-		t.Logf("published: %s (seen %s)", describe(ev.sh), ev.seen.UTC().Format("15:04:05.000"))
-	}
-	checkGenerations(t, evs)
+	evs := r.published(t)
 	checkApplied(t, evs, insts...)
 	t.Logf("invariant: generations strictly increase, each published once: %d shares records (gen %d to %d); configd leader changes %d; %d shares records published during the fault",
 		len(evs), evs[0].sh.Generation, evs[len(evs)-1].sh.Generation, c.leaderChanges(), publishedBetween(evs, down, caught))

@@ -33,10 +33,9 @@ func TestZombieInstance(t *testing.T) {
 	r := newRig(t, "fault-zombie")
 	c := startConfigd(t, r.endpoint, "cd-a")
 	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
-	i1 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 1)
-	i2 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 2)
-	i3 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 3)
-	before := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), i1, i2, i3)
+	insts := r.startInstances(t, 3)
+	i1, i2, i3 := insts[0], insts[1], insts[2]
+	before := r.settleEven(t, insts...)
 	from := startLoad(i1, i2, i3)
 	waitUntil(time.Unix(0, (from+2)*int64(window)).Add(100 * time.Millisecond))
 
@@ -74,15 +73,11 @@ func TestZombieInstance(t *testing.T) {
 		t.Fatalf("inst-1 never gave up its stale share after waking: %v", err)
 	}
 	fixed, _ := parseApplied(l)
-	back := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), i1, i2, i3)
+	back := r.settleEven(t, i1, i2, i3)
 	waitUntil(back.EffectiveTime().Add(2 * window))
 	to := stopLoad(i1, i2, i3)
 
-	evs := r.w.all()
-	for _, ev := range evs {
-		t.Logf("published: %s (seen %s)", describe(ev.sh), ev.seen.UTC().Format("15:04:05.000"))
-	}
-	checkGenerations(t, evs)
+	r.published(t)
 	tl := count(r.stub.calls(), from, to)
 	over := tl.over(limit)
 	// The zombie's grants after waking (from the start of the wake window:
@@ -120,12 +115,8 @@ func TestJoinLeaveFlood(t *testing.T) {
 	r := newRig(t, "fault-flood")
 	c := startConfigd(t, r.endpoint, "cd-a")
 	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
-	steady := []*instance{
-		startInstance(t, r.endpoint, r.provider, r.stub.url(), 1),
-		startInstance(t, r.endpoint, r.provider, r.stub.url(), 2),
-		startInstance(t, r.endpoint, r.provider, r.stub.url(), 3),
-	}
-	r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), steady...)
+	steady := r.startInstances(t, 3)
+	r.settleEven(t, steady...)
 	from := startLoad(steady...)
 	waitUntil(time.Unix(0, (from+2)*int64(window)))
 
@@ -178,7 +169,7 @@ func TestJoinLeaveFlood(t *testing.T) {
 		t.Errorf("only %d of %d short-lived instances joined: the flood did not happen", joined, n)
 	}
 
-	back := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), steady...)
+	back := r.settleEven(t, steady...)
 	settled := time.Now()
 	waitUntil(back.EffectiveTime().Add(2 * window))
 	to := stopLoad(steady...)

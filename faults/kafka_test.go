@@ -770,6 +770,27 @@ func logFinalCommits(t *testing.T, k *kafkaBroker, l *ledger, group, topic strin
 // brokerDown is how long the broker stays down.
 const brokerDown = 5 * time.Second
 
+// kafkaScenario sets up what both Kafka scenarios start from: a topic of
+// partitions, a group name, the ledger of what was produced and handled,
+// the limiter every consumer shares, a producer that has written a backlog
+// of backlog acknowledged messages, and the watch of the group's commits.
+func kafkaScenario(t *testing.T, k *kafkaBroker, partitions, backlog int) (topic, group string, l *ledger, lim *limiter.Limiter, p *producer, cw *commitWatch) {
+	t.Helper()
+	topic, group = kafkaName(t, "topic"), kafkaName(t, "group")
+	k.createTopic(t, topic, partitions)
+	l = newLedger()
+	lim, err := limiter.New(limit, window)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	p = newProducer(t, k, topic, l)
+	if err := p.write(t.Context(), backlog); err != nil {
+		t.Fatalf("producing the backlog: %v", err)
+	}
+	return topic, group, l, lim, p, watchCommits(t, k, l, group, topic, partitions)
+}
+
 // TestKafkaBrokerRestart: two consumers of one group share a limiter of
 // limit permits per aligned window; a producer writes a backlog, then 200
 // messages per second. Mid-stream the broker (kfake, one node) is stopped
@@ -783,19 +804,7 @@ func TestKafkaBrokerRestart(t *testing.T) {
 		t.Logf("KAFKA_BROKERS is set, but the test cannot restart an external Kafka: this scenario runs its own kfake")
 	}
 	const partitions = 4
-	topic, group := kafkaName(t, "topic"), kafkaName(t, "group")
-	k.createTopic(t, topic, partitions)
-	l := newLedger()
-	lim, err := limiter.New(limit, window)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lim.Close() })
-	p := newProducer(t, k, topic, l)
-	if err := p.write(t.Context(), 3*limit); err != nil {
-		t.Fatalf("producing the backlog: %v", err)
-	}
-	cw := watchCommits(t, k, l, group, topic, partitions)
+	topic, group, l, lim, p, cw := kafkaScenario(t, k, partitions, 3*limit)
 	members := []*member{
 		startMember(t, k, topic, group, lim, l, 1),
 		startMember(t, k, topic, group, lim, l, 2),
@@ -873,19 +882,7 @@ const (
 func TestKafkaRebalanceStorm(t *testing.T) {
 	k := newKafka(t, true)
 	const partitions = 6
-	topic, group := kafkaName(t, "topic"), kafkaName(t, "group")
-	k.createTopic(t, topic, partitions)
-	l := newLedger()
-	lim, err := limiter.New(limit, window)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lim.Close() })
-	p := newProducer(t, k, topic, l)
-	if err := p.write(t.Context(), 2*limit); err != nil {
-		t.Fatalf("producing the backlog: %v", err)
-	}
-	cw := watchCommits(t, k, l, group, topic, partitions)
+	topic, group, l, lim, p, cw := kafkaScenario(t, k, partitions, 2*limit)
 	steady := startMember(t, k, topic, group, lim, l, 1)
 	p.run(limit)
 	if err := l.waitHandled(limit/2, 30*time.Second); err != nil {

@@ -757,6 +757,40 @@ func newRig(t *testing.T, provider string) *rig {
 	return &rig{etcd: srv, cli: cli, endpoint: srv.Endpoints()[0], stub: startStub(t), w: newWatcher(t, cli, provider), provider: provider}
 }
 
+// startInstances starts instances 1..n against the rig's etcd and stub
+// and waits until each has joined.
+func (r *rig) startInstances(t *testing.T, n int) []*instance {
+	t.Helper()
+	insts := make([]*instance, n)
+	for i := range insts {
+		insts[i] = startInstance(t, r.endpoint, r.provider, r.stub.url(), i+1)
+	}
+	return insts
+}
+
+// settleEven is settle for the even split among insts: each has
+// limit/len(insts) and has applied it.
+func (r *rig) settleEven(t *testing.T, insts ...*instance) schema.Shares {
+	t.Helper()
+	ids := make([]string, len(insts))
+	for i, in := range insts {
+		ids[i] = in.id
+	}
+	return r.settle(t, len(insts), 30*time.Second, evenShares(ids...), insts...)
+}
+
+// published logs every shares record the rig saw, checks that their
+// generations never conflict, and returns them.
+func (r *rig) published(t *testing.T) []sharesEvent {
+	t.Helper()
+	evs := r.w.all()
+	for _, ev := range evs {
+		t.Logf("published: %s (seen %s)", describe(ev.sh), ev.seen.UTC().Format("15:04:05.000"))
+	}
+	checkGenerations(t, evs)
+	return evs
+}
+
 // settle waits until the newest shares record has n instances (and cond,
 // if given) and every instance in insts applied it, and until it is in
 // force (its first window began).

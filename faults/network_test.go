@@ -32,7 +32,7 @@ func TestInstanceCutOffFromEtcd(t *testing.T) {
 	i2 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 2)
 	i3 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 3)
 	insts := []*instance{i1, i2, i3}
-	before := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), insts...)
+	before := r.settleEven(t, insts...)
 	old, err := leases(r)
 	if err != nil {
 		t.Fatal(err)
@@ -80,16 +80,12 @@ func TestInstanceCutOffFromEtcd(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	back := r.settle(t, 3, 30*time.Second, evenShares("inst-1", "inst-2", "inst-3"), insts...)
+	back := r.settleEven(t, insts...)
 	waitUntil(back.EffectiveTime().Add(2 * window))
 	to := stopLoad(insts...)
 	logPhases(t, insts...)
 
-	evs := r.w.all()
-	for _, ev := range evs {
-		t.Logf("published: %s (seen %s)", describe(ev.sh), ev.seen.UTC().Format("15:04:05.000"))
-	}
-	checkGenerations(t, evs)
+	evs := r.published(t)
 	checkApplied(t, evs, insts...)
 	tl := checkWindows(t, r, "whole run, partition included", from, to)
 	for k := windowIndex(cut); k <= windowIndex(healed)+1; k++ {

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -58,11 +59,8 @@ func TestExpiryTryAcquire(t *testing.T) {
 					l.SetExpiry(t0.Add(tt.expiry))
 				}
 				got := drainWindows(l, w, len(tt.want))
-				for i := range tt.want {
-					if got[i] != tt.want[i] {
-						t.Errorf("admitted per window %v, want %v", got, tt.want)
-						break
-					}
+				if !slices.Equal(got, tt.want) {
+					t.Errorf("admitted per window %v, want %v", got, tt.want)
 				}
 			})
 		})
@@ -358,11 +356,8 @@ func TestExpiryWithScheduledChanges(t *testing.T) {
 				}
 				l.SetExpiry(t0.Add(tt.expiry))
 				got := drainWindows(l, w, len(tt.want))
-				for i := range tt.want {
-					if got[i] != tt.want[i] {
-						t.Errorf("admitted per second %v, want %v", got, tt.want)
-						break
-					}
+				if !slices.Equal(got, tt.want) {
+					t.Errorf("admitted per second %v, want %v", got, tt.want)
 				}
 			})
 		})

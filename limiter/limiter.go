@@ -87,7 +87,6 @@ type Limiter struct {
 	nextSeq      uint64                // reservation order
 	overCur      int64                 // permits the current window took beyond a lowered quota
 	guard        int64                 // clock uncertainty: no admission this close to a boundary
-	expiry       time.Time             // as given to SetExpiry; sched holds it in corrected ns
 	backoffUntil int64
 	closed       bool
 	counts       counts

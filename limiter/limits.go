@@ -160,9 +160,7 @@ func (l *Limiter) SetClockOffset(d time.Duration) {
 		// The expiry names an instant of real time (a lease's end, say):
 		// it moves with the clock, as waiters' deadlines do, so that a
 		// correction backwards never lets the limiter admit past it.
-		shift := time.Duration(now - before)
-		l.sched.expiry = addClamped(l.sched.expiry, shift)
-		l.expiry = l.expiry.Add(shift)
+		l.sched.expiry = addClamped(l.sched.expiry, time.Duration(now-before))
 	}
 	l.advanceLocked(now)
 	l.replaceLocked(rs, now, now-before)
@@ -235,7 +233,6 @@ func (l *Limiter) SetExpiry(t time.Time) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.expiry = t
 	if expires == l.sched.expires && e == l.sched.expiry {
 		return
 	}
@@ -250,12 +247,16 @@ func (l *Limiter) SetExpiry(t time.Time) {
 	l.replaceLocked(rs, now, 0)
 }
 
-// Expiry returns the time last given to SetExpiry: the zero Time if there
-// is no expiry.
+// Expiry returns the expiry in force (see SetExpiry), in corrected time: the
+// time last given, moved by clock offset changes since; the zero Time if
+// there is none.
 func (l *Limiter) Expiry() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.expiry
+	if !l.sched.expires {
+		return time.Time{}
+	}
+	return time.Unix(0, l.sched.expiry)
 }
 
 // maxOffset bounds a clock correction so that corrected time stays within

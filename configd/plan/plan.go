@@ -167,11 +167,7 @@ func (p Planner) Decide(in Input) Decision {
 	// The target is reached through the safe handover: growth only out of
 	// what no instance may still be enforcing.
 	b := bounds(cur, target, in.Acked, in.Now, p.bound())
-	for id, h := range in.Held {
-		if _, live := target[id]; !live && h > 0 {
-			b[id] = h
-		}
-	}
+	maps.Copy(b, heldOnly(in.Held, target))
 	shares, granted := p.handover()(in.Total, target, b)
 	for id, h := range b {
 		if _, live := target[id]; !live {

@@ -1,14 +1,12 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/ntptest"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter/skew"
@@ -374,7 +373,7 @@ func TestClockMonitorCorrectsAndCuts(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(time.Second)})
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	a := join(t, cli, "api", "a", WithClockMonitor(mon), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 
 	near := func(d, want time.Duration) bool { return d > want-time.Millisecond && d < want+time.Millisecond }
@@ -421,31 +420,6 @@ func TestClockMonitorCorrectsAndCuts(t *testing.T) {
 	if st := a.Status(); st.ClockUncertainty >= 300*time.Millisecond {
 		t.Errorf("after the step settled: %+v, want the guard band back to the measurement's uncertainty", st)
 	}
-}
-
-// lockedBuffer is a log destination tests read while the Member writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) Len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Len()
-}
-
-// From returns what was written from offset i on.
-func (l *lockedBuffer) From(i int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()[i:]
 }
 
 func TestCollectorReportsStatus(t *testing.T) {
@@ -506,7 +480,7 @@ func TestLapsedShareStartsFromNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pcli.Close()
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	a := join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	enforcing(t, a, 40)
 

@@ -151,7 +151,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	// replaces one the main loop has not read yet.
 	renewed := make(chan time.Time, 1)
 	kaDone := make(chan error, 1)
-	wg.Go(func() { kaDone <- m.keepAlive(sctx, lease.ID, renewed) })
+	wg.Go(func() { kaDone <- m.keepAlive(sctx, lease.ID, leaseEnd, renewed) })
 
 	// One transaction, so the four reads share a revision to watch from.
 	octx, ocancel = m.opCtx(sctx)
@@ -259,17 +259,16 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	}
 }
 
-// keepAlive renews the lease every third of its TTL until ctx ends, and
-// sends on renewed, after each renewal, the time before which the lease
-// cannot expire: when the request was sent plus the TTL etcd granted (a
+// keepAlive renews the lease, which cannot expire before end, every third
+// of its TTL until ctx ends, and sends on renewed, after each renewal, the
+// new time before which the lease cannot expire: when the request was sent plus the TTL etcd granted (a
 // response read late, by a process stopped and woken, counts from when its
 // request left). A failed renewal is tried again at the next tick; the
 // lease is given up as lost when etcd says it is gone, or when its end
 // passes without a renewal.
-func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, renewed chan time.Time) error {
+func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, end time.Time, renewed chan time.Time) error {
 	tick := time.NewTicker(max(m.cfg.leaseTTL/3, 100*time.Millisecond))
 	defer tick.Stop()
-	end := m.lim.Now().Add(m.cfg.leaseTTL) // at the latest; Grant's own end is earlier
 	for {
 		select {
 		case <-ctx.Done():
