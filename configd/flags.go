@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter/cluster"
 )
 
 // passwordEnv is read when --etcd-username is set without --etcd-password-file.
@@ -67,6 +68,7 @@ func (f *etcdFlags) config() (clientv3.Config, error) {
 	}
 	cfg.DialTimeout = f.dialTimeout
 	cfg.Logger = zap.NewNop()
+	cfg.DialOptions = cluster.DialOptions()
 	if (f.certFile == "") != (f.keyFile == "") {
 		return cfg, usageErrorf("--etcd-cert and --etcd-key go together")
 	}

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter/cluster"
 )
 
 const serveUsage = `Usage: configd serve [flags]
@@ -259,7 +260,8 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 		}
 		defer emb.close()
 		log.Info("embedded etcd ready", "data_dir", cfg.DataDir, "client_url", cfg.EmbeddedClientURL)
-		cli, err = clientv3.New(clientv3.Config{Endpoints: emb.endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		cli, err = clientv3.New(clientv3.Config{Endpoints: emb.endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+			DialOptions: cluster.DialOptions()})
 	}
 	if err != nil {
 		return err

@@ -7,7 +7,11 @@
 // limit, shares generations never conflict, the system recovers. One
 // scenario runs etcd as a cluster of three members and kills its leader;
 // one steps an instance's clock and silences another's NTP server (each
-// instance measures against its own SNTP responder over real UDP).
+// instance measures against its own SNTP responder over real UDP); one cuts
+// an instance off from etcd while it serves, twice: in a network namespace
+// of its own whose veth link to etcd goes down (internal/netcut; as root
+// with iproute2's ip, skipped with the reason otherwise), and behind a TCP
+// proxy in the test that drops its connections.
 //
 // The Kafka scenarios run the consumer package (in-process consumers of one
 // group sharing one limiter) against an in-process kfake broker, or the

@@ -23,7 +23,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/netcut"
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter/cluster"
 )
 
 // The binaries TestMain builds: configd, and the instance of the accuracy
@@ -149,13 +151,12 @@ type proc struct {
 	err    error
 }
 
-func startProc(t *testing.T, name, bin string, args ...string) *proc {
+func startProc(t *testing.T, name string, cmd *exec.Cmd) *proc {
 	t.Helper()
 	logf, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -257,7 +258,7 @@ func startConfigd(t *testing.T, endpoint, id string, extra ...string) *configd {
 	t.Helper()
 	args := append([]string{"serve", "--etcd-endpoints", endpoint, "--listen", "127.0.0.1:0", "--replica-id", id,
 		"--session-ttl", "2s"}, extra...)
-	p := startProc(t, "configd-"+id, configdBin, args...)
+	p := startProc(t, "configd-"+id, exec.Command(configdBin, args...))
 	l, _, err := p.errs.wait(0, 30*time.Second, func(s string) bool { return strings.Contains(s, `msg="configd serving"`) })
 	if err != nil {
 		t.Fatalf("configd %s did not start: %v", id, err)
@@ -304,20 +305,36 @@ type instance struct {
 // the etcd endpoint and waits until it joined.
 func startInstance(t *testing.T, endpoint, provider, stubURL string, index int, extra ...string) *instance {
 	t.Helper()
-	in := launchInstance(t, endpoint, provider, stubURL, index, extra...)
-	if _, _, err := in.out.wait(0, 30*time.Second, func(s string) bool { return strings.HasPrefix(s, "joined ") }); err != nil {
-		t.Fatalf("%s did not join: %v", in.id, err)
-	}
-	return in
+	return launchInstanceIn(t, nil, endpoint, provider, stubURL, index, extra...).joined(t)
 }
 
 // launchInstance starts the instance without waiting for it to join.
 func launchInstance(t *testing.T, endpoint, provider, stubURL string, index int, extra ...string) *instance {
 	t.Helper()
+	return launchInstanceIn(t, nil, endpoint, provider, stubURL, index, extra...)
+}
+
+// launchInstanceIn starts the instance inside ns's network namespace (on
+// the host's network when ns is nil).
+func launchInstanceIn(t *testing.T, ns *netcut.Namespaces, endpoint, provider, stubURL string, index int, extra ...string) *instance {
+	t.Helper()
 	id := fmt.Sprintf("inst-%d", index)
 	args := append([]string{"-etcd", endpoint, "-provider", provider, "-id", id, "-index", strconv.Itoa(index),
 		"-stub", stubURL, "-lease-ttl", leaseTTL.String(), "-window", window.String(), "-max-wait", "10ms"}, extra...)
-	return &instance{proc: startProc(t, id, instanceBin, args...), id: id, index: index}
+	cmd := exec.Command(instanceBin, args...)
+	if ns != nil {
+		cmd = ns.Command(instanceBin, args...)
+	}
+	return &instance{proc: startProc(t, id, cmd), id: id, index: index}
+}
+
+// joined waits until the instance has joined.
+func (in *instance) joined(t *testing.T) *instance {
+	t.Helper()
+	if _, _, err := in.out.wait(0, 30*time.Second, func(s string) bool { return strings.HasPrefix(s, "joined ") }); err != nil {
+		t.Fatalf("%s did not join: %v", in.id, err)
+	}
+	return in
 }
 
 // load makes the instance offer rate requests per second from now on.
@@ -753,7 +770,16 @@ type rig struct {
 func newRig(t *testing.T, provider string) *rig {
 	t.Helper()
 	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
+	// The instances' and configd's reconnect backoff: with gRPC's default
+	// the rig's own client would find etcd back up to 13 s after an
+	// outage, later than the processes it measures.
+	cfg := srv.Config(t)
+	cfg.DialOptions = cluster.DialOptions()
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
 	return &rig{etcd: srv, cli: cli, endpoint: srv.Endpoints()[0], stub: startStub(t), w: newWatcher(t, cli, provider), provider: provider}
 }
 

@@ -199,7 +199,8 @@ func newLimiter(ctx context.Context, cfg config, log *slog.Logger) (*limiter.Lim
 		}
 		return lim, func() { lim.Close() }, limiterInfo{what: fmt.Sprintf("local limiter: %d per %v", cfg.limit, cfg.window)}, nil
 	}
-	ecfg := clientv3.Config{Endpoints: cfg.etcdEndpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	ecfg := clientv3.Config{Endpoints: cfg.etcdEndpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: cluster.DialOptions()}
 	if cfg.etcdCA != "" || cfg.etcdCert != "" {
 		info := transport.TLSInfo{CertFile: cfg.etcdCert, KeyFile: cfg.etcdKey, TrustedCAFile: cfg.etcdCA}
 		tlsCfg, err := info.ClientConfig()

@@ -20,7 +20,7 @@ func (c *Counter) Dial(endpoints string) (*clientv3.Client, error) {
 		Endpoints:   strings.Split(endpoints, ","),
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
-		DialOptions: c.DialOptions(),
+		DialOptions: append(c.DialOptions(), cluster.DialOptions()...),
 	})
 }
 

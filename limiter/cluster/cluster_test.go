@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/logbuf"
+	"github.com/sluice-go/sluice/internal/netcut"
 	"github.com/sluice-go/sluice/internal/ntptest"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter/skew"
@@ -474,7 +475,7 @@ func TestLapsedShareStartsFromNothing(t *testing.T) {
 	}
 	shares(1, time.Now(), map[string]int64{"a": 40})
 
-	px := etcdtest.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
 	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)

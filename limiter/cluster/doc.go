@@ -3,7 +3,10 @@
 // equal to the instance's share, and reports demand for configd to
 // redistribute.
 //
-//	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+//	cli, err := clientv3.New(clientv3.Config{
+//		Endpoints:   []string{"127.0.0.1:2379"},
+//		DialOptions: cluster.DialOptions(), // reconnect within 2 s of etcd's return
+//	})
 //	if err != nil {
 //		return err
 //	}

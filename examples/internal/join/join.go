@@ -100,7 +100,8 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 		}
 		return &Joined{Limiter: lim, Registry: reg}, nil
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: cluster.DialOptions()})
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}

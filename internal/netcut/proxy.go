@@ -1,4 +1,4 @@
-package etcdtest
+package netcut
 
 import (
 	"io"
@@ -7,11 +7,12 @@ import (
 	"testing"
 )
 
-// Proxy is a TCP proxy on 127.0.0.1 in front of one address (an etcd
-// member's client URL): a test points one client at it to cut that client
-// off from etcd and nothing else. Cut closes every connection through it
-// and refuses new ones; Heal lets connections through again. It stops with
-// the test.
+// Proxy is a TCP proxy in the test process in front of one address (an
+// etcd member's client URL, say): a test points one client at it to cut
+// that client off from the server and nothing else. Cut closes every
+// connection through it and refuses new ones, so the client sees the cut
+// at once (resets and refused dials); Heal lets connections through again.
+// It stops with the test.
 type Proxy struct {
 	ln     net.Listener
 	target string
@@ -21,13 +22,19 @@ type Proxy struct {
 	wg     sync.WaitGroup
 }
 
-// StartProxy starts a proxy to target (host:port).
+// StartProxy starts a proxy on 127.0.0.1 to target (host:port).
 func StartProxy(tb testing.TB, target string) *Proxy {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return serveProxy(tb, ln, target)
+}
+
+// serveProxy proxies every connection ln accepts to target until the test
+// ends.
+func serveProxy(tb testing.TB, ln net.Listener, target string) *Proxy {
 	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
 	p.wg.Go(p.accept)
 	tb.Cleanup(func() {
@@ -38,8 +45,11 @@ func StartProxy(tb testing.TB, target string) *Proxy {
 	return p
 }
 
+// Addr returns the address the proxy listens on (host:port).
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
 // URL returns the proxy's address as an etcd endpoint URL.
-func (p *Proxy) URL() string { return "http://" + p.ln.Addr().String() }
+func (p *Proxy) URL() string { return "http://" + p.Addr() }
 
 // Cut closes every open connection and refuses new ones until Heal.
 func (p *Proxy) Cut() { p.set(true) }
