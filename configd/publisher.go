@@ -105,26 +105,78 @@ type providerState struct {
 	// leaving), until when its grant stays reserved: it may only be cut off
 	// from etcd, and then keeps its share for the provider's fail_static.
 	held map[string]time.Time
+	// replaced lists the fail_static values this replica saw replaced in
+	// the last failStaticMemory, each with when: an instance cut off
+	// before it read the new value still counts with the old one.
+	replaced []replacedFailStatic
 }
+
+// replacedFailStatic is a fail_static (the default applied) that was in
+// force until until.
+type replacedFailStatic struct {
+	d     time.Duration
+	until time.Time
+}
+
+// failStaticMemory is how long a replaced fail_static is remembered.
+// Longer than any instance goes between its last record and its key's
+// deletion (a lease TTL plus RefreshEvery report intervals).
+const failStaticMemory = 2 * time.Hour
+
+// recordSkew is the clock difference between an instance and this replica
+// tolerated when their times are compared.
+const recordSkew = time.Minute
 
 func (st *providerState) empty() bool {
 	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.sharesKey
 }
 
-// failStatic is how long after an instance's key went its grant is held:
-// the provider's fail_static (the default without a config), plus the clock
-// error an instance may have while enforcing its whole share — the
-// provider's max_clock_offset, or 2% of the window (skew.DefaultBound) —
-// since its expiry is on its own clock.
-func (st *providerState) failStatic() time.Duration {
+// currentFailStatic is the provider's fail_static, the default without a
+// config.
+func (st *providerState) currentFailStatic() time.Duration {
 	if st.cfg == nil {
-		return schema.DefaultFailStatic + skew.DefaultBound(schema.DefaultWindow)
+		return schema.DefaultFailStatic
+	}
+	return st.cfg.FailStaticOrDefault()
+}
+
+// noteFailStatic remembers the fail_static prev had if the config now has
+// another; now is when the change was seen.
+func (st *providerState) noteFailStatic(prev *schema.ProviderConfig, now time.Time) {
+	if d := st.currentFailStatic(); prev != nil && prev.FailStaticOrDefault() != d {
+		st.replaced = append(st.replaced, replacedFailStatic{d: prev.FailStaticOrDefault(), until: now})
+	}
+	st.replaced = slices.DeleteFunc(st.replaced, func(r replacedFailStatic) bool {
+		return now.Sub(r.until) > failStaticMemory
+	})
+}
+
+// holdFor is how long after an instance's key went its grant is held: the
+// longest fail_static it may be counting with — the provider's, the one
+// its last record (rec; nil when unknown) says, and any this replica saw
+// replaced since that record was written, which it may have read after
+// (with no record: any remembered) — plus the clock error an instance may
+// have while enforcing its whole share — the provider's max_clock_offset,
+// or 2% of the window (skew.DefaultBound) — since its expiry is on its own
+// clock.
+func (st *providerState) holdFor(rec *schema.InstanceRecord) time.Duration {
+	d := st.currentFailStatic()
+	if rec != nil {
+		d = max(d, rec.FailStatic.D())
+	}
+	for _, r := range st.replaced {
+		if rec == nil || !r.until.Before(rec.Updated.Add(-recordSkew)) {
+			d = max(d, r.d)
+		}
+	}
+	if st.cfg == nil {
+		return d + skew.DefaultBound(schema.DefaultWindow)
 	}
 	bound := st.cfg.MaxClockOffset.D()
 	if bound <= 0 {
 		bound = skew.DefaultBound(st.cfg.Window.D())
 	}
-	return st.cfg.FailStaticOrDefault() + bound
+	return d + bound
 }
 
 // enforcing returns the most the published shares leave id enforcing: its
@@ -154,7 +206,7 @@ func (st *providerState) holdMissing(now time.Time) {
 				continue
 			}
 			if _, ok := st.held[id]; !ok {
-				st.held[id] = now.Add(st.failStatic())
+				st.held[id] = now.Add(st.holdFor(nil))
 			}
 		}
 	}
@@ -246,6 +298,8 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			if o.maxGen > st.maxGen {
 				st.maxGen = o.maxGen
 			}
+			st.replaced = o.replaced
+			st.noteFailStatic(o.cfg, p.now())
 			if st.shares == nil && st.sharesBad && o.shares != nil {
 				// Its grants still bound what the instances may enforce.
 				st.shares, st.published = o.shares, o.published
@@ -346,7 +400,9 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 	switch k.Kind {
 	case schema.KindConfig:
 		if !put {
+			prev := st.cfg
 			st.cfg, st.cfgRev, st.keyRev = nil, 0, 0
+			st.noteFailStatic(prev, p.now())
 			break
 		}
 		st.keyRev = kv.ModRevision
@@ -358,13 +414,15 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 			p.bad(key, kv.ModRevision, err)
 			return
 		}
+		prev := st.cfg
 		st.cfg, st.cfgRev = &cfg, kv.ModRevision
+		st.noteFailStatic(prev, p.now())
 	case schema.KindInstance:
 		if !put {
 			rec, was := st.instances[k.Instance]
 			delete(st.instances, k.Instance)
 			if was && !rec.Leaving && st.holdable(k.Instance) {
-				until := p.now().Add(st.failStatic())
+				until := p.now().Add(st.holdFor(&rec))
 				st.held[k.Instance] = until
 				p.log.Info("instance lease expired; its share stays reserved for the provider's fail_static",
 					"provider", k.Provider, "instance", k.Instance, "until", until.UTC())

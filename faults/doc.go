@@ -20,7 +20,7 @@
 // committed offsets never pass what was handled, and the same per-window
 // limit; duplicates are counted.
 //
-// The suite is slow (10–30 s per scenario, about 150 s in all) and runs
+// The suite is slow (10–60 s per scenario, about 215 s in all) and runs
 // only with SLUICE_FAULTS=1:
 //
 //	SLUICE_FAULTS=1 go test -count=1 -v ./faults/

@@ -84,6 +84,7 @@ type Record struct {
 	Generation  int64 // the shares generation applied
 	ClockOffset time.Duration
 	ClockKnown  bool
+	FailStatic  time.Duration // the fail_static the instance's expiry counts with
 }
 
 // RefreshEvery is how many report intervals an unchanged record goes
@@ -100,7 +101,8 @@ func Due(old, cur Record, age, interval time.Duration) bool {
 // Meaningful reports whether cur differs from old enough to be written:
 // another applied generation (the acknowledgement configd waits for),
 // demand by more than 2% and more than one permit, the clock offset by
-// more than a millisecond, or whether it is known.
+// more than a millisecond, whether it is known, or the fail_static the
+// instance's expiry counts with (configd holds a lapsed share by it).
 func Meaningful(old, cur Record) bool {
 	dd := cur.Demand - old.Demand
 	if dd < 0 {
@@ -112,5 +114,6 @@ func Meaningful(old, cur Record) bool {
 	}
 	return cur.Generation != old.Generation ||
 		(dd > 1 && float64(dd) > 0.02*float64(max(old.Demand, 1))) ||
-		do > time.Millisecond || cur.ClockKnown != old.ClockKnown
+		do > time.Millisecond || cur.ClockKnown != old.ClockKnown ||
+		cur.FailStatic != old.FailStatic
 }

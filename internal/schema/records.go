@@ -215,6 +215,13 @@ type InstanceRecord struct {
 	// to the others at once instead of keeping it for the provider's
 	// fail_static.
 	Leaving bool `json:"leaving,omitempty"`
+	// FailStatic is the provider's fail_static the instance's expiry
+	// counts with now: the value it last read from the provider's config.
+	// configd holds the share of an instance whose lease expired for at
+	// least this long, so an instance cut off before it read a lowered
+	// fail_static never outlasts its hold. 0: no expiry armed with one
+	// (the even split, the fallback, or a member from before the field).
+	FailStatic Duration `json:"fail_static,omitempty"`
 }
 
 // Validate checks the record.
@@ -238,6 +245,8 @@ func (r InstanceRecord) Validate() error {
 		return invalid("applied_generation", r.AppliedGeneration, ErrInvalidField)
 	case r.ClockOffset.D() > time.Hour || r.ClockOffset.D() < -time.Hour:
 		return invalid("clock_offset", r.ClockOffset, ErrInvalidClockOffset)
+	case r.FailStatic < 0 || r.FailStatic.D() > MaxFailStatic:
+		return invalid("fail_static", r.FailStatic, ErrInvalidFailStatic)
 	}
 	return nil
 }

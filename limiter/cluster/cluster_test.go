@@ -189,27 +189,40 @@ func TestPublishedSharesWinAndAreAcknowledged(t *testing.T) {
 	}))
 	enforcing(t, a, 60)
 	enforcing(t, b, 30)
-	// Both acknowledged generation 7 in their records.
-	waitFor(t, "acknowledgements", func() bool {
-		resp, err := cli.Get(ctx, keys.Instances("api"), clientv3.WithPrefix())
-		if err != nil {
-			return false
-		}
-		acked := 0
-		for _, kv := range resp.Kvs {
-			r, err := schema.DecodeInstanceRecord(kv.Value)
-			if err == nil && r.AppliedGeneration == 7 {
-				acked++
+	// Both acknowledged generation 7 in their records, which say the
+	// fail_static their expiry counts with (configd holds by it).
+	records := func(what string, cond func(schema.InstanceRecord) bool) {
+		t.Helper()
+		waitFor(t, what, func() bool {
+			resp, err := cli.Get(ctx, keys.Instances("api"), clientv3.WithPrefix())
+			if err != nil {
+				return false
 			}
-		}
-		return acked == 2
+			n := 0
+			for _, kv := range resp.Kvs {
+				r, err := schema.DecodeInstanceRecord(kv.Value)
+				if err == nil && cond(r) {
+					n++
+				}
+			}
+			return n == 2
+		})
+	}
+	records("acknowledgements of generation 7, fail_static the default", func(r schema.InstanceRecord) bool {
+		return r.AppliedGeneration == 7 && r.FailStatic.D() == schema.DefaultFailStatic
 	})
-	// The leader dies: the instances fall back to the even split.
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(3 * time.Second)})
+	records("the lowered fail_static in the records", func(r schema.InstanceRecord) bool {
+		return r.AppliedGeneration == 7 && r.FailStatic.D() == 3*time.Second
+	})
+	// The leader dies: the instances fall back to the even split, whose
+	// expiry is the lease's end alone.
 	if _, err := cli.Revoke(ctx, lease.ID); err != nil {
 		t.Fatal(err)
 	}
 	enforcing(t, a, 45)
 	enforcing(t, b, 45)
+	records("no fail_static under the even split", func(r schema.InstanceRecord) bool { return r.FailStatic == 0 })
 }
 
 // TestFailStaticThenRegisterAgain: with etcd gone, an instance keeps its

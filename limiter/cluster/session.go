@@ -48,7 +48,10 @@ type reporter struct {
 	lastAsked int64
 	lastAt    time.Time
 	demand    float64
-	written   schema.InstanceRecord
+	// failStatic is the fail_static the limiter's expiry counts with now,
+	// reported so that configd holds a lapsed share at least as long.
+	failStatic time.Duration
+	written    schema.InstanceRecord
 	wroteAt   time.Time
 	haveWrite bool
 }
@@ -187,7 +190,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	// follow applies the view and moves the limiter's expiry with it.
 	follow := func() bool {
 		acked := m.apply(v, ap)
-		m.arm(v, ap, leaseEnd)
+		rep.failStatic = m.arm(v, ap, leaseEnd)
 		return acked
 	}
 	follow()
@@ -212,7 +215,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		case <-ctx.Done():
 			return ctx.Err() // the deferred call leaves
 		case leaseEnd = <-renewed:
-			m.arm(v, ap, leaseEnd)
+			rep.failStatic = m.arm(v, ap, leaseEnd)
 		case err := <-kaDone:
 			return err
 		case wr, ok := <-providerEvents:
@@ -308,16 +311,18 @@ func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, end time
 // never enforces a share configd has handed to others. Under the even
 // split: the lease's end, since the others grow as soon as its key goes.
 // On the fallback: never (nobody hands it out).
-func (m *Member) arm(v *view, ap *applied, leaseEnd time.Time) {
+func (m *Member) arm(v *view, ap *applied, leaseEnd time.Time) (failStatic time.Duration) {
 	var until time.Time
 	switch {
 	case ap.source == "shares" && v.config != nil:
-		until = leaseEnd.Add(v.config.FailStaticOrDefault())
+		failStatic = v.config.FailStaticOrDefault()
+		until = leaseEnd.Add(failStatic)
 	case ap.source == "even":
 		until = leaseEnd
 	}
 	m.lim.SetExpiry(until)
 	m.setStatus(func(s *Status) { s.AdmitsUntil = until })
+	return failStatic
 }
 
 // leave is the graceful end of a session: the limiter stops admitting, and
@@ -541,6 +546,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		ClockOffset:       schema.Duration(m.lim.ClockOffset()),
 		ClockKnown:        m.cfg.clock != nil && m.cfg.clock.Current().Known,
 		AppliedGeneration: ap.gen,
+		FailStatic:        schema.Duration(rep.failStatic),
 	}
 	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) {
 		return nil
@@ -565,5 +571,6 @@ func written(rec schema.InstanceRecord) follow.Record {
 		Generation:  rec.AppliedGeneration,
 		ClockOffset: time.Duration(rec.ClockOffset),
 		ClockKnown:  rec.ClockKnown,
+		FailStatic:  time.Duration(rec.FailStatic),
 	}
 }

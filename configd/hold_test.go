@@ -1,0 +1,134 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// TestHoldFor: configd holds an expired instance's grant for the longest
+// fail_static the instance may still be counting with, plus the clock
+// bound: the provider's, the one its record reports, and one replaced
+// after that record was written (the instance may have read it since).
+func TestHoldFor(t *testing.T) {
+	t0 := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
+	const bound = 20 * time.Millisecond // 2% of the 1 s window
+	cfg := func(fs time.Duration) *schema.ProviderConfig {
+		return &schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(fs)}
+	}
+	rec := func(fs time.Duration, updated time.Time) *schema.InstanceRecord {
+		return &schema.InstanceRecord{Version: 1, ID: "a", Updated: updated, FailStatic: schema.Duration(fs)}
+	}
+	// configs are applied in order, the last at t0; each earlier one a
+	// five minutes before the next (more than recordSkew).
+	tests := []struct {
+		name    string
+		configs []*schema.ProviderConfig
+		rec     *schema.InstanceRecord
+		want    time.Duration
+	}{
+		{"no config: the default", nil, nil, schema.DefaultFailStatic + bound},
+		{"the provider's", []*schema.ProviderConfig{cfg(5 * time.Second)}, rec(5*time.Second, t0), 5*time.Second + bound},
+		{"0 in the config is the default", []*schema.ProviderConfig{cfg(0)}, rec(0, t0), schema.DefaultFailStatic + bound},
+		{"a record from before the field", []*schema.ProviderConfig{cfg(5 * time.Second)}, rec(0, t0), 5*time.Second + bound},
+		{"lowered; the record still says the old value (cut off before it read the new one)",
+			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(time.Second)}, rec(40*time.Second, t0.Add(-2*time.Minute)), 40*time.Second + bound},
+		{"lowered; the record, written after, says the new value",
+			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(time.Second)}, rec(time.Second, t0.Add(5*time.Minute)), time.Second + bound},
+		{"raised then lowered after the record was written: it may have read the raised value",
+			[]*schema.ProviderConfig{cfg(5 * time.Second), cfg(40 * time.Second), cfg(time.Second)}, rec(5*time.Second, t0.Add(-90*time.Second)), 40*time.Second + bound},
+		{"a value replaced before the record was written is not counted",
+			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(5 * time.Second), cfg(time.Second)}, rec(5*time.Second, t0.Add(-30*time.Second)), 5*time.Second + bound},
+		{"no record (a leader that starts): every value remembered",
+			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(5 * time.Second), cfg(time.Second)}, nil, 40*time.Second + bound},
+		{"the config deleted: the default, and the replaced value",
+			[]*schema.ProviderConfig{cfg(40 * time.Second), nil}, nil, 40*time.Second + bound},
+		{"max_clock_offset is the bound",
+			[]*schema.ProviderConfig{{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(3 * time.Second), MaxClockOffset: schema.Duration(100 * time.Millisecond)}},
+			nil, 3*time.Second + 100*time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := &providerState{}
+			for i, c := range tt.configs {
+				prev := st.cfg
+				st.cfg = c
+				st.noteFailStatic(prev, t0.Add(-time.Duration(len(tt.configs)-1-i)*5*time.Minute))
+			}
+			if got := st.holdFor(tt.rec); got != tt.want {
+				t.Errorf("holdFor = %v, want %v (replaced %v)", got, tt.want, st.replaced)
+			}
+		})
+	}
+}
+
+// TestReplacedFailStaticForgotten: a replaced value is remembered for
+// failStaticMemory, then no longer lengthens a hold.
+func TestReplacedFailStaticForgotten(t *testing.T) {
+	t0 := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
+	old := &schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Hour)}
+	cur := *old
+	cur.FailStatic = schema.Duration(time.Second)
+	st := &providerState{cfg: &cur}
+	st.noteFailStatic(old, t0)
+	if got := st.holdFor(nil); got < time.Hour {
+		t.Fatalf("just after the change: hold %v, want at least the replaced 1h", got)
+	}
+	st.noteFailStatic(&cur, t0.Add(failStaticMemory)) // no change: only prunes
+	if len(st.replaced) != 1 {
+		t.Fatalf("forgotten at exactly failStaticMemory: %v", st.replaced)
+	}
+	st.noteFailStatic(&cur, t0.Add(failStaticMemory+time.Second))
+	if got, want := st.holdFor(nil), time.Second+20*time.Millisecond; got != want || len(st.replaced) != 0 {
+		t.Errorf("after failStaticMemory: hold %v (replaced %v), want %v", got, st.replaced, want)
+	}
+}
+
+// TestLoweredFailStaticHoldsByTheRecord: the provider's fail_static is
+// lowered from 40 s to 1 s while an instance is cut off from etcd (its
+// record, from before, says its expiry counts with 40 s); when its lease
+// expires, its grant is held for 40 s, not 1 s: it may enforce its share
+// that long.
+func TestLoweredFailStaticHoldsByTheRecord(t *testing.T) {
+	now := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
+	p := &publisher{
+		keys: schema.DefaultKeys(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry()),
+		now: func() time.Time { return now }, providers: map[string]*providerState{}, malformed: map[string]string{}, dirty: map[string]bool{},
+		history: map[string]int64{},
+	}
+	ev := func(typ mvccpb.Event_EventType, key string, v any) {
+		t.Helper()
+		kv := &mvccpb.KeyValue{Key: []byte(key), ModRevision: 1}
+		if v != nil {
+			b, err := schema.Encode(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kv.Value = b
+		}
+		p.apply(typ, kv)
+	}
+	keys := p.keys
+	cfg := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(40 * time.Second)}.WithDefaults()
+	ev(mvccpb.PUT, keys.Config("pay"), cfg)
+	ev(mvccpb.PUT, keys.Instance("pay", "a"), schema.InstanceRecord{Version: 1, ID: "a", Updated: now, FailStatic: schema.Duration(40 * time.Second)})
+	ev(mvccpb.PUT, keys.Shares("pay"), schema.Shares{Version: 1, Provider: "pay", Generation: 1, Window: schema.Duration(time.Second), Total: 100, Instances: 1,
+		Shares: map[string]int64{"a": 100}, Granted: map[string]int64{"a": 100}})
+	// Cut off: it writes nothing more. The operator lowers fail_static a
+	// few minutes later, and its lease expires after that.
+	now = now.Add(3 * time.Minute)
+	cfg.FailStatic = schema.Duration(time.Second)
+	ev(mvccpb.PUT, keys.Config("pay"), cfg)
+	now = now.Add(5 * time.Second)
+	ev(mvccpb.DELETE, keys.Instance("pay", "a"), nil)
+	want := now.Add(40*time.Second + 20*time.Millisecond)
+	if got := p.providers["pay"].held["a"]; !got.Equal(want) {
+		t.Errorf("held until %v, want %v (the record's 40 s plus the clock bound)", got, want)
+	}
+}
