@@ -52,8 +52,8 @@ type reporter struct {
 	// reported so that configd holds a lapsed share at least as long.
 	failStatic time.Duration
 	written    schema.InstanceRecord
-	wroteAt   time.Time
-	haveWrite bool
+	wroteAt    time.Time
+	haveWrite  bool
 }
 
 // run owns the Member's state: it runs sessions with etcd until Close,
