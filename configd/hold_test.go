@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -25,33 +27,38 @@ func TestHoldFor(t *testing.T) {
 	rec := func(fs time.Duration, updated time.Time) *schema.InstanceRecord {
 		return &schema.InstanceRecord{Version: 1, ID: "a", Updated: updated, FailStatic: schema.Duration(fs)}
 	}
-	// configs are applied in order, the last at t0; each earlier one a
-	// five minutes before the next (more than recordSkew).
+	// configs are applied in order, the last at t0, each earlier one five
+	// minutes before the next (more than recordSkew).
 	tests := []struct {
 		name    string
 		configs []*schema.ProviderConfig
 		rec     *schema.InstanceRecord
+		written time.Time // when this replica saw rec, if before rec.Updated
 		want    time.Duration
 	}{
-		{"no config: the default", nil, nil, schema.DefaultFailStatic + bound},
-		{"the provider's", []*schema.ProviderConfig{cfg(5 * time.Second)}, rec(5*time.Second, t0), 5*time.Second + bound},
-		{"0 in the config is the default", []*schema.ProviderConfig{cfg(0)}, rec(0, t0), schema.DefaultFailStatic + bound},
-		{"a record from before the field", []*schema.ProviderConfig{cfg(5 * time.Second)}, rec(0, t0), 5*time.Second + bound},
+		{"no config: the default", nil, nil, time.Time{}, schema.DefaultFailStatic + bound},
+		{"the provider's", []*schema.ProviderConfig{cfg(5 * time.Second)}, rec(5*time.Second, t0), time.Time{}, 5*time.Second + bound},
+		{"0 in the config is the default", []*schema.ProviderConfig{cfg(0)}, rec(0, t0), time.Time{}, schema.DefaultFailStatic + bound},
+		{"a record from before the field", []*schema.ProviderConfig{cfg(5 * time.Second)}, rec(0, t0), time.Time{}, 5*time.Second + bound},
+		{"the record alone (a replica that never saw the change): its value",
+			[]*schema.ProviderConfig{cfg(time.Second)}, rec(40*time.Second, t0), time.Time{}, 40*time.Second + bound},
+		{"the instance's clock 10 min ahead: a value replaced after the record was seen counts",
+			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(time.Second)}, rec(time.Second, t0.Add(10*time.Minute)), t0.Add(-2 * time.Minute), 40*time.Second + bound},
 		{"lowered; the record still says the old value (cut off before it read the new one)",
-			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(time.Second)}, rec(40*time.Second, t0.Add(-2*time.Minute)), 40*time.Second + bound},
+			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(time.Second)}, rec(40*time.Second, t0.Add(-2*time.Minute)), time.Time{}, 40*time.Second + bound},
 		{"lowered; the record, written after, says the new value",
-			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(time.Second)}, rec(time.Second, t0.Add(5*time.Minute)), time.Second + bound},
+			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(time.Second)}, rec(time.Second, t0.Add(5*time.Minute)), time.Time{}, time.Second + bound},
 		{"raised then lowered after the record was written: it may have read the raised value",
-			[]*schema.ProviderConfig{cfg(5 * time.Second), cfg(40 * time.Second), cfg(time.Second)}, rec(5*time.Second, t0.Add(-90*time.Second)), 40*time.Second + bound},
+			[]*schema.ProviderConfig{cfg(5 * time.Second), cfg(40 * time.Second), cfg(time.Second)}, rec(5*time.Second, t0.Add(-90*time.Second)), time.Time{}, 40*time.Second + bound},
 		{"a value replaced before the record was written is not counted",
-			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(5 * time.Second), cfg(time.Second)}, rec(5*time.Second, t0.Add(-30*time.Second)), 5*time.Second + bound},
+			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(5 * time.Second), cfg(time.Second)}, rec(5*time.Second, t0.Add(-30*time.Second)), time.Time{}, 5*time.Second + bound},
 		{"no record (a leader that starts): every value remembered",
-			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(5 * time.Second), cfg(time.Second)}, nil, 40*time.Second + bound},
+			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(5 * time.Second), cfg(time.Second)}, nil, time.Time{}, 40*time.Second + bound},
 		{"the config deleted: the default, and the replaced value",
-			[]*schema.ProviderConfig{cfg(40 * time.Second), nil}, nil, 40*time.Second + bound},
+			[]*schema.ProviderConfig{cfg(40 * time.Second), nil}, nil, time.Time{}, 40*time.Second + bound},
 		{"max_clock_offset is the bound",
 			[]*schema.ProviderConfig{{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(3 * time.Second), MaxClockOffset: schema.Duration(100 * time.Millisecond)}},
-			nil, 3*time.Second + 100*time.Millisecond},
+			nil, time.Time{}, 3*time.Second + 100*time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -61,7 +68,11 @@ func TestHoldFor(t *testing.T) {
 				st.cfg = c
 				st.noteFailStatic(prev, t0.Add(-time.Duration(len(tt.configs)-1-i)*5*time.Minute))
 			}
-			if got := st.holdFor(tt.rec); got != tt.want {
+			written := tt.written
+			if tt.rec != nil && written.IsZero() {
+				written = tt.rec.Updated
+			}
+			if got := st.holdFor(tt.rec, written); got != tt.want {
 				t.Errorf("holdFor = %v, want %v (replaced %v)", got, tt.want, st.replaced)
 			}
 		})
@@ -77,7 +88,7 @@ func TestReplacedFailStaticForgotten(t *testing.T) {
 	cur.FailStatic = schema.Duration(time.Second)
 	st := &providerState{cfg: &cur}
 	st.noteFailStatic(old, t0)
-	if got := st.holdFor(nil); got < time.Hour {
+	if got := st.holdFor(nil, time.Time{}); got < time.Hour {
 		t.Fatalf("just after the change: hold %v, want at least the replaced 1h", got)
 	}
 	st.noteFailStatic(&cur, t0.Add(failStaticMemory)) // no change: only prunes
@@ -85,7 +96,7 @@ func TestReplacedFailStaticForgotten(t *testing.T) {
 		t.Fatalf("forgotten at exactly failStaticMemory: %v", st.replaced)
 	}
 	st.noteFailStatic(&cur, t0.Add(failStaticMemory+time.Second))
-	if got, want := st.holdFor(nil), time.Second+20*time.Millisecond; got != want || len(st.replaced) != 0 {
+	if got, want := st.holdFor(nil, time.Time{}), time.Second+20*time.Millisecond; got != want || len(st.replaced) != 0 {
 		t.Errorf("after failStaticMemory: hold %v (replaced %v), want %v", got, st.replaced, want)
 	}
 }
@@ -94,41 +105,80 @@ func TestReplacedFailStaticForgotten(t *testing.T) {
 // lowered from 40 s to 1 s while an instance is cut off from etcd (its
 // record, from before, says its expiry counts with 40 s); when its lease
 // expires, its grant is held for 40 s, not 1 s: it may enforce its share
-// that long.
+// that long. The same for a leader that never saw the change (it started
+// after): the record says so.
 func TestLoweredFailStaticHoldsByTheRecord(t *testing.T) {
-	now := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
-	p := &publisher{
-		keys: schema.DefaultKeys(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry()),
-		now: func() time.Time { return now }, providers: map[string]*providerState{}, malformed: map[string]string{}, dirty: map[string]bool{},
-		history: map[string]int64{},
-	}
-	ev := func(typ mvccpb.Event_EventType, key string, v any) {
-		t.Helper()
-		kv := &mvccpb.KeyValue{Key: []byte(key), ModRevision: 1}
-		if v != nil {
-			b, err := schema.Encode(v)
-			if err != nil {
-				t.Fatal(err)
+	for _, sawChange := range []bool{true, false} {
+		t.Run(fmt.Sprintf("leader saw the change %v", sawChange), func(t *testing.T) {
+			now := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
+			p := &publisher{
+				keys: schema.DefaultKeys(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry()),
+				now: func() time.Time { return now }, providers: map[string]*providerState{}, malformed: map[string]string{}, dirty: map[string]bool{},
+				history: map[string]int64{},
 			}
-			kv.Value = b
-		}
-		p.apply(typ, kv)
+			ev := func(typ mvccpb.Event_EventType, key string, v any) {
+				t.Helper()
+				kv := &mvccpb.KeyValue{Key: []byte(key), ModRevision: 1}
+				if v != nil {
+					b, err := schema.Encode(v)
+					if err != nil {
+						t.Fatal(err)
+					}
+					kv.Value = b
+				}
+				p.apply(typ, kv)
+			}
+			keys := p.keys
+			cfg := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(40 * time.Second)}.WithDefaults()
+			if sawChange {
+				ev(mvccpb.PUT, keys.Config("pay"), cfg)
+			}
+			ev(mvccpb.PUT, keys.Instance("pay", "a"), schema.InstanceRecord{Version: 1, ID: "a", Updated: now, FailStatic: schema.Duration(40 * time.Second)})
+			ev(mvccpb.PUT, keys.Shares("pay"), schema.Shares{Version: 1, Provider: "pay", Generation: 1, Window: schema.Duration(time.Second), Total: 100, Instances: 1,
+				Shares: map[string]int64{"a": 100}, Granted: map[string]int64{"a": 100}})
+			// Cut off: it writes nothing more. The operator lowers
+			// fail_static a few minutes later, and its lease expires after.
+			now = now.Add(3 * time.Minute)
+			cfg.FailStatic = schema.Duration(time.Second)
+			ev(mvccpb.PUT, keys.Config("pay"), cfg)
+			now = now.Add(5 * time.Second)
+			ev(mvccpb.DELETE, keys.Instance("pay", "a"), nil)
+			want := now.Add(40*time.Second + 20*time.Millisecond)
+			if got := p.providers["pay"].held["a"]; !got.Equal(want) {
+				t.Errorf("held until %v, want %v (the record's 40 s plus the clock bound)", got, want)
+			}
+		})
 	}
-	keys := p.keys
-	cfg := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(40 * time.Second)}.WithDefaults()
-	ev(mvccpb.PUT, keys.Config("pay"), cfg)
-	ev(mvccpb.PUT, keys.Instance("pay", "a"), schema.InstanceRecord{Version: 1, ID: "a", Updated: now, FailStatic: schema.Duration(40 * time.Second)})
-	ev(mvccpb.PUT, keys.Shares("pay"), schema.Shares{Version: 1, Provider: "pay", Generation: 1, Window: schema.Duration(time.Second), Total: 100, Instances: 1,
-		Shares: map[string]int64{"a": 100}, Granted: map[string]int64{"a": 100}})
-	// Cut off: it writes nothing more. The operator lowers fail_static a
-	// few minutes later, and its lease expires after that.
-	now = now.Add(3 * time.Minute)
-	cfg.FailStatic = schema.Duration(time.Second)
-	ev(mvccpb.PUT, keys.Config("pay"), cfg)
-	now = now.Add(5 * time.Second)
-	ev(mvccpb.DELETE, keys.Instance("pay", "a"), nil)
-	want := now.Add(40*time.Second + 20*time.Millisecond)
-	if got := p.providers["pay"].held["a"]; !got.Equal(want) {
-		t.Errorf("held until %v, want %v (the record's 40 s plus the clock bound)", got, want)
+}
+
+// TestReplacedFromHistory: a replica that loads learns from the history
+// entries of the last failStaticMemory which fail_static values were
+// replaced, and when.
+func TestReplacedFromHistory(t *testing.T) {
+	now := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
+	cfg := func(fs time.Duration) *schema.ProviderConfig {
+		c := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(fs)}.WithDefaults()
+		return &c
+	}
+	entry := func(when time.Time, old, new *schema.ProviderConfig) *mvccpb.KeyValue {
+		b, err := schema.Encode(schema.HistoryEntry{Version: 1, Provider: "pay", Who: "op", When: when, Old: old, New: new})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &mvccpb.KeyValue{Value: b}
+	}
+	kvs := []*mvccpb.KeyValue{
+		entry(now.Add(-time.Minute), cfg(40*time.Second), cfg(time.Second)),      // lowered: remembered
+		entry(now.Add(-2*time.Minute), cfg(30*time.Second), cfg(30*time.Second)), // the limit changed, not fail_static
+		entry(now.Add(-3*time.Minute), nil, cfg(30*time.Second)),                 // created
+		entry(now.Add(-4*time.Minute), cfg(20*time.Second), nil),                 // deleted: remembered
+		entry(now.Add(-3*time.Hour), cfg(time.Hour), cfg(time.Second)),           // too old
+		{Value: []byte(`{"version":1,`)},                                         // malformed
+	}
+	st := &providerState{}
+	st.replacedFrom(kvs, now)
+	want := []replacedFailStatic{{d: 40 * time.Second, until: now.Add(-time.Minute)}, {d: 20 * time.Second, until: now.Add(-4 * time.Minute)}}
+	if !slices.Equal(st.replaced, want) {
+		t.Errorf("replaced %v, want %v", st.replaced, want)
 	}
 }

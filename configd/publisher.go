@@ -105,6 +105,10 @@ type providerState struct {
 	// leaving), until when its grant stays reserved: it may only be cut off
 	// from etcd, and then keeps its share for the provider's fail_static.
 	held map[string]time.Time
+	// written is, per live instance, when its record was written at the
+	// latest: its own time, or when this replica saw it if that is earlier
+	// (the instance's clock may be ahead).
+	written map[string]time.Time
 	// replaced lists the fail_static values this replica saw replaced in
 	// the last failStaticMemory, each with when: an instance cut off
 	// before it read the new value still counts with the old one.
@@ -118,14 +122,19 @@ type replacedFailStatic struct {
 	until time.Time
 }
 
-// failStaticMemory is how long a replaced fail_static is remembered.
-// Longer than any instance goes between its last record and its key's
-// deletion (a lease TTL plus RefreshEvery report intervals).
+// failStaticMemory is how long a replaced fail_static is remembered. An
+// instance writes its record within a report interval of reading a new
+// value, and its key goes a lease TTL after its last renewal: both far
+// shorter.
 const failStaticMemory = 2 * time.Hour
 
-// recordSkew is the clock difference between an instance and this replica
-// tolerated when their times are compared.
+// recordSkew is the slack allowed when an instance's record time is
+// compared with this replica's.
 const recordSkew = time.Minute
+
+// replacedScan is how many of a provider's newest history entries a
+// replica that loads reads for the fail_static values they replaced.
+const replacedScan = 64
 
 func (st *providerState) empty() bool {
 	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.sharesKey
@@ -151,21 +160,36 @@ func (st *providerState) noteFailStatic(prev *schema.ProviderConfig, now time.Ti
 	})
 }
 
+// replacedFrom remembers the fail_static values the history entries kvs
+// record replaced in the last failStaticMemory: a replica that starts
+// knows of changes made before it did. Malformed entries are skipped.
+func (st *providerState) replacedFrom(kvs []*mvccpb.KeyValue, now time.Time) {
+	for _, kv := range kvs {
+		h, err := schema.DecodeHistoryEntry(kv.Value)
+		if err != nil || h.Old == nil || now.Sub(h.When) > failStaticMemory {
+			continue
+		}
+		if d := h.Old.FailStaticOrDefault(); h.New == nil || h.New.FailStaticOrDefault() != d {
+			st.replaced = append(st.replaced, replacedFailStatic{d: d, until: h.When})
+		}
+	}
+}
+
 // holdFor is how long after an instance's key went its grant is held: the
 // longest fail_static it may be counting with — the provider's, the one
-// its last record (rec; nil when unknown) says, and any this replica saw
-// replaced since that record was written, which it may have read after
-// (with no record: any remembered) — plus the clock error an instance may
+// its last record (rec, written at written; nil when unknown) says, and
+// any this replica knows was replaced since that record was written, which
+// it may have read after (with no record: any remembered) — plus the clock error an instance may
 // have while enforcing its whole share — the provider's max_clock_offset,
 // or 2% of the window (skew.DefaultBound) — since its expiry is on its own
 // clock.
-func (st *providerState) holdFor(rec *schema.InstanceRecord) time.Duration {
+func (st *providerState) holdFor(rec *schema.InstanceRecord, written time.Time) time.Duration {
 	d := st.currentFailStatic()
 	if rec != nil {
 		d = max(d, rec.FailStatic.D())
 	}
 	for _, r := range st.replaced {
-		if rec == nil || !r.until.Before(rec.Updated.Add(-recordSkew)) {
+		if rec == nil || !r.until.Before(written.Add(-recordSkew)) {
 			d = max(d, r.d)
 		}
 	}
@@ -192,7 +216,7 @@ func (st *providerState) enforcing(id string) int64 {
 // still be enforcing.
 func (st *providerState) holdable(id string) bool { return st.enforcing(id) > 0 }
 
-// holdMissing holds, until now+fail_static, every instance the published
+// holdMissing holds, for holdFor without a record, every instance the published
 // shares leave permits to that is neither live nor held already: a leader
 // that starts (or reloads) cannot know when they left, nor whether they
 // left gracefully.
@@ -206,7 +230,7 @@ func (st *providerState) holdMissing(now time.Time) {
 				continue
 			}
 			if _, ok := st.held[id]; !ok {
-				st.held[id] = now.Add(st.holdFor(nil))
+				st.held[id] = now.Add(st.holdFor(nil, time.Time{}))
 			}
 		}
 	}
@@ -255,8 +279,9 @@ func (p *publisher) run(ctx context.Context, f fence) error {
 	}
 }
 
-// load reads every provider's keys except its history entries (only
-// counted) and rebuilds the state; it returns the revision read at.
+// load reads every provider's keys except its history entries (counted,
+// and the newest replacedScan read for the fail_static values they
+// replaced) and rebuilds the state; it returns the revision read at.
 func (p *publisher) load(ctx context.Context) (int64, error) {
 	old, oldMalformed, oldDirty, oldHistory := p.providers, p.malformed, p.dirty, p.history
 	p.providers = map[string]*providerState{}
@@ -271,6 +296,8 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			clientv3.OpGet(prov, clientv3.WithRange(hist), clientv3.WithRev(rev)),
 			clientv3.OpGet(clientv3.GetPrefixRangeEnd(hist), clientv3.WithRange(clientv3.GetPrefixRangeEnd(prov)), clientv3.WithRev(rev)),
 			clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithRev(rev)),
+			clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend),
+				clientv3.WithLimit(replacedScan), clientv3.WithRev(rev)),
 		}
 	}
 	visit := func(name string, resps []*etcdserverpb.ResponseOp) {
@@ -281,6 +308,9 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 		}
 		if n := resps[2].GetResponseRange().Count; n > 0 && schema.ValidateName(name) == nil {
 			p.history[name] = n
+		}
+		if st := p.providers[name]; st != nil {
+			st.replacedFrom(resps[3].GetResponseRange().Kvs, p.now())
 		}
 	}
 	stray := func(kv *mvccpb.KeyValue) { p.apply(mvccpb.PUT, kv) }
@@ -298,7 +328,7 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			if o.maxGen > st.maxGen {
 				st.maxGen = o.maxGen
 			}
-			st.replaced = o.replaced
+			st.replaced = append(st.replaced, o.replaced...)
 			st.noteFailStatic(o.cfg, p.now())
 			if st.shares == nil && st.sharesBad && o.shares != nil {
 				// Its grants still bound what the instances may enforce.
@@ -371,7 +401,7 @@ func (p *publisher) nextDue() (time.Time, bool) {
 func (p *publisher) state(name string) *providerState {
 	st := p.providers[name]
 	if st == nil {
-		st = &providerState{instances: map[string]schema.InstanceRecord{}, held: map[string]time.Time{}}
+		st = &providerState{instances: map[string]schema.InstanceRecord{}, held: map[string]time.Time{}, written: map[string]time.Time{}}
 		p.providers[name] = st
 	}
 	return st
@@ -420,12 +450,15 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 	case schema.KindInstance:
 		if !put {
 			rec, was := st.instances[k.Instance]
+			written := st.written[k.Instance]
 			delete(st.instances, k.Instance)
+			delete(st.written, k.Instance)
 			if was && !rec.Leaving && st.holdable(k.Instance) {
-				until := p.now().Add(st.holdFor(&rec))
+				hold := st.holdFor(&rec, written)
+				until := p.now().Add(hold)
 				st.held[k.Instance] = until
-				p.log.Info("instance lease expired; its share stays reserved for the provider's fail_static",
-					"provider", k.Provider, "instance", k.Instance, "until", until.UTC())
+				p.log.Info("instance lease expired; its share stays reserved as long as it may enforce it (the fail_static it may count with, plus the clock bound)",
+					"provider", k.Provider, "instance", k.Instance, "hold", hold, "until", until.UTC())
 			}
 			break
 		}
@@ -445,9 +478,15 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 			}
 			last.Leaving = false
 			st.instances[k.Instance] = last
+			// Nor when it was written: it may have read any value since.
+			st.written[k.Instance] = time.Time{}
 			return
 		}
 		st.instances[k.Instance] = rec
+		st.written[k.Instance] = rec.Updated
+		if now := p.now(); now.Before(rec.Updated) {
+			st.written[k.Instance] = now
+		}
 	case schema.KindShares:
 		st.sharesKey = put
 		st.sharesBad = false

@@ -25,8 +25,8 @@ type cutMethod struct {
 // while it keeps serving, by each method this machine has: "netns" puts it
 // in a network namespace whose veth link to etcd goes down (root and ip
 // needed; packets vanish, as in a real partition), "proxy" puts a TCP proxy
-// in the test between it and etcd that drops its connections and refuses
-// new ones. It must keep its share (fail-static) and say so, the others
+// in the test between it and etcd that drops its connections and closes
+// new ones as they come. It must keep its share (fail-static) and say so, the others
 // keep theirs, no aligned window may go over the limit, and once it can
 // reach etcd again it registers again.
 func TestInstanceCutOffFromEtcd(t *testing.T) {
@@ -69,7 +69,7 @@ func TestInstanceCutOffFromEtcd(t *testing.T) {
 		px := netcut.StartProxy(t, hostPort(t, r.endpoint))
 		partition(t, r, cutMethod{
 			name: "proxy",
-			how: "a TCP proxy in the test between inst-1 and etcd drops its connections and refuses new ones " +
+			how: "a TCP proxy in the test between inst-1 and etcd drops its connections and closes new ones as they come " +
 				"(inst-1 sees resets at once); inst-1 reaches the provider directly",
 			launch: func() *instance { return startInstance(t, px.URL(), r.provider, r.stub.url(), 1) },
 			cut:    func() error { px.Cut(); return nil },

@@ -8,7 +8,7 @@
 // ip, and uses loopback addresses only.
 //
 // Proxy puts a TCP proxy in the test between the process and the server;
-// Proxy.Cut closes its connections and refuses new ones, so the process
+// Proxy.Cut closes its connections and new ones as they come, so the process
 // sees the cut at once. It works anywhere.
 //
 //	ns, err := netcut.NewNamespaces(t) // deleted with the test

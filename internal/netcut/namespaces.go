@@ -46,8 +46,8 @@ var seq atomic.Int64
 type Namespaces struct {
 	inside, gateway string
 
-	mu    sync.Mutex
-	links int
+	mu    sync.Mutex // guards links
+	links int        // links made so far; the next is links+1
 }
 
 // NewNamespaces makes the namespaces. Making them needs root and iproute2's
@@ -66,11 +66,11 @@ func NewNamespaces(tb testing.TB) (*Namespaces, error) {
 	n := &Namespaces{inside: base + "-in", gateway: base + "-gw"}
 	for _, ns := range []string{n.gateway, n.inside} {
 		if err := ip("netns", "add", ns); err != nil {
-			n.remove()
+			n.remove(tb)
 			return nil, err
 		}
 	}
-	tb.Cleanup(n.remove)
+	tb.Cleanup(func() { n.remove(tb) })
 	// Inside's loopback holds 127.0.0.1 alone: with the usual 127.0.0.0/8
 	// on lo, every 127/8 address would be local, and the links' gateway
 	// addresses unreachable.
@@ -156,7 +156,9 @@ func (l *Link) Forward(tb testing.TB, target string) (string, error) {
 
 // Cut takes the link's gateway end down. Packets either way are dropped
 // without a word: open connections hang (their data is retransmitted, and
-// arrives if Heal comes before TCP gives up) and new ones time out.
+// arrives if Heal comes before TCP gives up) and new ones get no answer
+// (a timeout, or "no route to host" once the kernel gives up resolving the
+// gateway's address).
 func (l *Link) Cut() error { return ip("-n", l.gateway, "link", "set", l.dev, "down") }
 
 // Heal brings the link back up.
@@ -202,10 +204,12 @@ func in(ns string, fn func() error) error {
 }
 
 // remove deletes both namespaces (their links go with them).
-func (n *Namespaces) remove() {
+func (n *Namespaces) remove(tb testing.TB) {
 	for _, ns := range []string{n.inside, n.gateway} {
 		if _, err := os.Stat(filepath.Join(netnsDir, ns)); err == nil {
-			ip("netns", "del", ns)
+			if err := ip("netns", "del", ns); err != nil {
+				tb.Logf("netcut: %v", err)
+			}
 		}
 	}
 }

@@ -202,7 +202,7 @@ func TestNamespacesDeletedWithTheTest(t *testing.T) {
 		}
 	}
 	if names == nil {
-		return
+		t.Skip("no network namespaces here (the subtest said why)")
 	}
 	// A pid that is surely dead: pid_max is at most 2^22.
 	stale := namePrefix + "4194305-1-in"

@@ -10,8 +10,8 @@ import (
 // Proxy is a TCP proxy in the test process in front of one address (an
 // etcd member's client URL, say): a test points one client at it to cut
 // that client off from the server and nothing else. Cut closes every
-// connection through it and refuses new ones, so the client sees the cut
-// at once (resets and refused dials); Heal lets connections through again.
+// connection through it and closes new ones as soon as they are accepted,
+// so the client sees the cut at once; Heal lets connections through again.
 // It stops with the test.
 type Proxy struct {
 	ln     net.Listener
@@ -51,7 +51,7 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // URL returns the proxy's address as an etcd endpoint URL.
 func (p *Proxy) URL() string { return "http://" + p.Addr() }
 
-// Cut closes every open connection and refuses new ones until Heal.
+// Cut closes every open connection, and new ones as they come, until Heal.
 func (p *Proxy) Cut() { p.set(true) }
 
 // Heal lets connections through again.

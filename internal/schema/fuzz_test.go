@@ -63,6 +63,7 @@ func FuzzDecodeProviderConfigInput(f *testing.F) {
 func FuzzDecodeInstanceRecord(f *testing.F) {
 	for _, s := range []string{
 		`{"version":1,"id":"h-1:42","host":"h","pid":42,"started":"2026-01-02T03:04:05Z","updated":"2026-01-02T03:04:06.5+02:00","demand":10,"admitted":9,"clock_offset":"-3ms","clock_known":true,"applied_generation":4}`,
+		`{"version":1,"id":"a","applied_generation":4,"fail_static":"30s"}`, `{"id":"a","fail_static":"2h"}`, `{"id":"a","fail_static":"-1s"}`,
 		`{"id":"x"}`, `{"id":"x","clock_offset":5}`, `{"id":"x","started":"yesterday"}`, `{"id":"../x"}`, `{}`, `1`,
 		`{"id":"x","id":"y"}`, `{"id":"x","ID":"y"}`, `{"Id":"x"}`, `{"id":"x","demand":1,"Demand":-1}`,
 	} {

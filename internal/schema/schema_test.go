@@ -285,6 +285,8 @@ func TestInstanceRecordValidate(t *testing.T) {
 		func(r *InstanceRecord) { r.AppliedGeneration = -1 },
 		func(r *InstanceRecord) { r.ClockOffset = Duration(2 * time.Hour) },
 		func(r *InstanceRecord) { r.Host = strings.Repeat("h", 256) },
+		func(r *InstanceRecord) { r.FailStatic = Duration(-time.Nanosecond) },
+		func(r *InstanceRecord) { r.FailStatic = Duration(MaxFailStatic + time.Nanosecond) },
 	}
 	for i, m := range bad {
 		r := ok
@@ -292,6 +294,15 @@ func TestInstanceRecordValidate(t *testing.T) {
 		if err := r.Validate(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("case %d: Validate() = %v, want an error", i, err)
 		}
+	}
+	r := ok
+	r.FailStatic = Duration(MaxFailStatic)
+	if err := r.Validate(); err != nil {
+		t.Errorf("fail_static %v: %v", MaxFailStatic, err)
+	}
+	r.FailStatic = Duration(2 * time.Hour)
+	if err := r.Validate(); !errors.Is(err, ErrInvalidFailStatic) || !strings.Contains(err.Error(), "fail_static") {
+		t.Errorf("fail_static 2h: %v, want ErrInvalidFailStatic naming the field", err)
 	}
 }
 

@@ -509,7 +509,8 @@ func (m *Member) apply(v *view, ap *applied) bool {
 
 // report writes the instance record when something changed meaningfully —
 // the applied generation, demand by more than 2% (and one permit), the clock
-// offset by a millisecond — or when it has not been written for ten report
+// offset by a millisecond, the fail_static the expiry counts with — or when
+// it has not been written for ten report
 // intervals; force writes it regardless. Traffic stays flat whatever the
 // request rate: at most one small write per interval.
 func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied, rep *reporter, force bool) error {
