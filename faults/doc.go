@@ -4,9 +4,9 @@
 // every call by the wall-clock-aligned window it arrives in, injects one
 // fault while load runs, and checks the invariants while the fault
 // happens: no aligned window receives more calls than the provider's
-// limit, shares generations never conflict, the system recovers. One
-// scenario runs etcd as a cluster of three members and kills its leader;
-// one steps an instance's clock and silences another's NTP server (each
+// limit, shares generations never conflict, the system recovers. Two
+// scenarios run etcd as a cluster of three members: one kills its leader,
+// one stops every member for 30 s; one steps an instance's clock and silences another's NTP server (each
 // instance measures against its own SNTP responder over real UDP); one cuts
 // an instance off from etcd while it serves, twice: in a network namespace
 // of its own whose veth link to etcd goes down (internal/netcut; as root

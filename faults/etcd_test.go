@@ -38,14 +38,15 @@ func leases(r *rig) (map[string]int64, error) {
 	return out, nil
 }
 
-// TestEtcdOutage: etcd (embedded, one member) is stopped for 30 s under
-// load, then restarted on the same data dir. While it is down the instances
+// TestEtcdOutage: every member of a three-member etcd cluster (embedded)
+// is stopped for 30 s under load, then all are restarted on their data
+// dirs. While it is down the instances
 // must keep admitting at their last share (fail-static, and say so: the
 // provider's fail_static, 40 s, covers the outage); when it
 // is back they register again with new leases, configd is elected again, and
 // the split is the even one; no aligned window may go over the limit.
 func TestEtcdOutage(t *testing.T) {
-	r := newRig(t, "fault-etcd")
+	r, cl := newClusterRig(t, "fault-etcd")
 	c := startConfigd(t, r.endpoint, "cd-a")
 	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even", "--fail-static", outageFailStatic.String())
 	insts := r.startInstances(t, 3)
@@ -65,9 +66,9 @@ func TestEtcdOutage(t *testing.T) {
 		errsFrom[i] = in.errs.len()
 	}
 	down := time.Now()
-	r.etcd.Stop()
+	cl.Stop()
 	stopped := time.Now()
-	t.Logf("injected: etcd stopped at %s (Stop took %v: graceful, clients get no answers meanwhile), for %v from the start of the stop",
+	t.Logf("injected: all 3 etcd members stopped at %s (Stop took %v: graceful, clients get no answers meanwhile), for %v from the start of the stop",
 		down.UTC().Format("15:04:05.000"), stopped.Sub(down).Round(time.Millisecond), outage)
 
 	// Fail-static: each instance says it keeps its share, and keeps it.
@@ -87,9 +88,9 @@ func TestEtcdOutage(t *testing.T) {
 		}
 	}
 	waitUntil(down.Add(outage))
-	r.etcd.Restart()
+	cl.Restart()
 	up := time.Now()
-	t.Logf("injected: etcd restarted on the same data dir after %v down", up.Sub(down).Round(time.Millisecond))
+	t.Logf("injected: all 3 etcd members restarted on their data dirs after %v down (a quorum back, a leader elected)", up.Sub(down).Round(time.Millisecond))
 
 	// Every instance registers again (a new lease), configd leads again.
 	var reg time.Time

@@ -21,7 +21,7 @@ const memberDown = 8 * time.Second
 func newClusterRig(t *testing.T, provider string) (*rig, *etcdtest.Cluster) {
 	t.Helper()
 	cl := etcdtest.StartCluster(t, 3)
-	cli := cl.Client(t)
+	cli := rigClient(t, cl.Config(t))
 	return &rig{cli: cli, endpoint: strings.Join(cl.Endpoints(), ","), stub: startStub(t), w: newWatcher(t, cli, provider), provider: provider}, cl
 }
 

@@ -759,7 +759,6 @@ func describe(sh schema.Shares) string {
 // rig is what every scenario starts from: etcd in this process, a client,
 // the stub, a watcher of the provider.
 type rig struct {
-	etcd     *etcdtest.Server
 	cli      *clientv3.Client
 	endpoint string
 	stub     *stub
@@ -767,20 +766,26 @@ type rig struct {
 	provider string
 }
 
-func newRig(t *testing.T, provider string) *rig {
+// rigClient is the rig's own etcd client, with the instances' and
+// configd's reconnect backoff (cluster.DialOptions): with gRPC's default it
+// would find etcd back up to 13 s after an outage, later than the
+// processes it measures. It is closed with the test.
+func rigClient(t *testing.T, cfg clientv3.Config) *clientv3.Client {
 	t.Helper()
-	srv := etcdtest.Start(t)
-	// The instances' and configd's reconnect backoff: with gRPC's default
-	// the rig's own client would find etcd back up to 13 s after an
-	// outage, later than the processes it measures.
-	cfg := srv.Config(t)
 	cfg.DialOptions = cluster.DialOptions()
 	cli, err := clientv3.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	return &rig{etcd: srv, cli: cli, endpoint: srv.Endpoints()[0], stub: startStub(t), w: newWatcher(t, cli, provider), provider: provider}
+	return cli
+}
+
+func newRig(t *testing.T, provider string) *rig {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	cli := rigClient(t, srv.Config(t))
+	return &rig{cli: cli, endpoint: srv.Endpoints()[0], stub: startStub(t), w: newWatcher(t, cli, provider), provider: provider}
 }
 
 // startInstances starts instances 1..n against the rig's etcd and stub

@@ -91,3 +91,37 @@ func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 	tb.Cleanup(func() { cli.Close() })
 	return cli
 }
+
+// Stop stops every member at once, gracefully as Server.Stop does: the
+// whole cluster is down until Restart.
+func (c *Cluster) Stop() {
+	var wg sync.WaitGroup
+	for _, s := range c.Members {
+		wg.Go(s.Stop)
+	}
+	wg.Wait()
+}
+
+// Restart starts every stopped member at once on its data directory and
+// ports (no member becomes ready before a quorum of them is back), and
+// fails the test if one does not come back.
+func (c *Cluster) Restart() {
+	tb := c.Members[0].tb
+	tb.Helper()
+	errs := make([]error, len(c.Members))
+	var wg sync.WaitGroup
+	for i, s := range c.Members {
+		s.mu.Lock()
+		stopped := s.etcd == nil
+		s.mu.Unlock()
+		if stopped {
+			wg.Go(func() { errs[i] = s.start() })
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			tb.Fatalf("etcdtest: restart of member m%d: %v", i, err)
+		}
+	}
+}

@@ -161,14 +161,7 @@ func TestAuth(t *testing.T) {
 // TestClusterKillLeader: a three-member cluster keeps serving when its
 // leader is killed, and the killed member catches up after Restart.
 func TestClusterKillLeader(t *testing.T) {
-	// Registered first, so run last: once every member has stopped, the
-	// peer connections between them end within etcd's peer read timeout
-	// (5 s), later than goleak's own retries wait.
-	t.Cleanup(func() {
-		deadline := time.Now().Add(10 * time.Second)
-		for goleak.Find(IgnoreLeaks()...) != nil && time.Now().Before(deadline) {
-		}
-	})
+	awaitPeerConns(t)
 	start := time.Now()
 	c := StartCluster(t, 3)
 	t.Logf("3 members ready in %v", time.Since(start))
@@ -237,5 +230,49 @@ func TestClusterKillLeader(t *testing.T) {
 	}
 	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v2" {
 		t.Fatalf("restarted member reads %v, want v2", resp.Kvs)
+	}
+}
+
+// awaitPeerConns registers, first so that it runs last, a wait for the
+// peer connections between a cluster's members to end: once every member
+// has stopped they end within etcd's peer read timeout (5 s), later than
+// goleak's own retries wait.
+func awaitPeerConns(t *testing.T) {
+	t.Cleanup(func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for goleak.Find(IgnoreLeaks()...) != nil && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+}
+
+// TestClusterStopRestart: with every member stopped the cluster answers
+// nothing; restarted together, the members form it again with its data.
+func TestClusterStopRestart(t *testing.T) {
+	awaitPeerConns(t)
+	c := StartCluster(t, 3)
+	cli := c.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "k", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	c.Stop()
+	dctx, dcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := cli.Get(dctx, "k")
+	dcancel()
+	if err == nil {
+		t.Fatal("a read with every member stopped succeeded")
+	}
+	c.Restart()
+	resp, err := cli.Get(ctx, "k")
+	if err != nil {
+		t.Fatalf("read after the restart: %v", err)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v1" {
+		t.Fatalf("after the restart k is %v, want v1", resp.Kvs)
+	}
+	if _, err := cli.Put(ctx, "k", "v2"); err != nil {
+		t.Fatalf("write after the restart: %v", err)
 	}
 }
