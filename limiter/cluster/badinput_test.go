@@ -291,7 +291,7 @@ func TestProblemListedAtOnce(t *testing.T) {
 	}
 	defer lim.Close()
 	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler)}
-	v := &view{instances: map[string]bool{}, leaders: map[string]bool{}, problems: map[string]string{}}
+	v := newView()
 	good := `{"version":1,"name":"api","limit":40,"window":"100ms","mode":"enforce","algorithm":"even","pacing":false}`
 	m.observe(v, keys.Config("api"), []byte(good), false)
 	for _, tc := range []struct{ key, value string }{

@@ -520,3 +520,62 @@ func TestLapsedShareStartsFromNothing(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // sampling the windows until the boundary: no event to await
 	}
 }
+
+// TestEvenSplitKeepsOutUnconfirmedGrants: configd's shares are a 60, b 30;
+// a is cut off from etcd, then configd goes. b falls back to the even
+// split, but a keeps enforcing 60 until its fail-static horizon, never
+// learning of the split: b must stay within 90 - 60 until then, and take
+// the whole limit only after a's key went and its grant was kept out for
+// the fail_static.
+func TestEvenSplitKeepsOutUnconfirmedGrants(t *testing.T) {
+	const w = 100 * time.Millisecond
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(3 * time.Second)})
+	ctx := context.Background()
+	leader, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(leader.ID))
+
+	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcli.Close()
+	a := join(t, pcli, "api", "a")
+	var logs logbuf.Buffer
+	b := join(t, cli, "api", "b", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+		Version: 1, Provider: "api", Generation: 7, EffectiveFrom: time.Now().Add(2 * w).Truncate(w).UnixNano(), Window: schema.Duration(w),
+		Total: 90, Instances: 2, Shares: map[string]int64{"a": 60, "b": 30}, Granted: map[string]int64{"a": 60, "b": 30},
+	}))
+	enforcing(t, a, 60)
+	enforcing(t, b, 30)
+
+	px.Cut()
+	// No renewal gets through from now on: a enforces 60 in every window
+	// that begins before its horizon as of now.
+	horizon := a.Status().AdmitsUntil
+	if _, err := cli.Revoke(ctx, leader.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b on the even split", func() bool { return b.Status().Source == "even" })
+	for {
+		now := time.Now()
+		q := b.Limiter().Stats().Quota
+		if q > 30 && now.Before(horizon) {
+			t.Fatalf("b enforces %d at %s, while a may enforce 60 until %s; b's log:\n%s",
+				q, now.Format("15:04:05.000"), horizon.Format("15:04:05.000"), logs.From(0))
+		}
+		if q == 90 {
+			break
+		}
+		if now.After(horizon.Add(20 * time.Second)) {
+			t.Fatalf("b never took the whole limit after a's horizon (%s); quota %d; log:\n%s", horizon.Format("15:04:05.000"), q, logs.From(0))
+		}
+		time.Sleep(5 * time.Millisecond) // sampling the windows: no event to await
+	}
+}

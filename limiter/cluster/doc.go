@@ -59,5 +59,13 @@
 // The even split without configd is a degraded mode: when an instance
 // joins, the others shrink at the boundary they compute on seeing it, so
 // for at most one window plus the watch's propagation the total can exceed
-// the limit by one share. configd's handover does not have that gap.
+// the limit by one share. configd's handover does not have that gap. When
+// configd goes, the split also keeps out what configd's last shares may
+// still have others enforce: an instance whose record does not yet say it
+// applies the split (applied generation 0) may keep its grant — cut off
+// from etcd, it never learns of the split — and so may one whose key went
+// without a leaving mark, for the fail_static after; each instance takes
+// at most total/N less those grants (less total/N for each instance that
+// switched), and the rest from a boundary ahead once they confirm or their
+// holds end.
 package cluster

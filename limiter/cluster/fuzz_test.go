@@ -46,7 +46,7 @@ func FuzzObserve(f *testing.F) {
 		defer lim.Close()
 		m := &Member{provider: "api", id: "a", keys: k, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler),
 			status: Status{Source: "fallback", Window: time.Second}}
-		v := &view{instances: map[string]bool{}, leaders: map[string]bool{}, problems: map[string]string{}}
+		v := newView()
 		if leader {
 			v.leaders[k.Election()+"/1"] = true
 		}

@@ -28,8 +28,15 @@ type view struct {
 	config    *schema.ProviderConfig
 	shares    *schema.Shares
 	instances map[string]bool
+	records   map[string]schema.InstanceRecord // live instances' good records
+	held      map[string]time.Time             // gone instances' grants kept out of the even split, until
 	leaders   map[string]bool
 	problems  map[string]string // key → why its record was ignored
+}
+
+func newView() *view {
+	return &view{instances: map[string]bool{}, records: map[string]schema.InstanceRecord{}, held: map[string]time.Time{},
+		leaders: map[string]bool{}, problems: map[string]string{}}
 }
 
 // applied is what the Member last set on its limiter.
@@ -65,7 +72,7 @@ func (m *Member) run(ctx context.Context) {
 		wg.Go(func() { mon.Run(ctx) })
 		defer wg.Wait()
 	}
-	v := &view{instances: map[string]bool{}, leaders: map[string]bool{}, problems: map[string]string{}}
+	v := newView()
 	// What New gave the limiter: the fallback.
 	ap := applied{source: "fallback", quota: m.cfg.fallbackQuota, window: m.cfg.fallbackWindow}
 	rep := &reporter{started: time.Now()}
@@ -172,6 +179,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	}
 	v.config, v.shares = nil, nil
 	clear(v.instances)
+	clear(v.records)
 	clear(v.leaders)
 	// Every record is read again: a key deleted while etcd was out of
 	// reach takes its problem with it.
@@ -185,6 +193,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			m.observe(v, string(kv.Key), kv.Value, false)
 		}
 	}
+	v.holdMissing(time.Now())
 	m.listProblems(v)
 	rev := resp.Header.Revision
 	// follow applies the view and moves the limiter's expiry with it.
@@ -403,7 +412,7 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
 		v.shares = &s
 	case schema.KindInstance:
 		if deleted {
-			delete(v.instances, k.Instance)
+			v.gone(k.Instance, time.Now())
 			good()
 			return
 		}
@@ -414,14 +423,18 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
 		// let the instances together admit more than the limit if it is
 		// in fact running.
 		v.instances[k.Instance] = true
+		delete(v.held, k.Instance)
 		r, err := schema.DecodeInstanceRecord(value)
 		if err == nil && r.ID != k.Instance {
 			err = fmt.Errorf("record id %q does not match its key", r.ID)
 		}
 		if err != nil {
+			// Unknown: it may enforce its grant (see evenShare).
+			delete(v.records, k.Instance)
 			bad(err)
 			return
 		}
+		v.records[k.Instance] = r
 		good()
 	}
 }
@@ -463,8 +476,7 @@ func (m *Member) apply(v *view, ap *applied) bool {
 				next.at = 0
 			}
 		default:
-			n := int64(max(1, len(v.instances)))
-			next.source, next.quota = "even", c.Limit/n
+			next.source, next.quota = "even", m.evenShare(v, time.Now())
 		}
 		lim.SetShadow(c.Mode == schema.ModeShadow)
 		lim.SetPacing(c.Pacing)

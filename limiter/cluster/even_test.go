@@ -1,0 +1,121 @@
+package cluster
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// TestEvenShare: under the even split an instance takes total/N, less what
+// the others may still enforce of configd's last shares beyond their own
+// total/N.
+func TestEvenShare(t *testing.T) {
+	now := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
+	cfg := &schema.ProviderConfig{Version: 1, Name: "api", Limit: 90, Window: schema.Duration(100 * time.Millisecond)}
+	shares := &schema.Shares{Version: 1, Provider: "api", Generation: 7, Window: schema.Duration(100 * time.Millisecond), Total: 90,
+		Shares: map[string]int64{"a": 60, "b": 30}, Granted: map[string]int64{"a": 60, "b": 30}}
+	rec := func(gen int64) schema.InstanceRecord {
+		return schema.InstanceRecord{Version: 1, AppliedGeneration: gen}
+	}
+	tests := []struct {
+		name   string
+		cfg    *schema.ProviderConfig
+		shares *schema.Shares
+		live   map[string]*schema.InstanceRecord // nil record: malformed
+		held   map[string]time.Time
+		want   int64
+	}{
+		{"no shares ever: total/N", cfg, nil, map[string]*schema.InstanceRecord{"a": nil, "b": nil}, nil, 45},
+		{"a still on configd's shares (generation 7): 90 - 60", cfg, shares, map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": ptr(rec(0))}, nil, 30},
+		{"a on the even split (generation 0): total/N", cfg, shares, map[string]*schema.InstanceRecord{"a": ptr(rec(0)), "b": ptr(rec(7))}, nil, 45},
+		{"a's record malformed: it may enforce its grant", cfg, shares, map[string]*schema.InstanceRecord{"a": nil, "b": nil}, nil, 30},
+		{"a gone, held: 90 - 60", cfg, shares, map[string]*schema.InstanceRecord{"b": nil}, map[string]time.Time{"a": now.Add(time.Second)}, 30},
+		{"a gone, its hold over: the whole limit", cfg, shares, map[string]*schema.InstanceRecord{"b": nil}, map[string]time.Time{"a": now}, 90},
+		{"a grant smaller than total/N counts as total/N", cfg,
+			&schema.Shares{Version: 1, Provider: "api", Generation: 7, Window: schema.Duration(100 * time.Millisecond), Total: 90, Shares: map[string]int64{"a": 10, "b": 80}},
+			map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil}, nil, 45},
+		{"three: a on its 60, c on the split: nothing left for b", cfg, shares,
+			map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil, "c": ptr(rec(0))}, nil, 0},
+		{"shares of another window length are scaled up",
+			&schema.ProviderConfig{Version: 1, Name: "api", Limit: 900, Window: schema.Duration(time.Second)}, shares,
+			map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil}, nil, 300},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := newView()
+			v.config, v.shares = tt.cfg, tt.shares
+			for id, r := range tt.live {
+				v.instances[id] = true
+				if r != nil {
+					v.records[id] = *r
+				}
+			}
+			for id, until := range tt.held {
+				v.held[id] = until
+			}
+			m := &Member{id: "b"}
+			if got := m.evenShare(v, now); got != tt.want {
+				t.Errorf("evenShare = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestGoneHolds: an instance whose key goes is kept out of the even split
+// for the longest fail_static it may count with plus the clock bound —
+// unless it said it was leaving, applied the even split itself (its
+// horizon is then its lease's end), or has no grant.
+func TestGoneHolds(t *testing.T) {
+	now := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
+	cfg := &schema.ProviderConfig{Version: 1, Name: "api", Limit: 90, Window: schema.Duration(time.Second), FailStatic: schema.Duration(5 * time.Second)}
+	shares := &schema.Shares{Version: 1, Provider: "api", Generation: 7, Window: schema.Duration(time.Second), Total: 90,
+		Shares: map[string]int64{"a": 60, "b": 30, "z": 0}}
+	const bound = 20 * time.Millisecond
+	tests := []struct {
+		name string
+		id   string
+		rec  *schema.InstanceRecord
+		want time.Duration // 0: not held
+	}{
+		{"on configd's shares: the provider's fail_static", "a", &schema.InstanceRecord{AppliedGeneration: 7}, 5*time.Second + bound},
+		{"its record counts with a longer one", "a", &schema.InstanceRecord{AppliedGeneration: 7, FailStatic: schema.Duration(time.Minute)}, time.Minute + bound},
+		{"no good record", "a", nil, 5*time.Second + bound},
+		{"it said it was leaving", "a", &schema.InstanceRecord{AppliedGeneration: 7, Leaving: true}, 0},
+		{"it applied the even split", "a", &schema.InstanceRecord{AppliedGeneration: 0}, 0},
+		{"no grant", "z", &schema.InstanceRecord{AppliedGeneration: 7}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := newView()
+			v.config, v.shares = cfg, shares
+			v.instances[tt.id] = true
+			if tt.rec != nil {
+				v.records[tt.id] = *tt.rec
+			}
+			v.gone(tt.id, now)
+			until, held := v.held[tt.id]
+			if v.instances[tt.id] {
+				t.Errorf("%s still live", tt.id)
+			}
+			if tt.want == 0 && held {
+				t.Errorf("held until %v, want not held", until)
+			}
+			if tt.want != 0 && !until.Equal(now.Add(tt.want)) {
+				t.Errorf("held until %v (held %v), want %v", until, held, now.Add(tt.want))
+			}
+		})
+	}
+	// A member that loads holds every instance the shares name with a
+	// grant and that is not live, from now; holds that ended go.
+	v := newView()
+	v.config, v.shares = cfg, shares
+	v.instances["b"] = true
+	v.held["old"] = now.Add(-time.Second)
+	v.holdMissing(now)
+	if len(v.held) != 1 || !v.held["a"].Equal(now.Add(5*time.Second+bound)) {
+		t.Errorf("after holdMissing: %v, want only a, until %v", v.held, now.Add(5*time.Second+bound))
+	}
+}
