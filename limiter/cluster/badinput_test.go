@@ -293,12 +293,12 @@ func TestProblemListedAtOnce(t *testing.T) {
 	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler)}
 	v := newView()
 	good := `{"version":1,"name":"api","limit":40,"window":"100ms","mode":"enforce","algorithm":"even","pacing":false}`
-	m.observe(v, keys.Config("api"), []byte(good), false)
+	m.observe(v, keys.Config("api"), []byte(good), false, 1)
 	for _, tc := range []struct{ key, value string }{
 		{keys.Config("api"), `{"version":1,"name":"api","limit":-1,"window":"100ms"}`},
 		{keys.Shares("api"), `not json`},
 	} {
-		m.observe(v, tc.key, []byte(tc.value), false)
+		m.observe(v, tc.key, []byte(tc.value), false, 2)
 		if _, ok := v.problems[tc.key]; !ok {
 			t.Fatalf("%s = %q: not in the view's problems", tc.key, tc.value)
 		}

@@ -60,12 +60,17 @@
 // joins, the others shrink at the boundary they compute on seeing it, so
 // for at most one window plus the watch's propagation the total can exceed
 // the limit by one share. configd's handover does not have that gap. When
-// configd goes, the split also keeps out what configd's last shares may
-// still have others enforce: an instance whose record does not yet say it
-// applies the split (applied generation 0) may keep its grant — cut off
-// from etcd, it never learns of the split — and so may one whose key went
-// without a leaving mark, for the fail_static after; each instance takes
-// at most total/N less those grants (less total/N for each instance that
-// switched), and the rest from a boundary ahead once they confirm or their
-// holds end.
+// configd goes, the split also leaves room for what configd's last shares
+// may still have others enforce: an instance that has not confirmed the
+// split (a record saying applied generation 0, written after the last
+// leader went) may keep its grant — cut off from etcd, it never learns of
+// the split — and so may one whose key went without a leaving mark, for
+// the longest fail_static it may count with after. Each instance takes
+// min(total/N, total − what the others may enforce), growing from a
+// boundary ahead as they confirm (within a report interval) or their
+// holds end. The price: while no configd is alive, a live instance whose
+// record does not decode counts at its last grant, and a member that
+// (re)loads holds every instance the last shares name that is gone, for
+// fail_static, and counts the others at their grants until their records
+// are written again (within ten report intervals).
 package cluster

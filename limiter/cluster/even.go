@@ -12,14 +12,18 @@ import (
 // configd's last shares that another instance may still enforce: one cut
 // off from etcd when configd went keeps its share until its fail-static
 // horizon, and never learns of the split. So each instance counts what the
-// others may still enforce: an instance whose record says it applies the
-// even split (applied generation 0) takes at most total/N like this one;
-// any other, live or gone without saying it was leaving, may enforce its
-// last grant — gone, until the longest fail_static it may count with (plus
-// the clock bound) has passed since its key went, as configd holds it.
+// others may still enforce: an instance that confirmed the split — its
+// record says applied generation 0 and was written after the last configd
+// leader went — takes at most total/N like this one; any other, live or
+// gone without saying it was leaving, may enforce its last grant — gone,
+// until the longest fail_static it may count with (the provider's or its
+// record's; plus the clock bound) has passed since its key went, as
+// configd holds it.
 
 // evenShare returns this instance's share under the even split: total/N,
-// less what the others may enforce beyond their own total/N.
+// or less if that is more than the total leaves once the others have what
+// they may enforce (total/N each for those that confirmed the split, their
+// last grant if larger for the others, and the grants held for gone ones).
 func (m *Member) evenShare(v *view, now time.Time) int64 {
 	c := v.config
 	n := int64(max(1, len(v.instances)))
@@ -33,29 +37,57 @@ func (m *Member) evenShare(v *view, now time.Time) int64 {
 		if id == m.id {
 			continue
 		}
-		if r, ok := v.records[id]; ok && r.AppliedGeneration == 0 {
+		if v.confirmed(id) {
 			budget -= even
 			continue
 		}
 		budget -= max(even, grantIn(s, id, c.Window.D()))
 	}
 	for id, until := range v.held {
-		if now.Before(until) {
-			budget -= grantIn(s, id, c.Window.D())
+		if !now.Before(until) {
+			delete(v.held, id)
+			continue
 		}
+		budget -= grantIn(s, id, c.Window.D())
 	}
 	return max(0, min(even, budget))
 }
 
-// grantIn returns the most shares s leave id enforcing, in windows of w:
-// its share or its grant, whichever is larger, scaled up when s was
-// published for another window length.
+// confirmed reports whether live instance id applies the even split: its
+// record says applied generation 0 (no shares of configd's), written after
+// the last leader went. An older such record may predate shares it
+// applied since.
+func (v *view) confirmed(id string) bool {
+	r, ok := v.records[id]
+	return ok && r.AppliedGeneration == 0 && v.recordRev[id] > v.leaderGone
+}
+
+// grantIn returns the most permits the shares s may have id admit in one
+// window of w: its share or its grant, whichever is larger (g, per window
+// of s), times the windows of s one window of w can overlap — w/sw when sw
+// divides w, 1 when w divides sw, and ⌊w/sw⌋+2 otherwise.
 func grantIn(s *schema.Shares, id string, w time.Duration) int64 {
 	g := max(s.Shares[id], s.Granted[id])
-	if sw := s.Window.D(); sw > 0 && sw != w && g > 0 {
-		g = int64(math.Ceil(float64(g) * float64(w) / float64(sw)))
+	sw := s.Window.D()
+	switch {
+	case g == 0 || sw <= 0 || sw == w:
+		return g
+	case w%sw == 0:
+		return satMul(g, int64(w/sw))
+	case sw%w == 0:
+		return g
+	default:
+		return satMul(g, int64(w/sw)+2)
 	}
-	return g
+}
+
+// satMul returns a×b (both positive), or math.MaxInt64 where that would
+// overflow.
+func satMul(a, b int64) int64 {
+	if a > math.MaxInt64/b {
+		return math.MaxInt64
+	}
+	return a * b
 }
 
 // holdFor is how long after id's key went the even split keeps its grant
@@ -74,13 +106,15 @@ func holdFor(c *schema.ProviderConfig, r schema.InstanceRecord) time.Duration {
 }
 
 // gone records that id's key went: unless its record said it was leaving
-// or that it applies the even split (its horizon is then its lease's end),
+// or it confirmed the even split (its horizon is then its lease's end),
 // the even split keeps its last grant out for holdFor.
 func (v *view) gone(id string, now time.Time) {
 	r, known := v.records[id]
+	confirmed := v.confirmed(id)
 	delete(v.instances, id)
 	delete(v.records, id)
-	if known && (r.Leaving || r.AppliedGeneration == 0) {
+	delete(v.recordRev, id)
+	if (known && r.Leaving) || confirmed {
 		return
 	}
 	if v.shares == nil || grantIn(v.shares, id, v.shares.Window.D()) == 0 {
@@ -93,6 +127,11 @@ func (v *view) gone(id string, now time.Time) {
 // that is not live: a member that (re)loads cannot know when they left, nor
 // how.
 func (v *view) holdMissing(now time.Time) {
+	for id, until := range v.held {
+		if !now.Before(until) {
+			delete(v.held, id)
+		}
+	}
 	s := v.shares
 	if s == nil {
 		return
@@ -105,11 +144,6 @@ func (v *view) holdMissing(now time.Time) {
 			if _, ok := v.held[id]; !ok {
 				v.held[id] = now.Add(holdFor(v.config, schema.InstanceRecord{}))
 			}
-		}
-	}
-	for id, until := range v.held {
-		if !now.Before(until) {
-			delete(v.held, id)
 		}
 	}
 }

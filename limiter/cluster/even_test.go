@@ -18,6 +18,7 @@ func TestEvenShare(t *testing.T) {
 	rec := func(gen int64) schema.InstanceRecord {
 		return schema.InstanceRecord{Version: 1, AppliedGeneration: gen}
 	}
+	stale := schema.InstanceRecord{Version: 1, ID: "stale"} // generation 0, written before the leader went
 	tests := []struct {
 		name   string
 		cfg    *schema.ProviderConfig
@@ -30,6 +31,11 @@ func TestEvenShare(t *testing.T) {
 		{"a still on configd's shares (generation 7): 90 - 60", cfg, shares, map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": ptr(rec(0))}, nil, 30},
 		{"a on the even split (generation 0): total/N", cfg, shares, map[string]*schema.InstanceRecord{"a": ptr(rec(0)), "b": ptr(rec(7))}, nil, 45},
 		{"a's record malformed: it may enforce its grant", cfg, shares, map[string]*schema.InstanceRecord{"a": nil, "b": nil}, nil, 30},
+		{"a's generation 0 written before the leader went: it may have applied shares since", cfg, shares, map[string]*schema.InstanceRecord{"a": &stale, "b": nil}, nil, 30},
+		{"shares of a longer window: a may admit its whole grant in one window", &schema.ProviderConfig{Version: 1, Name: "api", Limit: 90, Window: schema.Duration(50 * time.Millisecond)}, shares,
+			map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil}, nil, 30},
+		{"a window overlapping 3 of the shares' windows: 3 grants", &schema.ProviderConfig{Version: 1, Name: "api", Limit: 270, Window: schema.Duration(150 * time.Millisecond)},
+			shares, map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil}, nil, 90}, // 270 - 3×60
 		{"a gone, held: 90 - 60", cfg, shares, map[string]*schema.InstanceRecord{"b": nil}, map[string]time.Time{"a": now.Add(time.Second)}, 30},
 		{"a gone, its hold over: the whole limit", cfg, shares, map[string]*schema.InstanceRecord{"b": nil}, map[string]time.Time{"a": now}, 90},
 		{"a grant smaller than total/N counts as total/N", cfg,
@@ -45,10 +51,15 @@ func TestEvenShare(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			v := newView()
 			v.config, v.shares = tt.cfg, tt.shares
+			v.leaderGone = 10
 			for id, r := range tt.live {
 				v.instances[id] = true
 				if r != nil {
 					v.records[id] = *r
+					v.recordRev[id] = 11
+					if r.ID == "stale" {
+						v.recordRev[id] = 9
+					}
 				}
 			}
 			for id, until := range tt.held {
@@ -84,16 +95,22 @@ func TestGoneHolds(t *testing.T) {
 		{"its record counts with a longer one", "a", &schema.InstanceRecord{AppliedGeneration: 7, FailStatic: schema.Duration(time.Minute)}, time.Minute + bound},
 		{"no good record", "a", nil, 5*time.Second + bound},
 		{"it said it was leaving", "a", &schema.InstanceRecord{AppliedGeneration: 7, Leaving: true}, 0},
-		{"it applied the even split", "a", &schema.InstanceRecord{AppliedGeneration: 0}, 0},
+		{"it confirmed the even split", "a", &schema.InstanceRecord{AppliedGeneration: 0}, 0},
+		{"generation 0, written before the leader went", "a", &schema.InstanceRecord{ID: "stale"}, 5*time.Second + bound},
 		{"no grant", "z", &schema.InstanceRecord{AppliedGeneration: 7}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			v := newView()
 			v.config, v.shares = cfg, shares
+			v.leaderGone = 10
 			v.instances[tt.id] = true
 			if tt.rec != nil {
 				v.records[tt.id] = *tt.rec
+				v.recordRev[tt.id] = 11
+				if tt.rec.ID == "stale" {
+					v.recordRev[tt.id] = 9
+				}
 			}
 			v.gone(tt.id, now)
 			until, held := v.held[tt.id]

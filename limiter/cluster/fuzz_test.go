@@ -51,12 +51,12 @@ func FuzzObserve(f *testing.F) {
 			v.leaders[k.Election()+"/1"] = true
 		}
 		ap := applied{source: "fallback", window: time.Second}
-		for _, r := range []struct {
+		for i, r := range []struct {
 			key   string
 			value []byte
 		}{{keyFor[int(k1)%len(keyFor)], v1}, {keyFor[int(k2)%len(keyFor)], v2}} {
 			deleted := len(r.value) == 1 && r.value[0] == 'D'
-			m.observe(v, r.key, r.value, deleted)
+			m.observe(v, r.key, r.value, deleted, int64(i+1))
 			m.apply(v, &ap)
 			st := m.Status()
 			var decodeErr error

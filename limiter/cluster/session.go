@@ -29,14 +29,19 @@ type view struct {
 	shares    *schema.Shares
 	instances map[string]bool
 	records   map[string]schema.InstanceRecord // live instances' good records
+	recordRev map[string]int64                 // and the etcd revision each was written at
 	held      map[string]time.Time             // gone instances' grants kept out of the even split, until
+	// leaderGone is the etcd revision at which the last configd leader
+	// key went (or, loading with none, the revision read at): a record
+	// written after it that says applied generation 0 is on the even split.
+	leaderGone int64
 	leaders   map[string]bool
 	problems  map[string]string // key → why its record was ignored
 }
 
 func newView() *view {
-	return &view{instances: map[string]bool{}, records: map[string]schema.InstanceRecord{}, held: map[string]time.Time{},
-		leaders: map[string]bool{}, problems: map[string]string{}}
+	return &view{instances: map[string]bool{}, records: map[string]schema.InstanceRecord{}, recordRev: map[string]int64{},
+		held: map[string]time.Time{}, leaders: map[string]bool{}, problems: map[string]string{}}
 }
 
 // applied is what the Member last set on its limiter.
@@ -180,6 +185,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	v.config, v.shares = nil, nil
 	clear(v.instances)
 	clear(v.records)
+	clear(v.recordRev)
 	clear(v.leaders)
 	// Every record is read again: a key deleted while etcd was out of
 	// reach takes its problem with it.
@@ -190,19 +196,26 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 				v.leaders[string(kv.Key)] = true
 				continue
 			}
-			m.observe(v, string(kv.Key), kv.Value, false)
+			m.observe(v, string(kv.Key), kv.Value, false, kv.ModRevision)
 		}
 	}
 	v.holdMissing(time.Now())
 	m.listProblems(v)
 	rev := resp.Header.Revision
+	if len(v.leaders) == 0 {
+		v.leaderGone = max(v.leaderGone, rev)
+	}
 	// follow applies the view and moves the limiter's expiry with it.
 	follow := func() bool {
 		acked := m.apply(v, ap)
 		rep.failStatic = m.arm(v, ap, leaseEnd)
 		return acked
 	}
-	follow()
+	if follow() {
+		if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
+			return err
+		}
+	}
 	if !*connected {
 		*connected = true
 		m.log.Info("connected to etcd", "lease", fmt.Sprintf("%x", lease.ID), "share", ap.quota, "source", ap.source)
@@ -239,7 +252,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			// own boundary before it is acknowledged.
 			acked := false
 			for _, ev := range wr.Events {
-				m.observe(v, string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
+				m.observe(v, string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete, ev.Kv.ModRevision)
 				acked = follow() || acked
 			}
 			if acked {
@@ -257,11 +270,16 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypeDelete {
 					delete(v.leaders, string(ev.Kv.Key))
+					v.leaderGone = max(v.leaderGone, ev.Kv.ModRevision)
 				} else {
 					v.leaders[string(ev.Kv.Key)] = true
 				}
 			}
-			follow()
+			if follow() {
+				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
+					return err
+				}
+			}
 		case <-tick.C:
 			follow() // follows the clock measurement
 			if err := m.report(sctx, lease.ID, ap, rep, false); err != nil {
@@ -361,7 +379,7 @@ func (m *Member) leave(lease clientv3.LeaseID, rep *reporter) {
 // fails to decode or validate is ignored, logged once and listed in
 // Status.Problems; the last good value stays. An instance record is the
 // exception: its key alone makes the instance live, malformed or not.
-func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
+func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev int64) {
 	k, err := m.keys.Parse(key)
 	if err != nil || k.Provider != m.provider {
 		return
@@ -431,10 +449,12 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool) {
 		if err != nil {
 			// Unknown: it may enforce its grant (see evenShare).
 			delete(v.records, k.Instance)
+			delete(v.recordRev, k.Instance)
 			bad(err)
 			return
 		}
 		v.records[k.Instance] = r
+		v.recordRev[k.Instance] = rev
 		good()
 	}
 }
