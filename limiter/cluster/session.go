@@ -35,8 +35,8 @@ type view struct {
 	// key went (or, loading with none, the revision read at): a record
 	// written after it that says applied generation 0 is on the even split.
 	leaderGone int64
-	leaders   map[string]bool
-	problems  map[string]string // key → why its record was ignored
+	leaders    map[string]bool
+	problems   map[string]string // key → why its record was ignored
 }
 
 func newView() *view {
