@@ -53,6 +53,17 @@ func (m *Member) evenShare(v *view, now time.Time) int64 {
 	return max(0, min(even, budget))
 }
 
+// leaderEvent applies a configd leader key's creation or deletion (at
+// etcd revision rev) to the view.
+func (v *view) leaderEvent(key string, deleted bool, rev int64) {
+	if !deleted {
+		v.leaders[key] = true
+		return
+	}
+	delete(v.leaders, key)
+	v.leaderGone = max(v.leaderGone, rev)
+}
+
 // confirmed reports whether live instance id applies the even split: its
 // record says applied generation 0 (no shares of configd's), written after
 // the last leader went. An older such record may predate shares it

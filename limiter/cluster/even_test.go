@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -77,8 +78,8 @@ func ptr[T any](v T) *T { return &v }
 
 // TestGoneHolds: an instance whose key goes is kept out of the even split
 // for the longest fail_static it may count with plus the clock bound —
-// unless it said it was leaving, applied the even split itself (its
-// horizon is then its lease's end), or has no grant.
+// unless it said it was leaving, confirmed the even split (its horizon is
+// then its lease's end), or has no grant.
 func TestGoneHolds(t *testing.T) {
 	now := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
 	cfg := &schema.ProviderConfig{Version: 1, Name: "api", Limit: 90, Window: schema.Duration(time.Second), FailStatic: schema.Duration(5 * time.Second)}
@@ -134,5 +135,57 @@ func TestGoneHolds(t *testing.T) {
 	v.holdMissing(now)
 	if len(v.held) != 1 || !v.held["a"].Equal(now.Add(5*time.Second+bound)) {
 		t.Errorf("after holdMissing: %v, want only a, until %v", v.held, now.Add(5*time.Second+bound))
+	}
+}
+
+// TestConfirmationFollowsRevisions: through observe and leader events, a
+// record saying applied generation 0 confirms the even split only if it was
+// written after the last leader key went: a, on the split, then on a new
+// leader's shares (its acknowledgement never written), is counted at its
+// grant once that leader goes, until it writes generation 0 again.
+func TestConfirmationFollowsRevisions(t *testing.T) {
+	k := schema.DefaultKeys()
+	m := &Member{provider: "api", id: "b", keys: k, cfg: defaultOptions(), log: slog.New(slog.DiscardHandler)}
+	v := newView()
+	cfg := schema.ProviderConfig{Version: 1, Name: "api", Limit: 90, Window: schema.Duration(100 * time.Millisecond)}.WithDefaults()
+	put := func(key string, val any, rev int64) {
+		t.Helper()
+		b, err := schema.Encode(val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.observe(v, key, b, false, rev)
+	}
+	rec := func(id string, gen int64) schema.InstanceRecord {
+		return schema.InstanceRecord{Version: 1, ID: id, AppliedGeneration: gen}
+	}
+	now := time.Now()
+	put(k.Config("api"), cfg, 1)
+	put(k.Shares("api"), schema.Shares{Version: 1, Provider: "api", Generation: 7, Window: schema.Duration(100 * time.Millisecond), Total: 90,
+		Instances: 2, Shares: map[string]int64{"a": 60, "b": 30}}, 2)
+	put(k.Instance("api", "b"), rec("b", 7), 3)
+	leader := k.Election() + "/1"
+	v.leaderEvent(leader, false, 4)
+	put(k.Instance("api", "a"), rec("a", 7), 5)
+	v.leaderEvent(leader, true, 6) // configd goes; a has not confirmed
+	if got := m.evenShare(v, now); got != 30 {
+		t.Fatalf("a unconfirmed: %d, want 30", got)
+	}
+	put(k.Instance("api", "a"), rec("a", 0), 7) // a confirms
+	if got := m.evenShare(v, now); got != 45 {
+		t.Fatalf("a confirmed: %d, want 45", got)
+	}
+	v.leaderEvent(leader, false, 8) // a leader again; a applies its shares, its acknowledgement lost
+	v.leaderEvent(leader, true, 9)  // and it goes: a's record (revision 7) predates that
+	if got := m.evenShare(v, now); got != 30 {
+		t.Fatalf("a's generation-0 record from before the leader went: %d, want 30", got)
+	}
+	put(k.Instance("api", "a"), rec("a", 0), 9) // the same revision as the departure: not after it
+	if got := m.evenShare(v, now); got != 30 {
+		t.Fatalf("a record at the departure's revision: %d, want 30", got)
+	}
+	put(k.Instance("api", "a"), rec("a", 0), 10)
+	if got := m.evenShare(v, now); got != 45 {
+		t.Fatalf("a confirmed again: %d, want 45", got)
 	}
 }

@@ -202,8 +202,12 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	v.holdMissing(time.Now())
 	m.listProblems(v)
 	rev := resp.Header.Revision
+	// Records read now are older than any leader's departure seen later;
+	// with no leader now, the split is confirmed by records written from
+	// here on.
+	v.leaderGone = 0
 	if len(v.leaders) == 0 {
-		v.leaderGone = max(v.leaderGone, rev)
+		v.leaderGone = rev
 	}
 	// follow applies the view and moves the limiter's expiry with it.
 	follow := func() bool {
@@ -211,7 +215,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		rep.failStatic = m.arm(v, ap, leaseEnd)
 		return acked
 	}
-	if follow() {
+	// An acknowledgement, or (no leader) this instance's confirmation of
+	// the even split, is written at once.
+	if follow() || len(v.leaders) == 0 {
 		if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 			return err
 		}
@@ -267,15 +273,11 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			if err := wr.Err(); err != nil {
 				return fmt.Errorf("watch configd leader: %w", err)
 			}
+			wasLed := len(v.leaders) > 0
 			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					delete(v.leaders, string(ev.Kv.Key))
-					v.leaderGone = max(v.leaderGone, ev.Kv.ModRevision)
-				} else {
-					v.leaders[string(ev.Kv.Key)] = true
-				}
+				v.leaderEvent(string(ev.Kv.Key), ev.Type == clientv3.EventTypeDelete, ev.Kv.ModRevision)
 			}
-			if follow() {
+			if follow() || (wasLed && len(v.leaders) == 0) {
 				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 					return err
 				}
