@@ -82,7 +82,9 @@ func (o options) validate() error {
 func WithPrefix(p string) Option { return optionFunc(func(o *options) { o.prefix = p }) }
 
 // WithID sets the instance id (default host-pid-random). In Kubernetes the
-// pod name is a good choice. It must match [A-Za-z0-9][A-Za-z0-9._:-]{0,127}.
+// pod name is a good choice. It must match [A-Za-z0-9][A-Za-z0-9._:-]{0,127}
+// and be unique among the processes running: shares, and the holds that
+// keep a lapsed share from others, go by id.
 func WithID(id string) Option { return optionFunc(func(o *options) { o.id = id }) }
 
 // WithLeaseTTL sets the TTL of the instance's etcd lease (default 5s,
