@@ -233,7 +233,7 @@ func preconditions(r *http.Request) (int64, error) {
 	if v := r.Header.Get("If-Match"); v == "" || strings.TrimSpace(v) == "*" {
 		if v := r.Header.Get("If-None-Match"); v != "" {
 			if strings.TrimSpace(v) != "*" {
-				return 0, &schema.ValidationError{Field: "If-None-Match", Value: quoteShort(v), Err: errors.New(`If-None-Match supports only "*"`)}
+				return 0, &schema.ValidationError{Field: "If-None-Match", Value: schema.QuoteValue(v), Err: errors.New(`If-None-Match supports only "*"`)}
 			}
 			return 0, nil
 		}
@@ -243,19 +243,9 @@ func preconditions(r *http.Request) (int64, error) {
 	s := strings.Trim(strings.TrimPrefix(strings.TrimSpace(v), "W/"), `"`)
 	rev, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || rev < 0 {
-		return 0, &schema.ValidationError{Field: "If-Match", Value: quoteShort(v), Err: errors.New("If-Match must be a revision such as \"42\" (from GET's ETag)")}
+		return 0, &schema.ValidationError{Field: "If-Match", Value: schema.QuoteValue(v), Err: errors.New("If-Match must be a revision such as \"42\" (from GET's ETag)")}
 	}
 	return rev, nil
-}
-
-// quoteShort quotes a header value for an error message, shortened to 64
-// bytes as schema does with values, so that an error never echoes a huge
-// input.
-func quoteShort(v string) string {
-	if len(v) > 64 {
-		v = v[:64] + "..."
-	}
-	return strconv.Quote(v)
 }
 
 // actor returns who to record for a write: the X-Sluice-Actor header (made

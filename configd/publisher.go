@@ -15,7 +15,6 @@ import (
 
 	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/schema"
-	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 // errNotLeader: a fenced write found that this replica no longer holds the
@@ -140,19 +139,19 @@ func (st *providerState) empty() bool {
 	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.sharesKey
 }
 
-// currentFailStatic is the provider's fail_static, the default without a
-// config.
-func (st *providerState) currentFailStatic() time.Duration {
+// config returns the provider's config, or an empty one (every default)
+// without one.
+func (st *providerState) config() schema.ProviderConfig {
 	if st.cfg == nil {
-		return schema.DefaultFailStatic
+		return schema.ProviderConfig{}
 	}
-	return st.cfg.FailStaticOrDefault()
+	return *st.cfg
 }
 
 // noteFailStatic remembers the fail_static prev had if the config now has
 // another; now is when the change was seen.
 func (st *providerState) noteFailStatic(prev *schema.ProviderConfig, now time.Time) {
-	if d := st.currentFailStatic(); prev != nil && prev.FailStaticOrDefault() != d {
+	if d := st.config().FailStaticOrDefault(); prev != nil && prev.FailStaticOrDefault() != d {
 		st.replaced = append(st.replaced, replacedFailStatic{d: prev.FailStaticOrDefault(), until: now})
 	}
 	st.replaced = slices.DeleteFunc(st.replaced, func(r replacedFailStatic) bool {
@@ -175,41 +174,32 @@ func (st *providerState) replacedFrom(kvs []*mvccpb.KeyValue, now time.Time) {
 	}
 }
 
-// holdFor is how long after an instance's key went its grant is held: the
-// longest fail_static it may be counting with — the provider's, the one
-// its last record (rec, written at written; nil when unknown) says, and
-// any this replica knows was replaced since that record was written, which
-// it may have read after (with no record: any remembered) — plus the clock error an instance may
-// have while enforcing its whole share — the provider's max_clock_offset,
-// or 2% of the window (skew.DefaultBound) — since its expiry is on its own
-// clock.
+// holdFor is how long after an instance's key went its grant is held
+// (schema.ProviderConfig.HoldAfter): for the longest fail_static it may be
+// counting with — the provider's, the one its last record (rec, written at
+// written; nil when unknown) says, and any this replica knows was replaced
+// since that record was written, which it may have read after (with no
+// record: any remembered) — plus the clock bound.
 func (st *providerState) holdFor(rec *schema.InstanceRecord, written time.Time) time.Duration {
-	d := st.currentFailStatic()
+	var d time.Duration
 	if rec != nil {
-		d = max(d, rec.FailStatic.D())
+		d = rec.FailStatic.D()
 	}
 	for _, r := range st.replaced {
 		if rec == nil || !r.until.Before(written.Add(-recordSkew)) {
 			d = max(d, r.d)
 		}
 	}
-	if st.cfg == nil {
-		return d + skew.DefaultBound(schema.DefaultWindow)
-	}
-	bound := st.cfg.MaxClockOffset.D()
-	if bound <= 0 {
-		bound = skew.DefaultBound(st.cfg.Window.D())
-	}
-	return d + bound
+	return st.config().HoldAfter(d)
 }
 
-// enforcing returns the most the published shares leave id enforcing: its
-// share or its grant, whichever is larger; 0 without shares.
+// enforcing returns the most the published shares leave id enforcing
+// (schema.Shares.Enforcing); 0 without shares.
 func (st *providerState) enforcing(id string) int64 {
 	if st.shares == nil {
 		return 0
 	}
-	return max(st.shares.Shares[id], st.shares.Granted[id])
+	return st.shares.Enforcing(id)
 }
 
 // holdable reports whether the published shares leave id permits it may
@@ -289,13 +279,13 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 	p.dirty = map[string]bool{}
 	p.history = map[string]int64{}
 	// Per provider, two key ranges around history/ (config before it;
-	// instances and shares after it) and a count of history/.
+	// instances and shares after it) and the newest replacedScan entries of
+	// history/, whose response counts them all.
 	ops := func(name string, rev int64) []clientv3.Op {
 		prov, hist := p.keys.Provider(name), p.keys.History(name)
 		return []clientv3.Op{
 			clientv3.OpGet(prov, clientv3.WithRange(hist), clientv3.WithRev(rev)),
 			clientv3.OpGet(clientv3.GetPrefixRangeEnd(hist), clientv3.WithRange(clientv3.GetPrefixRangeEnd(prov)), clientv3.WithRev(rev)),
-			clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithRev(rev)),
 			clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend),
 				clientv3.WithLimit(replacedScan), clientv3.WithRev(rev)),
 		}
@@ -306,11 +296,12 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 				p.apply(mvccpb.PUT, kv)
 			}
 		}
-		if n := resps[2].GetResponseRange().Count; n > 0 && schema.ValidateName(name) == nil {
-			p.history[name] = n
+		hist := resps[2].GetResponseRange()
+		if hist.Count > 0 && schema.ValidateName(name) == nil {
+			p.history[name] = hist.Count
 		}
 		if st := p.providers[name]; st != nil {
-			st.replacedFrom(resps[3].GetResponseRange().Kvs, p.now())
+			st.replacedFrom(hist.Kvs, p.now())
 		}
 	}
 	stray := func(kv *mvccpb.KeyValue) { p.apply(mvccpb.PUT, kv) }
@@ -328,7 +319,11 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			if o.maxGen > st.maxGen {
 				st.maxGen = o.maxGen
 			}
-			st.replaced = append(st.replaced, o.replaced...)
+			for _, r := range o.replaced {
+				if !slices.Contains(st.replaced, r) { // read again from history
+					st.replaced = append(st.replaced, r)
+				}
+			}
 			st.noteFailStatic(o.cfg, p.now())
 			if st.shares == nil && st.sharesBad && o.shares != nil {
 				// Its grants still bound what the instances may enforce.

@@ -565,8 +565,8 @@ func (c *Consumer) deadLetter(ctx context.Context, msg kafka.Message, cause erro
 		return outFatal, fmt.Errorf("%w: partition %d offset %d failed %d attempt(s): %w",
 			ErrHandlerFailed, msg.Partition, msg.Offset, attempts, cause)
 	}
-	step, trimmed := trimNothing, false
-	dl, _ := deadLetterAt(c.cfg.DeadLetterTopic, msg, cause.Error(), attempts, step)
+	step, trimmed, errText := trimNothing, false, cause.Error()
+	dl, _ := deadLetterAt(c.cfg.DeadLetterTopic, msg, errText, attempts, step)
 	for failures := 1; ; failures++ {
 		err := c.dlq.WriteMessages(ctx, dl)
 		if err == nil {
@@ -584,7 +584,7 @@ func (c *Consumer) deadLetter(ctx context.Context, msg kafka.Message, cause erro
 			// (a short key's "left out" header outweighs the key).
 			for step < trimAll && dlSize(dl) >= from {
 				step++
-				if smaller, leftOut := deadLetterAt(c.cfg.DeadLetterTopic, msg, cause.Error(), attempts, step); dlSize(smaller) < from {
+				if smaller, leftOut := deadLetterAt(c.cfg.DeadLetterTopic, msg, errText, attempts, step); dlSize(smaller) < from {
 					dl, trimmed = smaller, true
 					c.log.Warn("dead letter too large for the broker; writing a smaller one", "partition", msg.Partition,
 						"offset", msg.Offset, "left_out", strings.Join(leftOut, ", "), "bytes", from, "now", dlSize(dl), "err", err)

@@ -21,8 +21,7 @@ const memberDown = 8 * time.Second
 func newClusterRig(t *testing.T, provider string) (*rig, *etcdtest.Cluster) {
 	t.Helper()
 	cl := etcdtest.StartCluster(t, 3)
-	cli := rigClient(t, cl.Config(t))
-	return &rig{cli: cli, endpoint: strings.Join(cl.Endpoints(), ","), stub: startStub(t), w: newWatcher(t, cli, provider), provider: provider}, cl
+	return rigOn(t, provider, cl.Config(t)), cl
 }
 
 // etcdLeader asks every member but skip (an index; -1 for none) for its

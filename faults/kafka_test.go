@@ -239,7 +239,7 @@ func (l *ledger) handle(inst int, m kafka.Message) {
 	l.notifyLocked()
 }
 
-// unhandled returns the acknowledged messages never handled.
+// unhandled returns the acknowledged messages not handled (yet), in order.
 func (l *ledger) unhandled() []int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -250,19 +250,6 @@ func (l *ledger) unhandled() []int {
 		}
 	}
 	slices.Sort(out)
-	return out
-}
-
-// backlog returns the messages acknowledged and not handled yet.
-func (l *ledger) backlog() []int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []int
-	for s := range l.acked {
-		if l.handled[s] == 0 {
-			out = append(out, s)
-		}
-	}
 	return out
 }
 
@@ -823,7 +810,7 @@ func TestKafkaBrokerRestart(t *testing.T) {
 	waitUntil(down.Add(brokerDown))
 	k.restart()
 	up := time.Now()
-	pending := l.backlog()
+	pending := l.unhandled()
 	t.Logf("injected: broker restarted after %v down (stop took %v); %d acknowledged messages not handled yet", up.Sub(down).Round(time.Millisecond), stopped.Sub(down).Round(time.Millisecond), len(pending))
 	firstAfter, err := l.waitCallAfter(up, 30*time.Second)
 	if err != nil {
@@ -933,7 +920,7 @@ func TestKafkaRebalanceStorm(t *testing.T) {
 		t.Errorf("only %d of %d short-lived consumers handled a message: the storm did not happen", active, stormJoins)
 	}
 	p.stop()
-	pending := l.backlog()
+	pending := l.unhandled()
 	last, err := l.waitAll(60 * time.Second)
 	if err != nil {
 		t.Fatalf("not recovered: %v", err)

@@ -283,15 +283,7 @@ func (c *configd) cli(t *testing.T, args ...string) string {
 }
 
 // leaderChanges counts this replica's "became leader" lines.
-func (c *configd) leaderChanges() int {
-	n := 0
-	for _, l := range c.errs.snapshot() {
-		if strings.Contains(l, `msg="became leader"`) {
-			n++
-		}
-	}
-	return n
-}
+func (c *configd) leaderChanges() int { return countMatching(c.errs.snapshot(), `msg="became leader"`) }
 
 // ---- instances ----
 
@@ -766,11 +758,11 @@ type rig struct {
 	provider string
 }
 
-// rigClient is the rig's own etcd client, with the instances' and
-// configd's reconnect backoff (cluster.DialOptions): with gRPC's default it
-// would find etcd back up to 13 s after an outage, later than the
-// processes it measures. It is closed with the test.
-func rigClient(t *testing.T, cfg clientv3.Config) *clientv3.Client {
+// rigOn is the rig on the etcd cfg describes. Its own client has the
+// instances' and configd's reconnect backoff (cluster.DialOptions): with
+// gRPC's default it would find etcd back up to 13 s after an outage, later
+// than the processes it measures.
+func rigOn(t *testing.T, provider string, cfg clientv3.Config) *rig {
 	t.Helper()
 	cfg.DialOptions = cluster.DialOptions()
 	cli, err := clientv3.New(cfg)
@@ -778,14 +770,13 @@ func rigClient(t *testing.T, cfg clientv3.Config) *clientv3.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	return cli
+	return &rig{cli: cli, endpoint: strings.Join(cfg.Endpoints, ","), stub: startStub(t), w: newWatcher(t, cli, provider), provider: provider}
 }
 
+// newRig is the rig on an etcd of one member, embedded in the test.
 func newRig(t *testing.T, provider string) *rig {
 	t.Helper()
-	srv := etcdtest.Start(t)
-	cli := rigClient(t, srv.Config(t))
-	return &rig{cli: cli, endpoint: srv.Endpoints()[0], stub: startStub(t), w: newWatcher(t, cli, provider), provider: provider}
+	return rigOn(t, provider, etcdtest.Start(t).Config(t))
 }
 
 // startInstances starts instances 1..n against the rig's etcd and stub

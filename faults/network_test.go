@@ -31,11 +31,11 @@ type cutMethod struct {
 // reach etcd again it registers again.
 func TestInstanceCutOffFromEtcd(t *testing.T) {
 	t.Run("netns", func(t *testing.T) {
-		r := newRig(t, "fault-partition-netns")
 		ns, err := netcut.NewNamespaces(t)
 		if err != nil {
 			t.Skipf("method netns: not here (%v); the proxy subtest cuts instead", err)
 		}
+		r := newRig(t, "fault-partition-netns")
 		ctl, err := ns.Link()
 		if err != nil {
 			t.Fatal(err)

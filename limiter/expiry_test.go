@@ -12,34 +12,18 @@ import (
 // Tests of SetExpiry. Every test starts at t0, a boundary of every window
 // (see limiter_test.go), and counts windows from it.
 
-// drain takes permits one at a time until the limiter refuses, and returns
-// how many it took.
-func drain(l *Limiter) (n int) {
-	for l.TryAcquire() {
-		n++
-	}
-	return n
-}
-
-// drainWindows drains the limiter at the start of each window from now on,
-// one window of length w after the other, and returns what each admitted.
-func drainWindows(l *Limiter, w time.Duration, windows int) []int {
-	got := make([]int, windows)
-	for i := range got {
-		got[i] = drain(l)
-		time.Sleep(w)
-	}
-	return got
-}
-
+// TestExpiryTryAcquire: windows that begin at or after the expiry admit
+// nothing; changes scheduled before it apply, those after it are
+// overridden with 0 until the expiry moves past them.
 func TestExpiryTryAcquire(t *testing.T) {
 	const w = time.Second
 	tests := []struct {
 		name   string
-		expiry time.Duration // from t0; none if unset
+		setup  func(l *Limiter, t0 time.Time) error // changes scheduled first; none if nil
+		expiry time.Duration                        // from t0; none if unset
 		set    bool
 		paced  bool
-		want   []int // admitted in windows 0..3
+		want   []int // admitted in windows 0, 1, ...
 	}{
 		{name: "none", want: []int{3, 3, 3, 3}},
 		{name: "at a boundary", expiry: 2 * w, set: true, want: []int{3, 3, 0, 0}},
@@ -49,12 +33,40 @@ func TestExpiryTryAcquire(t *testing.T) {
 		{name: "now: the current window has begun", expiry: 0, set: true, want: []int{3, 0, 0, 0}},
 		{name: "in the past", expiry: -5 * w, set: true, want: []int{3, 0, 0, 0}},
 		{name: "paced", expiry: 2 * w, set: true, paced: true, want: []int{1, 1, 0, 0}},
+		{
+			name:   "quota change before the expiry",
+			setup:  func(l *Limiter, t0 time.Time) error { return l.SetQuota(5, t0.Add(w)) },
+			set:    true,
+			expiry: 2 * w,
+			want:   []int{3, 5, 0, 0},
+		},
+		{
+			name:   "quota change after the expiry",
+			setup:  func(l *Limiter, t0 time.Time) error { return l.SetQuota(5, t0.Add(3*w)) },
+			set:    true,
+			expiry: 2 * w,
+			want:   []int{3, 3, 0, 0, 0},
+		},
+		{
+			// 1s → 2s windows from 2s: the expiry at 3s falls inside [2s, 4s),
+			// so the first expired window begins at 4s.
+			name:   "window length change before the expiry",
+			setup:  func(l *Limiter, t0 time.Time) error { return l.SetLimit(20, 2*w, t0.Add(2*w)) },
+			set:    true,
+			expiry: 3 * w,
+			want:   []int{3, 3, 20, 0, 0, 0},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				l := mustNew(t, 3, w, WithPacing(tt.paced))
 				t0 := time.Now()
+				if tt.setup != nil {
+					if err := tt.setup(l, t0); err != nil {
+						t.Fatal(err)
+					}
+				}
 				if tt.set {
 					l.SetExpiry(t0.Add(tt.expiry))
 				}
@@ -291,7 +303,7 @@ func TestExpirySurvivesSetLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := drainWindows(l, w, 3)
-		if want := []int{5, 7, 0}; got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		if want := []int{5, 7, 0}; !slices.Equal(got, want) {
 			t.Errorf("admitted per window %v, want %v", got, want)
 		}
 		if err := l.SetQuota(9, time.Time{}); err != nil { // in window 3, expired
@@ -313,55 +325,6 @@ func TestExpirySurvivesSetLimit(t *testing.T) {
 			t.Errorf("re-armed, then raised at once: admitted %d, want 2", got)
 		}
 	})
-}
-
-// Changes scheduled around the expiry: those before it apply, those after
-// it are overridden with 0 until the expiry moves past them.
-func TestExpiryWithScheduledChanges(t *testing.T) {
-	const w = time.Second
-	tests := []struct {
-		name   string
-		setup  func(l *Limiter, t0 time.Time) error
-		expiry time.Duration
-		want   []int
-	}{
-		{
-			name:   "quota change before the expiry",
-			setup:  func(l *Limiter, t0 time.Time) error { return l.SetQuota(5, t0.Add(w)) },
-			expiry: 2 * w,
-			want:   []int{3, 5, 0, 0},
-		},
-		{
-			name:   "quota change after the expiry",
-			setup:  func(l *Limiter, t0 time.Time) error { return l.SetQuota(5, t0.Add(3*w)) },
-			expiry: 2 * w,
-			want:   []int{3, 3, 0, 0, 0},
-		},
-		{
-			// 1s → 2s windows from 2s: the expiry at 3s falls inside [2s, 4s),
-			// so the first expired window begins at 4s.
-			name:   "window length change before the expiry",
-			setup:  func(l *Limiter, t0 time.Time) error { return l.SetLimit(20, 2*w, t0.Add(2*w)) },
-			expiry: 3 * w,
-			want:   []int{3, 3, 20, 0, 0, 0},
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				l := mustNew(t, 3, w)
-				t0 := time.Now()
-				if err := tt.setup(l, t0); err != nil {
-					t.Fatal(err)
-				}
-				l.SetExpiry(t0.Add(tt.expiry))
-				got := drainWindows(l, w, len(tt.want))
-				if !slices.Equal(got, tt.want) {
-					t.Errorf("admitted per second %v, want %v", got, tt.want)
-				}
-			})
-		})
-	}
 }
 
 // A change scheduled after the expiry takes effect once the expiry moves

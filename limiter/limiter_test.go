@@ -24,6 +24,26 @@ func mustNew(t *testing.T, q int64, w time.Duration, opts ...Option) *Limiter {
 	return l
 }
 
+// drain takes permits one at a time until the limiter refuses, and returns
+// how many it took.
+func drain(l *Limiter) (n int) {
+	for l.TryAcquire() {
+		n++
+	}
+	return n
+}
+
+// drainWindows drains the limiter at the start of each window from now on,
+// one window of length w after the other, and returns what each admitted.
+func drainWindows(l *Limiter, w time.Duration, windows int) []int {
+	got := make([]int, windows)
+	for i := range got {
+		got[i] = drain(l)
+		time.Sleep(w)
+	}
+	return got
+}
+
 // elapsed returns the fake time since t0.
 func since(t0 time.Time) time.Duration { return time.Since(t0) }
 
@@ -315,12 +335,6 @@ func TestSetQuotaAtBoundary(t *testing.T) {
 		const w = time.Second
 		l := mustNew(t, 10, w)
 		t0 := time.Now()
-		drain := func() (n int) {
-			for l.TryAcquire() {
-				n++
-			}
-			return n
-		}
 		if err := l.SetQuota(3, t0.Add(2*w)); err != nil {
 			t.Fatal(err)
 		}
@@ -329,7 +343,7 @@ func TestSetQuotaAtBoundary(t *testing.T) {
 		}
 		want := []int{10, 10, 3}
 		for i, q := range want {
-			if got := drain(); got != q {
+			if got := drain(l); got != q {
 				t.Errorf("window %d admitted %d, want %d", i, got, q)
 			}
 			time.Sleep(w)
@@ -338,11 +352,11 @@ func TestSetQuotaAtBoundary(t *testing.T) {
 		if err := l.SetQuota(20, time.Now().Add(w/2)); err != nil {
 			t.Fatal(err)
 		}
-		if got := drain(); got != 3 {
+		if got := drain(l); got != 3 {
 			t.Errorf("window before the raise admitted %d, want 3", got)
 		}
 		time.Sleep(w)
-		if got := drain(); got != 20 {
+		if got := drain(l); got != 20 {
 			t.Errorf("window after the raise admitted %d, want 20", got)
 		}
 	})
@@ -633,12 +647,6 @@ func TestScheduledChangesTakeEffectInOrder(t *testing.T) {
 		const w = time.Second
 		l := mustNew(t, 10, w)
 		t0 := time.Now()
-		drain := func() (n int) {
-			for l.TryAcquire() {
-				n++
-			}
-			return n
-		}
 		// A shrink at window 1 and a growth at window 2, sent in a row: the
 		// growth must not swallow the shrink.
 		if err := l.SetQuota(5, t0.Add(w)); err != nil {
@@ -655,7 +663,7 @@ func TestScheduledChangesTakeEffectInOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, want := range []int{10, 5, 8, 6, 6} {
-			if got := drain(); got != want {
+			if got := drain(l); got != want {
 				t.Errorf("window %d admitted %d, want %d", i, got, want)
 			}
 			time.Sleep(w)

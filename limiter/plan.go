@@ -73,7 +73,7 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 	switch {
 	case err == nil:
 		return r, nil
-	case err == ErrNoQuota && wait && deadline > now && l.quotaMayComeLocked(deadline):
+	case wait && l.waitsForQuotaLocked(err, now, deadline):
 		r.due, r.state = math.MaxInt64, resPending
 		l.noQuota = append(l.noQuota, r)
 		return r, nil
@@ -83,6 +83,13 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 	}
 	l.counts.timedOut += n
 	return nil, fmt.Errorf("%w: %d permits not available within %v", ErrTimeout, n, time.Duration(deadline-now))
+}
+
+// waitsForQuotaLocked reports whether a placement that failed with err
+// waits, queued, for a quota large enough: it found none (ErrNoQuota),
+// and one may still come before deadline.
+func (l *Limiter) waitsForQuotaLocked(err error, now, deadline int64) bool {
+	return err == ErrNoQuota && deadline > now && l.quotaMayComeLocked(deadline)
 }
 
 // quotaMayComeLocked reports whether a change of limits could still give a
@@ -176,11 +183,14 @@ func (l *Limiter) placeFutureLocked(n, t, deadline int64) (placement, error) {
 		if w.quota < n && !l.sched.quotaAhead(w.start, n) {
 			return placement{}, ErrNoQuota
 		}
-		next, _ := l.sched.nextChange(w.start)
 		if w.start > deadline {
 			return placement{}, ErrTimeout
 		}
-		if w.quota >= n {
+		next := w.end
+		if w.quota < n {
+			// Too small: the next window worth a look is the next change.
+			next, _ = l.sched.nextChange(w.start)
+		} else {
 			var k int64
 			if bw := l.book[w.start]; bw != nil {
 				k = bw.charged
@@ -194,7 +204,6 @@ func (l *Limiter) placeFutureLocked(n, t, deadline int64) (placement, error) {
 				}
 				return p, nil
 			}
-			next = w.end
 		}
 		if next <= ws {
 			return placement{}, ErrTimeout // the end of time
@@ -304,7 +313,7 @@ func (l *Limiter) replaceLocked(rs []*Reservation, now, shift int64) {
 		err := l.placeLocked(r.n, now, r.deadline, minDue, r)
 		switch {
 		case err == nil:
-		case err == ErrNoQuota && r.deadline > now && !r.holder && l.quotaMayComeLocked(r.deadline):
+		case !r.holder && l.waitsForQuotaLocked(err, now, r.deadline):
 			r.due, r.state = math.MaxInt64, resPending
 			l.noQuota = append(l.noQuota, r)
 			continue

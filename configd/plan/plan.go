@@ -151,12 +151,15 @@ func (p Planner) Decide(in Input) Decision {
 	// holds back does not replace the one a handover is still moving
 	// toward: that move is finished whatever the band and the rate.
 	reason, retry := damp(cur, in.Total, in.Window, in.ConfigRevision, target, in.Now)
+	// The holds of instances gone from the target (the same IDs whichever
+	// target the switch keeps).
+	held := heldOnly(in.Held, target)
 	switch {
 	case reason == "" || in.Rewrite:
 		d.Target = target
 	case in.Moving != nil && cur != nil && alloc.Pending(cur.Shares, in.Moving) && sameIDs(in.Moving, target):
 		target = in.Moving
-	case reason == unchanged && cur != nil && !sameHeld(heldOnly(in.Held, target), cur, target):
+	case reason == unchanged && cur != nil && !sameHeld(held, cur, target):
 		d.Target = target // a hold began or ended: the grants change
 	case reason == unchanged:
 		return d
@@ -167,13 +170,9 @@ func (p Planner) Decide(in Input) Decision {
 	// The target is reached through the safe handover: growth only out of
 	// what no instance may still be enforcing.
 	b := bounds(cur, target, in.Acked, in.Now, p.bound())
-	maps.Copy(b, heldOnly(in.Held, target))
+	maps.Copy(b, held)
 	shares, granted := p.handover()(in.Total, target, b)
-	for id, h := range b {
-		if _, live := target[id]; !live {
-			granted[id] = h
-		}
-	}
+	maps.Copy(granted, held) // bounds covers only the target's IDs
 	if alloc.Pending(shares, target) && cur != nil && in.Now.Before(cur.EffectiveFrom) {
 		// Acknowledged shrinks free their permits when their window begins.
 		d.Due = cur.EffectiveFrom
@@ -308,17 +307,7 @@ func heldOnly(held, target map[string]int64) map[string]int64 {
 // (not in target) exactly what cur's grants hold for them: a hold that
 // ended is published even when no share moves.
 func sameHeld(granted map[string]int64, cur *Published, target map[string]int64) bool {
-	for id, g := range cur.Granted {
-		if _, live := target[id]; !live && granted[id] != g {
-			return false
-		}
-	}
-	for id, g := range granted {
-		if _, live := target[id]; !live && cur.Granted[id] != g {
-			return false
-		}
-	}
-	return true
+	return maps.Equal(heldOnly(granted, target), heldOnly(cur.Granted, target))
 }
 
 // sameIDs reports whether a and b name the same instances.

@@ -30,9 +30,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sluice-go/sluice/examples/internal/join"
 )
 
 func main() {
@@ -96,16 +97,6 @@ func defaultInstanceID() string {
 	return "kafka-example"
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
 	var brokers, endpoints, ntpServers string
@@ -139,7 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	c.brokers, c.etcdEndpoints, c.ntpServers = splitList(brokers), splitList(endpoints), splitList(ntpServers)
+	c.brokers, c.etcdEndpoints, c.ntpServers = join.List(brokers), join.List(endpoints), join.List(ntpServers)
 	if c.topic != "" {
 		if !set["messages"] {
 			c.messages = 0

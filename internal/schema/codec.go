@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // fieldSentinels maps JSON field names to the sentinel a type error in that
@@ -139,11 +140,18 @@ func skipValue(dec *json.Decoder) error {
 	return nil
 }
 
+// fieldCache holds jsonFields' answer per struct type: the record types
+// are few and fixed, and every decode asks.
+var fieldCache sync.Map // reflect.Type → map[string]reflect.Type, read-only
+
 // jsonFields returns the JSON names of t's fields, as encoding/json names
 // them (the tag's name, else the Go name; "-" and unexported fields left
-// out), with their types. The records embed no structs, so promotion rules
-// beyond reflect.VisibleFields' are not needed.
+// out), with their types; callers must not modify it. The records embed no
+// structs, so promotion rules beyond reflect.VisibleFields' are not needed.
 func jsonFields(t reflect.Type) map[string]reflect.Type {
+	if m, ok := fieldCache.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
 	out := map[string]reflect.Type{}
 	for _, f := range reflect.VisibleFields(t) {
 		if !f.IsExported() || f.Anonymous {
@@ -158,6 +166,7 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 		}
 		out[name] = f.Type
 	}
+	fieldCache.Store(t, out)
 	return out
 }
 

@@ -77,16 +77,22 @@ func (e *ValidationError) Unwrap() error { return e.Err }
 // Is makes every ValidationError match ErrInvalid.
 func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
 
+// QuoteValue quotes v for an error message, shortened to 64 bytes, so
+// that an error never echoes a huge input.
+func QuoteValue(v string) string {
+	if len(v) > 64 {
+		v = v[:64] + "..."
+	}
+	return strconv.Quote(v)
+}
+
 // invalid returns a *ValidationError; value is formatted with %v and
 // shortened to 64 bytes, strings quoted.
 func invalid(field string, value any, err error) *ValidationError {
 	var s string
 	switch v := value.(type) {
 	case string:
-		if len(v) > 64 {
-			v = v[:64] + "..."
-		}
-		s = strconv.Quote(v)
+		s = QuoteValue(v)
 	case nil:
 	default:
 		s = fmt.Sprint(v)

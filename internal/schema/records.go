@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 // Version is the version of every record this package writes. Decoders
@@ -112,6 +114,28 @@ func (c ProviderConfig) FailStaticOrDefault() time.Duration {
 		return DefaultFailStatic
 	}
 	return c.FailStatic.D()
+}
+
+// ClockBound returns the clock error an instance may have while it
+// enforces its whole share: MaxClockOffset, or skew.DefaultBound of the
+// window (of DefaultWindow when none is set).
+func (c ProviderConfig) ClockBound() time.Duration {
+	if b := c.MaxClockOffset.D(); b > 0 {
+		return b
+	}
+	w := c.Window.D()
+	if w <= 0 {
+		w = DefaultWindow
+	}
+	return skew.DefaultBound(w)
+}
+
+// HoldAfter returns how long after an instance's key went the share it
+// may still enforce stays out of the others' reach: the longer of the
+// provider's fail_static and failStatic (one the instance may be counting
+// with instead), plus ClockBound, since its expiry is on its own clock.
+func (c ProviderConfig) HoldAfter(failStatic time.Duration) time.Duration {
+	return max(c.FailStaticOrDefault(), failStatic) + c.ClockBound()
 }
 
 // WithDefaults returns c with empty fields set to their defaults: the
@@ -279,6 +303,10 @@ type Shares struct {
 	Published      time.Time `json:"published"`
 	Leader         string    `json:"leader,omitempty"` // the configd replica that published
 }
+
+// Enforcing returns the most s leaves instance id enforcing: its share or
+// its grant, whichever is larger.
+func (s Shares) Enforcing(id string) int64 { return max(s.Shares[id], s.Granted[id]) }
 
 // EffectiveTime returns EffectiveFrom as a time.Time.
 func (s Shares) EffectiveTime() time.Time { return time.Unix(0, s.EffectiveFrom) }

@@ -39,9 +39,6 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 	if mon == nil {
 		return q
 	}
-	if bound <= 0 {
-		bound = skew.DefaultBound(w)
-	}
 	meas := mon.Current()
 	c := &m.clk
 	if !c.have {

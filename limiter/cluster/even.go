@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/schema"
-	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 // The even split (no configd alive) must not overlap with a grant from
@@ -43,11 +42,8 @@ func (m *Member) evenShare(v *view, now time.Time) int64 {
 		}
 		budget -= max(even, grantIn(s, id, c.Window.D()))
 	}
-	for id, until := range v.held {
-		if !now.Before(until) {
-			delete(v.held, id)
-			continue
-		}
+	v.pruneHeld(now)
+	for id := range v.held {
 		budget -= grantIn(s, id, c.Window.D())
 	}
 	return max(0, min(even, budget))
@@ -70,7 +66,7 @@ func (v *view) leaderEvent(key string, deleted bool, rev int64) {
 // applied since.
 func (v *view) confirmed(id string) bool {
 	r, ok := v.records[id]
-	return ok && r.AppliedGeneration == 0 && v.recordRev[id] > v.leaderGone
+	return ok && r.AppliedGeneration == 0 && r.rev > v.leaderGone
 }
 
 // grantIn returns the most permits the shares s may have id admit in one
@@ -78,7 +74,7 @@ func (v *view) confirmed(id string) bool {
 // of s), times the windows of s one window of w can overlap — w/sw when sw
 // divides w, 1 when w divides sw, and ⌊w/sw⌋+2 otherwise.
 func grantIn(s *schema.Shares, id string, w time.Duration) int64 {
-	g := max(s.Shares[id], s.Granted[id])
+	g := s.Enforcing(id)
 	sw := s.Window.D()
 	switch {
 	case g == 0 || sw <= 0 || sw == w:
@@ -101,19 +97,15 @@ func satMul(a, b int64) int64 {
 	return a * b
 }
 
-// holdFor is how long after id's key went the even split keeps its grant
-// out: the longest fail_static it may count with, plus the clock bound.
-func holdFor(c *schema.ProviderConfig, r schema.InstanceRecord) time.Duration {
-	fs := schema.DefaultFailStatic
-	w := schema.DefaultWindow
-	bound := time.Duration(0)
-	if c != nil {
-		fs, w, bound = c.FailStaticOrDefault(), c.Window.D(), c.MaxClockOffset.D()
+// holdFor is how long after a gone instance's key went the even split
+// keeps its grant out (schema.ProviderConfig.HoldAfter): for the longest
+// fail_static it may count with — the provider's or its record's — plus
+// the clock bound.
+func holdFor(c *schema.ProviderConfig, failStatic time.Duration) time.Duration {
+	if c == nil {
+		return schema.ProviderConfig{}.HoldAfter(failStatic)
 	}
-	if bound <= 0 {
-		bound = skew.DefaultBound(w)
-	}
-	return max(fs, r.FailStatic.D()) + bound
+	return c.HoldAfter(failStatic)
 }
 
 // gone records that id's key went: unless its record said it was leaving
@@ -124,25 +116,20 @@ func (v *view) gone(id string, now time.Time) {
 	confirmed := v.confirmed(id)
 	delete(v.instances, id)
 	delete(v.records, id)
-	delete(v.recordRev, id)
 	if (known && r.Leaving) || confirmed {
 		return
 	}
 	if v.shares == nil || grantIn(v.shares, id, v.shares.Window.D()) == 0 {
 		return
 	}
-	v.held[id] = now.Add(holdFor(v.config, r))
+	v.held[id] = now.Add(holdFor(v.config, r.FailStatic.D()))
 }
 
 // holdMissing holds, from now, every instance the shares name with a grant
 // that is not live: a member that (re)loads cannot know when they left, nor
 // how.
 func (v *view) holdMissing(now time.Time) {
-	for id, until := range v.held {
-		if !now.Before(until) {
-			delete(v.held, id)
-		}
-	}
+	v.pruneHeld(now)
 	s := v.shares
 	if s == nil {
 		return
@@ -153,8 +140,17 @@ func (v *view) holdMissing(now time.Time) {
 				continue
 			}
 			if _, ok := v.held[id]; !ok {
-				v.held[id] = now.Add(holdFor(v.config, schema.InstanceRecord{}))
+				v.held[id] = now.Add(holdFor(v.config, 0))
 			}
+		}
+	}
+}
+
+// pruneHeld forgets the holds that ended by now.
+func (v *view) pruneHeld(now time.Time) {
+	for id, until := range v.held {
+		if !now.Before(until) {
+			delete(v.held, id)
 		}
 	}
 }

@@ -29,24 +29,24 @@ func TestEvenShare(t *testing.T) {
 		want   int64
 	}{
 		{"no shares ever: total/N", cfg, nil, map[string]*schema.InstanceRecord{"a": nil, "b": nil}, nil, 45},
-		{"a still on configd's shares (generation 7): 90 - 60", cfg, shares, map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": ptr(rec(0))}, nil, 30},
-		{"a on the even split (generation 0): total/N", cfg, shares, map[string]*schema.InstanceRecord{"a": ptr(rec(0)), "b": ptr(rec(7))}, nil, 45},
+		{"a still on configd's shares (generation 7): 90 - 60", cfg, shares, map[string]*schema.InstanceRecord{"a": new(rec(7)), "b": new(rec(0))}, nil, 30},
+		{"a on the even split (generation 0): total/N", cfg, shares, map[string]*schema.InstanceRecord{"a": new(rec(0)), "b": new(rec(7))}, nil, 45},
 		{"a's record malformed: it may enforce its grant", cfg, shares, map[string]*schema.InstanceRecord{"a": nil, "b": nil}, nil, 30},
 		{"a's generation 0 written before the leader went: it may have applied shares since", cfg, shares, map[string]*schema.InstanceRecord{"a": &stale, "b": nil}, nil, 30},
 		{"shares of a longer window: a may admit its whole grant in one window", &schema.ProviderConfig{Version: 1, Name: "api", Limit: 90, Window: schema.Duration(50 * time.Millisecond)}, shares,
-			map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil}, nil, 30},
+			map[string]*schema.InstanceRecord{"a": new(rec(7)), "b": nil}, nil, 30},
 		{"a window overlapping 3 of the shares' windows: 3 grants", &schema.ProviderConfig{Version: 1, Name: "api", Limit: 270, Window: schema.Duration(150 * time.Millisecond)},
-			shares, map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil}, nil, 90}, // 270 - 3×60
+			shares, map[string]*schema.InstanceRecord{"a": new(rec(7)), "b": nil}, nil, 90}, // 270 - 3×60
 		{"a gone, held: 90 - 60", cfg, shares, map[string]*schema.InstanceRecord{"b": nil}, map[string]time.Time{"a": now.Add(time.Second)}, 30},
 		{"a gone, its hold over: the whole limit", cfg, shares, map[string]*schema.InstanceRecord{"b": nil}, map[string]time.Time{"a": now}, 90},
 		{"a grant smaller than total/N counts as total/N", cfg,
 			&schema.Shares{Version: 1, Provider: "api", Generation: 7, Window: schema.Duration(100 * time.Millisecond), Total: 90, Shares: map[string]int64{"a": 10, "b": 80}},
-			map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil}, nil, 45},
+			map[string]*schema.InstanceRecord{"a": new(rec(7)), "b": nil}, nil, 45},
 		{"three: a on its 60, c on the split: nothing left for b", cfg, shares,
-			map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil, "c": ptr(rec(0))}, nil, 0},
+			map[string]*schema.InstanceRecord{"a": new(rec(7)), "b": nil, "c": new(rec(0))}, nil, 0},
 		{"shares of another window length are scaled up",
 			&schema.ProviderConfig{Version: 1, Name: "api", Limit: 900, Window: schema.Duration(time.Second)}, shares,
-			map[string]*schema.InstanceRecord{"a": ptr(rec(7)), "b": nil}, nil, 300},
+			map[string]*schema.InstanceRecord{"a": new(rec(7)), "b": nil}, nil, 300},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -56,11 +56,7 @@ func TestEvenShare(t *testing.T) {
 			for id, r := range tt.live {
 				v.instances[id] = true
 				if r != nil {
-					v.records[id] = *r
-					v.recordRev[id] = 11
-					if r.ID == "stale" {
-						v.recordRev[id] = 9
-					}
+					v.records[id] = seen(*r)
 				}
 			}
 			for id, until := range tt.held {
@@ -74,7 +70,14 @@ func TestEvenShare(t *testing.T) {
 	}
 }
 
-func ptr[T any](v T) *T { return &v }
+// seen is r as the view holds it when written at revision 11, after the
+// leader went at 10 — or at 9, before, for a record with ID "stale".
+func seen(r schema.InstanceRecord) seenRecord {
+	if r.ID == "stale" {
+		return seenRecord{r, 9}
+	}
+	return seenRecord{r, 11}
+}
 
 // TestGoneHolds: an instance whose key goes is kept out of the even split
 // for the longest fail_static it may count with plus the clock bound —
@@ -107,11 +110,7 @@ func TestGoneHolds(t *testing.T) {
 			v.leaderGone = 10
 			v.instances[tt.id] = true
 			if tt.rec != nil {
-				v.records[tt.id] = *tt.rec
-				v.recordRev[tt.id] = 11
-				if tt.rec.ID == "stale" {
-					v.recordRev[tt.id] = 9
-				}
+				v.records[tt.id] = seen(*tt.rec)
 			}
 			v.gone(tt.id, now)
 			until, held := v.held[tt.id]

@@ -28,9 +28,8 @@ type view struct {
 	config    *schema.ProviderConfig
 	shares    *schema.Shares
 	instances map[string]bool
-	records   map[string]schema.InstanceRecord // live instances' good records
-	recordRev map[string]int64                 // and the etcd revision each was written at
-	held      map[string]time.Time             // gone instances' grants kept out of the even split, until
+	records   map[string]seenRecord // live instances' good records
+	held      map[string]time.Time  // gone instances' grants kept out of the even split, until
 	// leaderGone is the etcd revision at which the last configd leader
 	// key went (or, loading with none, the revision read at): a record
 	// written after it that says applied generation 0 is on the even split.
@@ -40,8 +39,15 @@ type view struct {
 }
 
 func newView() *view {
-	return &view{instances: map[string]bool{}, records: map[string]schema.InstanceRecord{}, recordRev: map[string]int64{},
+	return &view{instances: map[string]bool{}, records: map[string]seenRecord{},
 		held: map[string]time.Time{}, leaders: map[string]bool{}, problems: map[string]string{}}
+}
+
+// seenRecord is an instance record and the etcd revision it was written
+// at.
+type seenRecord struct {
+	schema.InstanceRecord
+	rev int64
 }
 
 // applied is what the Member last set on its limiter.
@@ -185,7 +191,6 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	v.config, v.shares = nil, nil
 	clear(v.instances)
 	clear(v.records)
-	clear(v.recordRev)
 	clear(v.leaders)
 	// Every record is read again: a key deleted while etcd was out of
 	// reach takes its problem with it.
@@ -451,12 +456,10 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		if err != nil {
 			// Unknown: it may enforce its grant (see evenShare).
 			delete(v.records, k.Instance)
-			delete(v.recordRev, k.Instance)
 			bad(err)
 			return
 		}
-		v.records[k.Instance] = r
-		v.recordRev[k.Instance] = rev
+		v.records[k.Instance] = seenRecord{r, rev}
 		good()
 	}
 }
@@ -502,7 +505,7 @@ func (m *Member) apply(v *view, ap *applied) bool {
 		}
 		lim.SetShadow(c.Mode == schema.ModeShadow)
 		lim.SetPacing(c.Pacing)
-		next.quota = m.clockCut(next.quota, w, c.MaxClockOffset.D())
+		next.quota = m.clockCut(next.quota, w, c.ClockBound())
 	}
 	if next.source == ap.source && next.quota == ap.quota && next.window == ap.window && next.gen == ap.gen {
 		return false

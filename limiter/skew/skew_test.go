@@ -13,6 +13,7 @@ import (
 
 	"github.com/beevik/ntp"
 
+	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/ntptest"
 	"go.uber.org/goleak"
 )
@@ -77,24 +78,6 @@ func (c *shiftedClock) add(d time.Duration) {
 }
 
 func within(got, want, tol time.Duration) bool { return (got - want).Abs() <= tol }
-
-// lockedBuilder is a log destination safe for the round's goroutines.
-type lockedBuilder struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuilder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuilder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func TestNewInvalid(t *testing.T) {
 	tests := []struct {
@@ -315,7 +298,7 @@ func TestSeveralServers(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			a, b, bad := startServer(t, good), startServer(t, good), startServer(t, good)
 			tt.bad(bad)
-			var log lockedBuilder
+			var log logbuf.Buffer
 			m := newMonitor(t, WithServers(bad.Addr(), a.Addr(), b.Addr()), WithTimeout(200*time.Millisecond),
 				WithLogger(slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 			got, err := m.Measure(t.Context())

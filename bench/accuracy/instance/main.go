@@ -122,9 +122,7 @@ func run() error {
 	clock := &skewedClock{}
 	clock.d.Store(int64(f.clockSkew))
 	lopts = append(lopts, limiter.WithClock(clock))
-	if len(lopts) > 0 {
-		opts = append(opts, cluster.WithLimiterOptions(lopts...))
-	}
+	opts = append(opts, cluster.WithLimiterOptions(lopts...))
 	if f.ntp != "" {
 		sopts := []skew.Option{skew.WithServers(f.ntp), skew.WithInterval(f.ntpEvery), skew.WithTimeout(500 * time.Millisecond), skew.WithClock(clock)}
 		mon, err := skew.New(sopts...)
