@@ -299,10 +299,8 @@ func (l *Limiter) unplaceLocked(now int64) []*Reservation {
 // its deadline fails with ErrTimeout; Acquire waiters are woken to follow
 // their new time.
 func (l *Limiter) replaceLocked(rs []*Reservation, now, shift int64) {
-	// What the current window admitted beyond a lowered quota stays
-	// admitted: count it, and admit nothing more in this window.
-	l.counts.closedConsumed += l.overCur
-	l.overCur = 0
+	// overCur, what the current window admitted beyond a lowered quota,
+	// stays as it is: it counts against any quota the window gets later.
 	l.scanFrom = math.MinInt64
 	for _, r := range rs {
 		r.deadline = addClamped(r.deadline, time.Duration(shift))
