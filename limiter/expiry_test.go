@@ -498,8 +498,8 @@ func TestExpiryHotPathAllocatesNothing(t *testing.T) {
 func TestScheduleExpiry(t *testing.T) {
 	const s = int64(time.Second)
 	sc := schedule{cur: params{quota: 3, window: s}}
-	sc.set(2*s, params{quota: 5, window: 2 * s}) // 2s windows from 2s
-	sc.set(6*s, params{quota: 7, window: 2 * s})
+	sc.setFrom(2*s, params{quota: 5, window: 2 * s}) // 2s windows from 2s
+	sc.setFrom(6*s, params{quota: 7, window: 2 * s})
 	sc.expires, sc.expiry = true, 3*s // inside [2s, 4s)
 	if e, ok := sc.expiryStart(); !ok || e != 4*s {
 		t.Fatalf("expiryStart() = %d, %v; want 4s, true", e, ok)

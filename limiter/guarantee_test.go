@@ -56,3 +56,58 @@ func TestHoleQuotaDropAndRaiseKeepsTheExcess(t *testing.T) {
 		})
 	}
 }
+
+// Hole 2: a change of window length computed its boundary against the
+// window in force before a change scheduled earlier, so windows of the
+// two lengths overlapped: a 20 ms window [40, 60) and a 25 ms window
+// [50, 75) both admitted.
+func TestHoleTwoWindowChangesInARow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		l := mustNew(t, 2, 10*ms)
+		t0 := time.Now()
+		if err := l.SetLimit(5, 20*ms, t0.Add(35*ms)); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetLimit(5, 25*ms, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(45 * ms)
+		l.TryAcquire() // enters whichever window is in force at 45 ms
+		time.Sleep(10 * ms)
+		got := drain(l) // at 55 ms
+		time.Sleep(5 * ms)
+		got += drain(l) // at 60 ms
+		if got > 5 {
+			t.Errorf("the aligned 25 ms window [50ms, 75ms) admitted %d of quota 5", got)
+		}
+	})
+}
+
+// SetQuota read the window length in force before bringing the schedule up
+// to now: made at the boundary where a scheduled change of length takes
+// effect, with no call since, it took the old length, and so became a
+// change of window length for later instead of a quota for now (found by
+// the oracle).
+func TestSetQuotaAtTheBoundaryOfAScheduledWindowChange(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := mustNew(t, 5, 250*time.Millisecond)
+		if err := l.SetLimit(5, 200*time.Millisecond, time.Time{}); err != nil { // from 1s, both lengths' boundary
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if err := l.SetQuota(0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if l.TryAcquire() {
+			t.Errorf("admitted after SetQuota(0, now)")
+		}
+		if st := l.Stats(); st.Window != 200*time.Millisecond || st.Quota != 0 {
+			t.Errorf("window %v quota %d; want 200ms, 0", st.Window, st.Quota)
+		}
+		time.Sleep(time.Second)
+		if st := l.Stats(); st.Window != 200*time.Millisecond {
+			t.Errorf("a second later: window %v; want 200ms", st.Window)
+		}
+	})
+}

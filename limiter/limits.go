@@ -43,25 +43,29 @@ func (l *Limiter) Backoff(d time.Duration) {
 // a raise serves them earlier, a drop moves them later and fails those it
 // moves past their deadline with ErrTimeout. Waiters for quota are placed
 // as soon as it suffices.
-func (l *Limiter) SetQuota(q int64, at time.Time) error {
-	l.mu.Lock()
-	w := l.sched.at(clampUnixNano(at)).window
-	l.mu.Unlock()
-	return l.SetLimit(q, time.Duration(w), at)
-}
+func (l *Limiter) SetQuota(q int64, at time.Time) error { return l.setLimit(q, 0, at) }
 
 // SetLimit sets the quota and the window length together, from at on. A
 // change of window length takes effect at the first instant at or after at
 // (and after the current window) that is a boundary of both the old and the
 // new window, so that no window is cut short; a change of quota alone, as in
 // SetQuota. Changes scheduled for later are kept in order: a call replaces
-// those scheduled at or after its own start, and leaves earlier ones alone,
-// so two changes sent in a row take effect one after the other.
+// every change scheduled at or after the instant it asks for (at, or the
+// end of the current window if that is later) and leaves earlier ones
+// alone, so two changes sent in a row for later and later boundaries take
+// effect one after the other, and a change for now (or an earlier
+// boundary) overrides one scheduled further ahead.
 func (l *Limiter) SetLimit(q int64, window time.Duration, at time.Time) error {
-	if err := ValidateQuota(q); err != nil {
+	if err := ValidateWindow(window); err != nil {
 		return err
 	}
-	if err := ValidateWindow(window); err != nil {
+	return l.setLimit(q, int64(window), at)
+}
+
+// setLimit is SetLimit, and SetQuota when window is 0: the length in force
+// at at (or now), read once the schedule is brought up to now.
+func (l *Limiter) setLimit(q, window int64, at time.Time) error {
+	if err := ValidateQuota(q); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -72,11 +76,14 @@ func (l *Limiter) SetLimit(q int64, window time.Duration, at time.Time) error {
 	now := l.now()
 	l.advanceLocked(now)
 	rs := l.unplaceLocked(now)
-	p := params{quota: q, window: int64(window)}
 	atNs := now
 	if !at.IsZero() {
 		atNs = clampUnixNano(at)
 	}
+	if window == 0 {
+		window = l.sched.at(max(atNs, now)).window
+	}
+	p := params{quota: q, window: window}
 	if p.window == l.sched.cur.window && atNs <= now {
 		// From now on, p: the current window changes at once and every
 		// scheduled change is dropped.
@@ -85,11 +92,7 @@ func (l *Limiter) SetLimit(q int64, window time.Duration, at time.Time) error {
 	} else {
 		// From the first boundary, at or after at and after the current
 		// window, that the window in force there and the new one share.
-		from := max(atNs, l.cur.end)
-		cw := l.sched.at(from).window
-		step := p.window / gcd(p.window, cw) * cw // lcm
-		from += floorMod(-from, step)
-		l.sched.set(from, p)
+		l.sched.setFrom(max(atNs, l.cur.end), p)
 	}
 	l.replaceLocked(rs, now, 0)
 	return nil

@@ -158,14 +158,21 @@ func (s *schedule) advance(t int64) {
 	s.changes = s.changes[i:]
 }
 
-// set schedules p from time from on, replacing every change scheduled at
-// or after it; changes before it stay.
-func (s *schedule) set(from int64, p params) {
+// setFrom schedules p from the first instant at or after t that is a
+// boundary of both p's window and the window in force just before it,
+// after dropping every change scheduled at or after t: a later call
+// overrides what an earlier one scheduled from the same point on, and the
+// boundary is computed against the window really in force before it, so
+// windows of the two lengths never overlap. Changes before t stay.
+func (s *schedule) setFrom(t int64, p params) {
 	i := 0
-	for i < len(s.changes) && s.changes[i].from < from {
+	for i < len(s.changes) && s.changes[i].from < t {
 		i++
 	}
-	s.changes = append(s.changes[:i:i], change{from: from, p: p})
+	s.changes = s.changes[:i:i]
+	cw := s.at(t).window
+	step := p.window / gcd(p.window, cw) * cw // lcm: divides a day, as both do
+	s.changes = append(s.changes, change{from: t + floorMod(-t, step), p: p})
 }
 
 // span is one window: its bounds and quota, and whether its permits are
