@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -80,6 +81,62 @@ func TestHoleTwoWindowChangesInARow(t *testing.T) {
 		got += drain(l) // at 60 ms
 		if got > 5 {
 			t.Errorf("the aligned 25 ms window [50ms, 75ms) admitted %d of quota 5", got)
+		}
+	})
+}
+
+// Hole 3a: a clock correction backwards made a Reserve holder's permits,
+// already valid and used, look not yet due; a Backoff then failed the
+// reservation and handed its permits out again.
+func TestHoleBackwardCorrectionKeepsValidReservations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := mustNew(t, 2, time.Second)
+		time.Sleep(900 * time.Millisecond)
+		used := int64(drain(l))
+		r, err := l.Reserve(2, 200*time.Millisecond) // valid at 1s
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(r.Delay())
+		if r.Delay() != 0 {
+			t.Fatalf("not valid after its delay")
+		}
+		used = 2 // the holder uses them, in window [1s, 2s)
+		l.SetClockOffset(-300 * time.Millisecond)
+		l.Backoff(500 * time.Millisecond)
+		if err := r.Err(); err != nil {
+			t.Errorf("a reservation already valid failed later: %v", err)
+		}
+		time.Sleep(600 * time.Millisecond) // the backoff is over; still window [1s, 2s)
+		if n := drain(l); used+int64(n) > 2 {
+			t.Errorf("window [1s, 2s) of quota 2 admitted %d", used+int64(n))
+		}
+	})
+}
+
+// Hole 3b: an Acquire whose permit became valid, and whose timer had fired,
+// slept again after a clock correction backwards that landed before it took
+// the lock, and returned long after its maxWait.
+func TestHoleBackwardCorrectionAtTheWakeUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := mustNew(t, 1, time.Second)
+		time.Sleep(900 * time.Millisecond)
+		l.TryAcquire()
+		const maxWait = 150 * time.Millisecond
+		t0 := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- l.Acquire(context.Background(), maxWait) }() // due at 1s, in 100 ms
+		synctest.Wait()
+		time.Sleep(100*time.Millisecond - 1)
+		// Hold the lock across the instant the waiter's timer fires, so
+		// that the correction lands between its wake-up and its lock.
+		l.mu.Lock()
+		time.Sleep(1)
+		l.setClockOffsetLocked(-300 * time.Millisecond)
+		l.mu.Unlock()
+		err := <-done
+		if d := time.Since(t0); d > maxWait {
+			t.Errorf("Acquire(maxWait %v) returned %v after %v", maxWait, err, d)
 		}
 	})
 }

@@ -144,9 +144,13 @@ func (l *Limiter) SetShadow(on bool) { l.shadow.Store(on) }
 // moves time backwards does not reopen a window already closed: the current
 // window lasts until its end on the new clock.
 func (l *Limiter) SetClockOffset(d time.Duration) {
-	d = clampOffset(d)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.setClockOffsetLocked(d)
+}
+
+func (l *Limiter) setClockOffsetLocked(d time.Duration) {
+	d = clampOffset(d)
 	if time.Duration(l.offset.Load()) == d {
 		return
 	}

@@ -277,8 +277,16 @@ func (l *Limiter) unplaceLocked(now int64) []*Reservation {
 	var rs []*Reservation
 	for _, bw := range l.book {
 		for r := range bw.res {
-			if r.state == resPending && r.due > now {
+			switch {
+			case r.state != resPending:
+			case r.due > now:
 				rs = append(rs, r)
+			default:
+				// Valid already: it stays so whatever changes now (its
+				// holder may be using it; a clock moved back would make it
+				// look not yet due). Its waiter returns at once.
+				r.state = resDone
+				r.poke()
 			}
 		}
 	}

@@ -19,10 +19,12 @@ const (
 // Reserve (or internally by Acquire). The permits are the holder's from
 // ReadyAt on; Cancel gives them back.
 //
-// A Reservation keeps its window and time unless the limits change under it:
-// a lowered quota, a Backoff, an earlier expiry or a new clock offset can
-// move it later (or, if that is past its deadline, fail it), in the order
-// reservations were made.
+// A Reservation keeps its window and time unless the limits change under it
+// before it is valid: a lowered quota, a Backoff, an earlier expiry or a new
+// clock offset can move it later (or, if that is past its deadline, fail
+// it), in the order reservations were made. Once valid it stays valid:
+// nothing moves or fails it any more, not even a clock correction that
+// makes its time look ahead again, since its holder may be using it.
 // One made by Reserve never moves earlier than the time it first gave. Wait
 // follows such moves; a holder that sleeps until ReadyAt itself should check
 // Err when it wakes.
@@ -74,8 +76,11 @@ func (r *Reservation) delay() (time.Duration, bool) {
 	l := r.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if r.state == resFailed || r.state == resCanceled || r.due == math.MaxInt64 {
+	switch {
+	case r.state == resFailed || r.state == resCanceled || r.due == math.MaxInt64:
 		return 0, false
+	case r.state == resDone:
+		return 0, true // valid, even if a clock moved back since says otherwise
 	}
 	return time.Duration(max(0, r.due-l.now())), true
 }
