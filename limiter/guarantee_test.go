@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -141,6 +142,61 @@ func TestHoleBackwardCorrectionAtTheWakeUp(t *testing.T) {
 	})
 }
 
+// Hole 4: a wait for quota that timed out read the schedule and the quota
+// to build its error after it had released the lock (go test -race).
+func TestHoleNoQuotaTimeoutRace(t *testing.T) {
+	for range 20 {
+		synctest.Test(t, func(t *testing.T) {
+			l := mustNew(t, 0, time.Second)
+			done := make(chan error, 1)
+			go func() { done <- l.AcquireN(context.Background(), 2, 10*time.Millisecond) }()
+			synctest.Wait()
+			time.Sleep(10 * time.Millisecond) // the waiter's deadline
+			_ = l.SetQuota(1, time.Time{})    // still too small for it
+			if err := <-done; !errors.Is(err, ErrNoQuota) {
+				t.Fatalf("got %v, want ErrNoQuota", err)
+			}
+		})
+	}
+}
+
+// Hole 5: shadow mode counted a request that enforcing refuses at once
+// (maxWait 0, more than the quota) as delayed.
+func TestHoleShadowCountsWhatEnforcingDoes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		enforcing := mustNew(t, 5, time.Second)
+		err := enforcing.AcquireN(context.Background(), 100, 0)
+		if !errors.Is(err, ErrTimeout) {
+			t.Fatalf("enforcing: %v, want ErrTimeout at once", err)
+		}
+		shadow := mustNew(t, 5, time.Second, WithShadow(true))
+		if err := shadow.AcquireN(context.Background(), 100, 0); err != nil {
+			t.Fatal(err)
+		}
+		if st := shadow.Stats(); st.ShadowRejected != 100 || st.ShadowDelayed != 0 {
+			t.Errorf("shadow rejected %d, delayed %d; want 100, 0", st.ShadowRejected, st.ShadowDelayed)
+		}
+	})
+}
+
+// A Reservation that shadow mode admitted beyond the quota and whose
+// holder then cancelled it was still counted as admitted (found by the
+// oracle).
+func TestHoleShadowReservationCancelled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := mustNew(t, 0, time.Second, WithShadow(true))
+		r, err := l.Reserve(3, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Cancel()
+		if st := l.Stats(); st.Admitted != 0 || st.ShadowAdmitted != 0 || st.ShadowRejected != 0 || st.Canceled != 3 {
+			t.Errorf("admitted %d, shadow admitted %d, shadow rejected %d, cancelled %d; want 0, 0, 0, 3",
+				st.Admitted, st.ShadowAdmitted, st.ShadowRejected, st.Canceled)
+		}
+	})
+}
+
 // SetQuota read the window length in force before bringing the schedule up
 // to now: made at the boundary where a scheduled change of length takes
 // effect, with no call since, it took the old length, and so became a
@@ -165,6 +221,69 @@ func TestSetQuotaAtTheBoundaryOfAScheduledWindowChange(t *testing.T) {
 		time.Sleep(time.Second)
 		if st := l.Stats(); st.Window != 200*time.Millisecond {
 			t.Errorf("a second later: window %v; want 200ms", st.Window)
+		}
+	})
+}
+
+// expiringCtx ends with context.DeadlineExceeded when end is closed,
+// without announcing a deadline: its end reaches a waiter only through
+// Done, as a context's deadline does when it fires first.
+type expiringCtx struct {
+	context.Context
+	end chan struct{}
+}
+
+func (c expiringCtx) Done() <-chan struct{} { return c.end }
+
+func (c expiringCtx) Err() error {
+	select {
+	case <-c.end:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// A wait ended by its context's deadline answers ErrTimeout (and
+// context.DeadlineExceeded) and must count it as timed out: it was
+// counted as cancelled (found by the oracle, at random, when a context's
+// deadline fired at the same instant as the wait's own).
+func TestDeadlineCountsAsTimedOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, q := range []int64{0, 1} { // waiting for quota; waiting for the next window
+			l := mustNew(t, q, time.Second)
+			l.TryAcquire()
+			ctx := expiringCtx{context.Background(), make(chan struct{})}
+			time.AfterFunc(10*time.Millisecond, func() { close(ctx.end) })
+			err := l.Acquire(ctx, 2*time.Second)
+			if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("quota %d: got %v, want ErrTimeout and context.DeadlineExceeded", q, err)
+			}
+			if st := l.Stats(); st.TimedOut != 1 || st.Canceled != 0 {
+				t.Errorf("quota %d: timed out %d, cancelled %d; want 1, 0", q, st.TimedOut, st.Canceled)
+			}
+		}
+	})
+}
+
+// A holder that cancels valid permits after their window has closed gets
+// nothing back (the window is over), but did not use them: Stats counted
+// them as admitted (found by the oracle, when a clock correction closed
+// the window at the instant the holder cancelled).
+func TestCancelAfterTheWindowClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := mustNew(t, 1, time.Second)
+		r, err := l.Reserve(1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond)
+		r.Cancel()
+		if st := l.Stats(); st.Admitted != 0 || st.Canceled != 1 {
+			t.Errorf("admitted %d, cancelled %d; want 0, 1", st.Admitted, st.Canceled)
+		}
+		if n := drain(l); n != 1 {
+			t.Errorf("the next window admitted %d of 1", n)
 		}
 	})
 }

@@ -229,8 +229,7 @@ func (l *Limiter) tryAcquireSlow(n int64) bool {
 		return true
 	}
 	if l.shadow.Load() {
-		l.counts.shadowRejected += n
-		l.counts.shadowAdmitted += n
+		l.counts.shadow(shadowRejected, n)
 		return true
 	}
 	l.counts.rejected += n

@@ -56,17 +56,17 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 		deadline = min(deadline, addClamped(now, time.Until(d)))
 	}
 	if l.shadow.Load() {
-		// Admit at once; count what enforcing would have done.
-		if err := l.placeLocked(n, now, deadline, math.MinInt64, nil); err == nil || (wait && err == ErrNoQuota && l.quotaMayComeLocked(deadline)) {
-			l.counts.shadowDelayed += n
-		} else {
-			l.counts.shadowRejected += n
+		// Admit at once; count what enforcing would have done: place the
+		// permits within the wait, wait for a quota, or refuse.
+		kind := shadowRejected
+		if err := l.placeLocked(n, now, deadline, math.MinInt64, nil); err == nil || (wait && l.waitsForQuotaLocked(err, now, deadline)) {
+			kind = shadowDelayed
 		}
-		l.counts.shadowAdmitted += n
+		l.counts.shadow(kind, n)
 		if wait {
 			return nil, nil
 		}
-		return &Reservation{l: l, n: n, win: math.MinInt64, due: now, state: resDone}, nil
+		return &Reservation{l: l, n: n, win: math.MinInt64, due: now, state: resDone, shadow: kind}, nil
 	}
 	r := l.newReservation(n, now, deadline, !wait)
 	err := l.placeLocked(n, now, deadline, math.MinInt64, r)

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -46,6 +47,7 @@ type Reservation struct {
 	err      error
 	counted  bool // in Stats.Delayed already
 	holder   bool // made by Reserve: its holder uses it at ReadyAt, so it never moves earlier
+	shadow   int  // admitted by shadow mode beyond the quota: what it was counted as (shadowDelayed, shadowRejected)
 
 	wake chan struct{} // poked when due or state change; nil for done ones
 }
@@ -114,15 +116,26 @@ func (r *Reservation) cancelLocked() {
 	}
 	if r.due == math.MaxInt64 {
 		l.noQuota = slices.DeleteFunc(l.noQuota, func(x *Reservation) bool { return x == r })
-	} else if !l.closed {
+	} else {
+		// Also after Close: a closed limiter admits nothing, but Stats
+		// must not count what the holder did not use.
 		now := l.now()
 		l.advanceLocked(now)
-		if r.win >= l.cur.start {
+		switch {
+		case r.shadow != shadowNone: // nothing was placed
+		case r.win >= l.cur.start:
 			l.releaseLocked(r)
+		default:
+			// Its window has closed: the permits cannot go back to it,
+			// but they were not used either.
+			l.counts.closedConsumed -= r.n
 		}
 	}
 	r.state = resCanceled
 	l.counts.canceled += r.n
+	if r.shadow != shadowNone {
+		l.counts.shadow(r.shadow, -r.n) // the holder did not use what shadow mode admitted
+	}
 }
 
 // Wait sleeps until the permits are valid and returns nil, following any
@@ -158,8 +171,9 @@ func (r *Reservation) Wait(ctx context.Context) error {
 				r.cancelLocked()
 				l.counts.canceled -= r.n
 				l.counts.timedOut += r.n
+				err := fmt.Errorf("%w: %w: %s", ErrTimeout, ErrNoQuota, l.noQuotaLocked(r.n, "stayed"))
 				l.mu.Unlock()
-				return fmt.Errorf("%w: %w: %s", ErrTimeout, ErrNoQuota, l.noQuotaLocked(r.n, "stayed"))
+				return err
 			}
 			d = r.deadline - now
 		} else {
@@ -183,15 +197,27 @@ func (r *Reservation) Wait(ctx context.Context) error {
 			l.wakeups.Add(1)
 		case <-ctx.Done():
 			l.mu.Lock()
-			if r.state == resPending && r.due != math.MaxInt64 && l.now() >= r.due {
-				// Valid at the same instant: the permit wins.
+			switch {
+			case r.state == resDone || r.state == resPending && r.due != math.MaxInt64 && l.now() >= r.due:
+				// Valid already, or at the same instant: the permit wins.
 				r.state = resDone
 				l.mu.Unlock()
 				return nil
+			case r.state == resFailed:
+				// Failed by a change at the same instant: that is the answer.
+				err := r.err
+				l.mu.Unlock()
+				return err
 			}
 			r.cancelLocked()
+			err := canceledError(ctx.Err())
+			if errors.Is(err, ErrTimeout) {
+				// Its deadline passed: a timeout, as the error says.
+				l.counts.canceled -= r.n
+				l.counts.timedOut += r.n
+			}
 			l.mu.Unlock()
-			return canceledError(ctx.Err())
+			return err
 		}
 	}
 }

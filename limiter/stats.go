@@ -32,6 +32,25 @@ type counts struct {
 	waitHist       [len(waitBuckets) + 1]int64
 }
 
+// What shadow mode counted a permit as: what enforcing would have done.
+const (
+	shadowNone = iota
+	shadowDelayed
+	shadowRejected
+)
+
+// shadow counts n permits shadow mode admitted as kind (shadowDelayed or
+// shadowRejected); a negative n takes them back.
+func (c *counts) shadow(kind int, n int64) {
+	c.shadowAdmitted += n
+	switch kind {
+	case shadowDelayed:
+		c.shadowDelayed += n
+	case shadowRejected:
+		c.shadowRejected += n
+	}
+}
+
 func (c *counts) observeWait(d time.Duration) {
 	c.waitSum += d
 	i := 0
@@ -46,7 +65,8 @@ func (c *counts) observeWait(d time.Duration) {
 // counts 5).
 type Stats struct {
 	// Admitted is the permits granted: taken at once, or reserved and now
-	// valid. It includes ShadowAdmitted.
+	// valid, less those whose holders gave them back with Cancel. It
+	// includes ShadowAdmitted.
 	Admitted int64
 	// Delayed is the permits that had to wait for a later slot or window,
 	// counted when they were reserved.
