@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"errors"
+	"math"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -195,6 +197,50 @@ func TestHoleShadowReservationCancelled(t *testing.T) {
 				st.Admitted, st.ShadowAdmitted, st.ShadowRejected, st.Canceled)
 		}
 	})
+}
+
+// settableClock is a Clock tests move by hand.
+type settableClock struct{ ns atomic.Int64 }
+
+func (c *settableClock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
+
+// Hole 6: the window cut short at the end of int64 time was taken, at its
+// end, for a window of its own and admitted its quota twice. Time now
+// ends with the last whole day int64 nanoseconds hold: nothing is admitted
+// from 2262-04-11T00:00:00Z on, and waiters are told why.
+func TestHoleEndOfTime(t *testing.T) {
+	clk := &settableClock{}
+	clk.ns.Store(math.MaxInt64 - int64(50*time.Millisecond))
+	l, err := New(2, time.Hour, WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	got := drain(l)
+	clk.ns.Store(math.MaxInt64)
+	got += drain(l)
+	clk.ns.Store(math.MaxInt64 - int64(time.Second)) // and back
+	got += drain(l)
+	if got > 2 {
+		t.Errorf("the last window admitted %d of quota 2", got)
+	}
+	if got != 0 {
+		t.Errorf("admitted %d past the end of the limiter's time", got)
+	}
+	err = l.Acquire(context.Background(), time.Second)
+	if !errors.Is(err, ErrNoQuota) {
+		t.Errorf("Acquire past the end of time: %v, want ErrNoQuota", err)
+	}
+	// The last whole day's last window still admits.
+	clk.ns.Store(timeEnd - int64(time.Minute))
+	last, err := New(2, time.Hour, WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer last.Close()
+	if n := drain(last); n != 2 {
+		t.Errorf("the last window before the end of time admitted %d of 2", n)
+	}
 }
 
 // SetQuota read the window length in force before bringing the schedule up

@@ -138,10 +138,15 @@ func New(quota int64, window time.Duration, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
-// now returns the limiter's time: corrected Unix nanoseconds.
+// now returns the limiter's time: corrected Unix nanoseconds. A custom
+// clock's time saturates at the ends of what int64 holds (and then lies
+// outside the limiter's time, where nothing is admitted), so that no
+// reading wraps around; the system clock cannot get there (offsets are
+// clamped).
 func (l *Limiter) now() int64 {
 	if l.clock != nil {
-		return l.clock.Now().UnixNano() + l.offset.Load()
+		t := addClamped(clampUnixNano(l.clock.Now()), time.Duration(l.offset.Load()))
+		return min(t, math.MaxInt64-1) // inside the last window, [timeEnd, MaxInt64)
 	}
 	return int64(time.Since(l.base)) + l.delta.Load()
 }

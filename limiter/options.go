@@ -7,6 +7,11 @@ import "time"
 // Clock must advance at the rate of real time (it may be offset from it).
 // Without WithClock the system clock is used, read through its monotonic
 // reading so that the hot path costs a single monotonic clock read.
+//
+// The limiter's time runs over the whole days that int64 nanoseconds since
+// the Unix epoch hold, from 1677-09-22 to 2262-04-11T00:00:00Z: every window
+// within them is whole. A clock outside them (a test clock, say) admits
+// nothing, and waiters are told so with ErrNoQuota.
 type Clock interface {
 	Now() time.Time
 }

@@ -98,12 +98,22 @@ func (l *Limiter) waitsForQuotaLocked(err error, now, deadline int64) bool {
 // or after the expiry: no change reopens that window, so only a window that
 // begins by deadline can serve the waiter.
 func (l *Limiter) quotaMayComeLocked(deadline int64) bool {
+	if l.cur.start >= timeEnd || l.backoffUntil >= timeEnd {
+		return false // time has ended, or will before the backoff does
+	}
 	return !l.sched.expires || l.cur.start < l.sched.expiry || deadline >= l.cur.end
 }
 
 // noQuotaLocked says why n permits found no quota, for an ErrNoQuota
 // message: verb is "is" or "stayed".
 func (l *Limiter) noQuotaLocked(n int64, verb string) string {
+	if l.backoffUntil >= timeEnd {
+		return "a backoff lasts past the end of the limiter's time"
+	}
+	if l.cur.start >= timeEnd || l.cur.end <= timeStart {
+		return fmt.Sprintf("the limiter's time runs from %s to %s, and its clock is outside it",
+			time.Unix(0, timeStart).UTC().Format(time.RFC3339), time.Unix(0, timeEnd).UTC().Format(time.RFC3339))
+	}
 	if l.sched.expires {
 		return fmt.Sprintf("%d permits fit in no window before the expiry at %s", n, time.Unix(0, l.sched.expiry).UTC().Format(time.RFC3339Nano))
 	}

@@ -377,22 +377,28 @@ func TestReviewSetQuotaNowWithPendingWindowChange(t *testing.T) {
 	})
 }
 
-// Bug: at the ends of int64 time span arithmetic overflows: in the last
-// window before math.MaxInt64 span.end wraps negative and nothing is ever
-// admitted; in the first after math.MinInt64 span.start wraps positive.
+// Bug: at the ends of int64 time span arithmetic overflowed: in the last
+// window before math.MaxInt64 span.end wrapped negative and nothing was
+// ever admitted; in the first after math.MinInt64 span.start wrapped
+// positive. Now the limiter's time is the whole days int64 holds: outside
+// them nothing is admitted (see TestHoleEndOfTime), inside them windows
+// align and admit to the very last and from the very first.
 func TestReviewExtremeTimes(t *testing.T) {
 	t.Run("2262", func(t *testing.T) {
-		l, err := New(1, time.Second, WithClock(fixedClock{time.Unix(0, math.MaxInt64-int64(100*time.Millisecond))}))
+		l, err := New(1, time.Second, WithClock(fixedClock{time.Unix(0, timeEnd-int64(100*time.Millisecond))}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer l.Close()
 		if !l.TryAcquire() {
-			t.Error("fresh window refused its permit")
+			t.Error("the last window refused its permit")
+		}
+		if _, err := l.Reserve(1, 2*time.Second); !errors.Is(err, ErrNoQuota) {
+			t.Errorf("a permit past the end of time: %v, want ErrNoQuota", err)
 		}
 	})
 	t.Run("1677", func(t *testing.T) {
-		l, err := New(1, time.Second, WithClock(fixedClock{time.Unix(0, math.MinInt64+int64(100*time.Millisecond))}))
+		l, err := New(1, time.Second, WithClock(fixedClock{time.Unix(0, timeStart+int64(100*time.Millisecond))}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -407,6 +413,14 @@ func TestReviewExtremeTimes(t *testing.T) {
 			t.Fatalf("next window's permit not found: %v", err)
 		}
 		r.Cancel()
+		before, err := New(1, time.Second, WithClock(fixedClock{time.Unix(0, math.MinInt64+int64(100*time.Millisecond))}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer before.Close()
+		if before.TryAcquire() {
+			t.Error("admitted before the limiter's time begins")
+		}
 	})
 }
 

@@ -20,6 +20,16 @@ const (
 
 const day = int64(24 * time.Hour)
 
+// The limiter's time is the whole days int64 nanoseconds since the Unix
+// epoch hold, 1677-09-22 to 2262-04-11: every window length divides a day,
+// so every window within them is whole. Outside them nothing is admitted.
+// (A window cut short by the end of int64 time would have no next window
+// to roll over to.)
+const (
+	timeStart = math.MinInt64 / day * day // rounds toward zero: the first whole day
+	timeEnd   = math.MaxInt64 / day * day // 2262-04-11T00:00:00Z: the end of the last
+)
+
 // ValidateWindow reports whether w is a usable window length: between
 // MinWindow and MaxWindow and dividing 24 hours exactly, so that windows
 // start at the same instants on every machine, every day.
@@ -124,7 +134,7 @@ func (s *schedule) nextChange(t int64) (int64, bool) {
 func (s *schedule) quotaAhead(t, n int64) bool {
 	e, expires := s.expiryStart()
 	for _, c := range s.changes {
-		if c.from > t && c.p.quota >= n && (!expires || c.from < e) {
+		if c.from > t && c.from < timeEnd && c.p.quota >= n && (!expires || c.from < e) {
 			return true
 		}
 	}
@@ -170,6 +180,9 @@ func (s *schedule) setFrom(t int64, p params) {
 		i++
 	}
 	s.changes = s.changes[:i:i]
+	if t >= timeEnd {
+		return // nothing takes effect once time has ended
+	}
 	cw := s.at(t).window
 	step := p.window / gcd(p.window, cw) * cw // lcm: divides a day, as both do
 	s.changes = append(s.changes, change{from: t + floorMod(-t, step), p: p})
@@ -185,18 +198,18 @@ type span struct {
 }
 
 // spanAt returns the window that contains corrected time t, with quota 0
-// if it begins at or after the expiry. Windows at the ends of int64 time
-// are cut short rather than wrapped around.
+// if it begins at or after the expiry. Before the limiter's time begins
+// and after it ends there is one window each, with quota 0.
 func (s *schedule) spanAt(t int64, pacing bool) span {
+	switch {
+	case t < timeStart:
+		return span{start: math.MinInt64, end: timeStart}
+	case t >= timeEnd:
+		return span{start: timeEnd, end: math.MaxInt64}
+	}
 	p := s.at(t)
 	start := t - floorMod(t, p.window)
-	if start > t {
-		start = math.MinInt64
-	}
 	end := start + p.window
-	if end < start {
-		end = math.MaxInt64
-	}
 	q := p.quota
 	if s.expires && start >= s.expiry {
 		q = 0
