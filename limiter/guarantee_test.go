@@ -333,3 +333,35 @@ func TestCancelAfterTheWindowClosed(t *testing.T) {
 		}
 	})
 }
+
+// Schedule says from when a change governs whole windows: its boundary
+// when ahead, the end of the current window when it takes effect at once,
+// and the shared boundary of two lengths.
+func TestScheduleSaysWhenWholeWindowsBegin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		l := mustNew(t, 5, time.Second)
+		t0 := time.Now()
+		time.Sleep(300 * ms)
+		tests := []struct {
+			q      int64
+			w      time.Duration
+			at     time.Time
+			wantIn time.Duration // after t0
+		}{
+			{4, time.Second, time.Time{}, time.Second},                 // now: from the end of the current window
+			{3, time.Second, t0.Add(2 * time.Second), 2 * time.Second}, // a boundary ahead
+			{3, 250 * ms, t0.Add(1100 * ms), 2 * time.Second},          // another length: from its first boundary both share at or after at, after this window
+			{3, 10 * time.Second, time.Time{}, 10 * time.Second},       // the first 10 s boundary after this window
+		}
+		for _, tt := range tests {
+			from, err := l.Schedule(tt.q, tt.w, tt.at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := from.Sub(t0); got != tt.wantIn {
+				t.Errorf("Schedule(%d, %v, %v): from +%v, want +%v", tt.q, tt.w, tt.at.Sub(t0), got, tt.wantIn)
+			}
+		}
+	})
+}

@@ -43,7 +43,10 @@ func (l *Limiter) Backoff(d time.Duration) {
 // a raise serves them earlier, a drop moves them later and fails those it
 // moves past their deadline with ErrTimeout. Waiters for quota are placed
 // as soon as it suffices.
-func (l *Limiter) SetQuota(q int64, at time.Time) error { return l.setLimit(q, 0, at) }
+func (l *Limiter) SetQuota(q int64, at time.Time) error {
+	_, err := l.setLimit(q, 0, at)
+	return err
+}
 
 // SetLimit sets the quota and the window length together, from at on. A
 // change of window length takes effect at the first instant at or after at
@@ -56,22 +59,39 @@ func (l *Limiter) SetQuota(q int64, at time.Time) error { return l.setLimit(q, 0
 // effect one after the other, and a change for now (or an earlier
 // boundary) overrides one scheduled further ahead.
 func (l *Limiter) SetLimit(q int64, window time.Duration, at time.Time) error {
-	if err := ValidateWindow(window); err != nil {
-		return err
-	}
-	return l.setLimit(q, int64(window), at)
+	_, err := l.Schedule(q, window, at)
+	return err
 }
 
-// setLimit is SetLimit, and SetQuota when window is 0: the length in force
+// Schedule is SetLimit, and also returns from when the new limit governs
+// whole windows: the boundary at which it takes effect when that lies
+// ahead (at, or the first boundary at or after it that both lengths
+// share); when it takes effect at once, the end of the current window,
+// since what that window admitted before the change stays admitted. A
+// caller that coordinates with others, as cluster.Member does with
+// configd, reports this time rather than at: a change that arrives late,
+// or of another window length, governs only from a later boundary.
+func (l *Limiter) Schedule(q int64, window time.Duration, at time.Time) (time.Time, error) {
+	if err := ValidateWindow(window); err != nil {
+		return time.Time{}, err
+	}
+	from, err := l.setLimit(q, int64(window), at)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.Unix(0, from), nil
+}
+
+// setLimit is Schedule, and SetQuota when window is 0: the length in force
 // at at (or now), read once the schedule is brought up to now.
-func (l *Limiter) setLimit(q, window int64, at time.Time) error {
+func (l *Limiter) setLimit(q, window int64, at time.Time) (from int64, err error) {
 	if err := ValidateQuota(q); err != nil {
-		return err
+		return 0, err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	now := l.now()
 	l.advanceLocked(now)
@@ -89,13 +109,14 @@ func (l *Limiter) setLimit(q, window int64, at time.Time) error {
 		// scheduled change is dropped.
 		l.sched.cur, l.sched.changes = p, nil
 		l.setCurrentQuotaLocked()
+		from = l.cur.end
 	} else {
 		// From the first boundary, at or after at and after the current
 		// window, that the window in force there and the new one share.
-		l.sched.setFrom(max(atNs, l.cur.end), p)
+		from = l.sched.setFrom(max(atNs, l.cur.end), p)
 	}
 	l.replaceLocked(rs, now, 0)
-	return nil
+	return from, nil
 }
 
 // setCurrentQuotaLocked changes the current window's quota to the one the

@@ -173,19 +173,22 @@ func (s *schedule) advance(t int64) {
 // after dropping every change scheduled at or after t: a later call
 // overrides what an earlier one scheduled from the same point on, and the
 // boundary is computed against the window really in force before it, so
-// windows of the two lengths never overlap. Changes before t stay.
-func (s *schedule) setFrom(t int64, p params) {
+// windows of the two lengths never overlap. Changes before t stay. It
+// returns the boundary it chose (math.MaxInt64: none, time having ended).
+func (s *schedule) setFrom(t int64, p params) int64 {
 	i := 0
 	for i < len(s.changes) && s.changes[i].from < t {
 		i++
 	}
 	s.changes = s.changes[:i:i]
 	if t >= timeEnd {
-		return // nothing takes effect once time has ended
+		return math.MaxInt64 // nothing takes effect once time has ended
 	}
 	cw := s.at(t).window
 	step := p.window / gcd(p.window, cw) * cw // lcm: divides a day, as both do
-	s.changes = append(s.changes, change{from: t + floorMod(-t, step), p: p})
+	from := t + floorMod(-t, step)
+	s.changes = append(s.changes, change{from: from, p: p})
+	return from
 }
 
 // span is one window: its bounds and quota, and whether its permits are
