@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -221,9 +222,9 @@ func (h *ohist) check() (string, oracleCover) {
 	}
 	slices.SortFunc(evs, func(a, b oev) int {
 		if a.t != b.t {
-			return cmpInt(a.t, b.t)
+			return cmp.Compare(a.t, b.t)
 		}
-		return cmpInt(a.seq, b.seq)
+		return cmp.Compare(a.seq, b.seq)
 	})
 	q0, w0 := h.firstLimits()
 	m := newModel(q0, w0, h.firstPacing())
@@ -556,13 +557,3 @@ func (h *ohist) at(t int64) string {
 
 // atC formats corrected time c at the model's offset.
 func (h *ohist) atC(m *omodel, c int64) string { return h.at(c - m.off) }
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
