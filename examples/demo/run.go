@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-go/sluice/examples/internal/stub"
 	"github.com/sluice-go/sluice/examples/loadgen"
+	"github.com/sluice-go/sluice/internal/child"
 	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/internal/ntptest"
 	"github.com/sluice-go/sluice/internal/schema"
@@ -38,7 +39,7 @@ const (
 // instance is one instance process, as the demo knows it.
 type instance struct {
 	id, kind   string // kind: load, kafka, http
-	p          *proc
+	p          *child.Proc
 	metricsURL string
 	driver     *loadgen.Generator // the load loop driving the HTTP handler (kind http)
 	stopDriver context.CancelFunc
@@ -65,7 +66,7 @@ type demo struct {
 	ntp      *ntptest.Server
 	stub     *stub.Stub
 	stubURL  string
-	configd  *proc
+	configd  *child.Proc
 	adminURL string
 	client   *http.Client
 
@@ -73,9 +74,9 @@ type demo struct {
 	insts    []*instance // in start order, gone ones included
 	shares   schema.Shares
 	events   []*event
-	started  []*proc  // every child, to check none is left
-	stopFns  []func() // in-process servers, stopped last, in reverse
-	maxShare int64    // the largest share configd published
+	started  []*child.Proc // every child, to check none is left
+	stopFns  []func()      // in-process servers, stopped last, in reverse
+	maxShare int64         // the largest share configd published
 }
 
 func run(ctx context.Context, cfg config, stdout io.Writer, tty bool) error {
@@ -166,7 +167,7 @@ func (d *demo) setup(ctx context.Context) error {
 		return err
 	}
 	d.adminURL = "http://" + addr
-	o.linef("configd serve: pid %d, admin API %s", d.configd.pid(), d.adminURL)
+	o.linef("configd serve: pid %d, admin API %s", d.configd.Pid(), d.adminURL)
 	return d.configdCLI(ctx, "set", provider, "--limit", strconv.FormatInt(d.cfg.limit, 10), "--window", window.String(), "--algorithm", "fair",
 		"--fail-static", failStatic.String())
 }
@@ -187,8 +188,8 @@ func (d *demo) configdAddr(ctx context.Context) (string, error) {
 				}
 			}
 		}
-		if d.configd.exited() {
-			return "", fmt.Errorf("configd exited: %v\n%s", d.configd.exitErr(), b)
+		if d.configd.Exited() {
+			return "", fmt.Errorf("configd exited: %v\n%s", d.configd.ExitErr(), b)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -205,7 +206,7 @@ func (d *demo) configdCLI(ctx context.Context, args ...string) error {
 	d.out.linef("$ configd %s", strings.Join(args, " "))
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	out, err := commandContext(cctx, d.bins.configd, args...).CombinedOutput()
+	out, err := child.Command(cctx, d.bins.configd, args...).CombinedOutput()
 	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		d.out.linef("    %s", l)
 	}
@@ -217,8 +218,8 @@ func (d *demo) configdCLI(ctx context.Context, args ...string) error {
 
 // startProc starts a child, logging its stderr to NAME.log in the temp dir,
 // and remembers it.
-func (d *demo) startProc(name, bin string, args ...string) (*proc, error) {
-	p, err := startProc(name, filepath.Join(d.tmp, name+".log"), bin, args...)
+func (d *demo) startProc(name, bin string, args ...string) (*child.Proc, error) {
+	p, err := child.Start(name, filepath.Join(d.tmp, name+".log"), bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +247,7 @@ func (d *demo) startInstance(ctx context.Context, id, kind string, rate int, ext
 		return nil, err
 	}
 	if kind == "http" {
-		l, err := in.p.waitLine("listening on http://", 60*time.Second)
+		l, err := in.p.WaitLine(ctx, "listening on http://", 60*time.Second)
 		if err != nil {
 			return nil, err
 		}
@@ -258,17 +259,17 @@ func (d *demo) startInstance(ctx context.Context, id, kind string, rate int, ext
 		in.driver.SetRate(rate)
 		go in.driver.Run(dctx)
 	} else {
-		l, err := in.p.waitLine("ready ", 60*time.Second)
+		l, err := in.p.WaitLine(ctx, "ready ", 60*time.Second)
 		if err != nil {
 			return nil, err
 		}
 		_, in.metricsURL, _ = strings.Cut(l, "metrics=")
-		in.p.send("rate %d", rate)
+		in.p.Send("rate %d", rate)
 	}
 	d.mu.Lock()
 	d.insts = append(d.insts, in)
 	d.mu.Unlock()
-	d.out.linef("started %s (%s, pid %d), offering %d/s", id, kindName(kind), in.p.pid(), rate)
+	d.out.linef("started %s (%s, pid %d), offering %d/s", id, kindName(kind), in.p.Pid(), rate)
 	return in, nil
 }
 
@@ -313,7 +314,7 @@ func (d *demo) setRate(in *instance, rate int) {
 		in.driver.SetRate(rate)
 		return
 	}
-	in.p.send("rate %d", rate)
+	in.p.Send("rate %d", rate)
 }
 
 // stopInstance stops an instance: gracefully (kill false: SIGTERM, it
@@ -323,9 +324,9 @@ func (d *demo) stopInstance(in *instance, kill bool) {
 		in.stopDriver()
 	}
 	if kill {
-		in.p.kill()
+		in.p.Kill()
 	} else {
-		in.p.stop(5 * time.Second)
+		in.p.Stop(5 * time.Second)
 	}
 	d.mu.Lock()
 	in.gone = map[bool]string{true: "killed", false: "stopped"}[kill]
@@ -345,18 +346,18 @@ func (d *demo) stopAll() {
 		if in.stopDriver != nil {
 			in.stopDriver()
 		}
-		if !in.p.exited() {
-			wg.Go(func() { in.p.stop(5 * time.Second) })
+		if !in.p.Exited() {
+			wg.Go(func() { in.p.Stop(5 * time.Second) })
 		}
 	}
 	wg.Wait()
-	if d.configd != nil && !d.configd.exited() {
-		d.configd.stop(10 * time.Second)
+	if d.configd != nil && !d.configd.Exited() {
+		d.configd.Stop(10 * time.Second)
 	}
 	d.mu.Lock()
 	for _, p := range d.started {
-		if !p.exited() {
-			p.kill()
+		if !p.Exited() {
+			p.Kill()
 		}
 	}
 	d.mu.Unlock()

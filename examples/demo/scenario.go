@@ -189,7 +189,7 @@ func (d *demo) retune(ctx context.Context) error {
 func (d *demo) kill() error {
 	in := d.get("load-3")
 	d.addEvent(&event{
-		name: "crash", what: fmt.Sprintf("$ kill -KILL %d   (load-3: no goodbye; its lease expires after %v)", in.p.pid(), leaseTTL),
+		name: "crash", what: fmt.Sprintf("$ kill -KILL %d   (load-3: no goodbye; its lease expires after %v)", in.p.Pid(), leaseTTL),
 		followWhat: fmt.Sprintf("configd handed load-3's share to the others, after holding it for the provider's fail_static (%v: an instance whose lease expired may only be cut off from etcd, and keeps enforcing its share that long)", failStatic),
 		membership: true,
 		check: func(d *demo) bool {

@@ -52,8 +52,8 @@ func (d *demo) summary() {
 	var pids []string
 	left := 0
 	for _, p := range d.started {
-		pids = append(pids, fmt.Sprint(p.pid()))
-		if !p.exited() {
+		pids = append(pids, fmt.Sprint(p.Pid()))
+		if !p.Exited() {
 			left++
 		}
 	}
