@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build test vet fmt-check unit fuzz oracle bench sim accuracy faults demo clean
+.PHONY: all build test vet fmt-check unit fuzz oracle bench sim accuracy soak faults demo clean
 
 all: build test
 
@@ -85,6 +85,13 @@ sim:
 ## fair vs even, and +200ms clock skew without/with NTP (about 5 minutes).
 accuracy:
 	$(GO) run ./bench/accuracy $(ACCURACY_FLAGS)
+
+## soak: configd with its embedded etcd and 50 busy instances (5 processes)
+## for 10 minutes: etcd's database size every 30 s, and whether it levels
+## off under the embedded etcd's auto-compaction (SOAK_FLAGS=-retention=0
+## shows it without).
+soak:
+	$(GO) run ./bench/soak $(SOAK_FLAGS)
 
 ## faults: the fault suite — real processes under a leader kill, a zombie
 ## instance, an etcd outage, a 3-member etcd losing its leader, a flood of

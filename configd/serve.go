@@ -33,7 +33,9 @@ Runs the daemon: the admin HTTP API, leader election between replicas, and
 
 With --etcd-endpoints it uses that etcd cluster; without, it starts an
 embedded single-node etcd with its data under --data-dir, so one machine
-needs nothing else.
+needs nothing else; it discards revisions older than
+--embedded-compaction-retention (an external etcd needs its own
+--auto-compaction-retention).
 
 The leader publishes each provider's shares with the provider's algorithm
 (even or fair). Joins, leaves and config changes are published at once; a
@@ -69,6 +71,7 @@ type Config struct {
 	DataDir           string        // embedded etcd's data
 	EmbeddedClientURL string        // embedded etcd's client URL
 	EmbeddedPeerURL   string        // embedded etcd's peer URL
+	EmbeddedRetention time.Duration // embedded etcd's revision history kept; 0: never compacted
 	Prefix            string        // etcd key prefix
 	ReplicaID         string        // this replica's name in the election
 	SessionTTL        time.Duration // election session TTL; a dead leader is replaced after at most this
@@ -86,6 +89,7 @@ func DefaultConfig() Config {
 		DataDir:           "configd.etcd",
 		EmbeddedClientURL: "http://127.0.0.1:2379",
 		EmbeddedPeerURL:   "http://127.0.0.1:2380",
+		EmbeddedRetention: DefaultCompactionRetention,
 		Prefix:            schema.DefaultPrefix,
 		ReplicaID:         defaultReplicaID(),
 		SessionTTL:        10 * time.Second,
@@ -113,6 +117,8 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "embedded etcd's data directory (without --etcd-endpoints)")
 	fs.StringVar(&c.EmbeddedClientURL, "embedded-client-url", c.EmbeddedClientURL, "embedded etcd's client URL")
 	fs.StringVar(&c.EmbeddedPeerURL, "embedded-peer-url", c.EmbeddedPeerURL, "embedded etcd's peer URL")
+	fs.DurationVar(&c.EmbeddedRetention, "embedded-compaction-retention", c.EmbeddedRetention,
+		"revision history the embedded etcd keeps; it compacts older revisions periodically (0: never)")
 	fs.StringVar(&c.Prefix, "prefix", c.Prefix, "etcd key prefix")
 	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in the leader election")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "leader session TTL, whole seconds (a dead leader is replaced within it)")
@@ -162,6 +168,9 @@ func (c Config) Validate() error {
 			if u, err := url.Parse(v); err != nil || u.Scheme != "http" || u.Host == "" {
 				return &ConfigError{name, v, errors.New("must be a URL such as http://127.0.0.1:2379")}
 			}
+		}
+		if c.EmbeddedRetention != 0 && (c.EmbeddedRetention < time.Second || c.EmbeddedRetention > maxCompactionRetention) {
+			return &ConfigError{"embedded-compaction-retention", c.EmbeddedRetention.String(), errors.New("must be 0 (never compact) or from 1s to 24h")}
 		}
 	}
 	if _, err := schema.NewKeys(c.Prefix); err != nil {
@@ -254,12 +263,13 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 		cli, err = cfg.Etcd.dial()
 	} else {
 		var emb *embedded
-		emb, err = startEmbedded(cfg.DataDir, cfg.EmbeddedClientURL, cfg.EmbeddedPeerURL, logOut)
+		emb, err = startEmbedded(cfg.DataDir, cfg.EmbeddedClientURL, cfg.EmbeddedPeerURL, cfg.EmbeddedRetention, logOut)
 		if err != nil {
 			return err
 		}
 		defer emb.close()
-		log.Info("embedded etcd ready", "data_dir", cfg.DataDir, "client_url", cfg.EmbeddedClientURL)
+		log.Info("embedded etcd ready", "data_dir", cfg.DataDir, "client_url", cfg.EmbeddedClientURL,
+			"compaction_retention", cfg.EmbeddedRetention)
 		cli, err = clientv3.New(clientv3.Config{Endpoints: emb.endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 			DialOptions: cluster.DialOptions()})
 	}

@@ -266,7 +266,17 @@ func (d *demo) watchShares(ctx context.Context) {
 		}
 	}
 	go func() {
-		for wr := range wch {
+		for {
+			wr, ok := <-wch
+			if !ok {
+				return // ctx ended
+			}
+			if wr.CompactRevision != 0 {
+				// Fell behind the embedded etcd's compaction, which ends
+				// the watch: go on from the oldest revision it keeps.
+				wch = d.cli.Watch(ctx, key, clientv3.WithRev(wr.CompactRevision))
+				continue
+			}
 			for _, ev := range wr.Events {
 				if ev.Type != clientv3.EventTypePut {
 					continue

@@ -22,12 +22,20 @@ type Configd struct {
 // a free loopback port, with extra flags (space-separated) appended. Its
 // log (stderr) goes to logPath. It returns once configd says it serves.
 func StartConfigd(bin, endpoint, logPath, extra string) (*Configd, error) {
+	args := append([]string{"--etcd-endpoints", endpoint, "--listen", "127.0.0.1:0", "--replica-id", "bench"}, strings.Fields(extra)...)
+	return StartServe(bin, logPath, nil, args...)
+}
+
+// StartServe runs `bin serve args...` with the process attributes attr
+// (nil: none), its log (stderr) going to logPath, and returns once configd
+// says it serves. args must include --listen.
+func StartServe(bin, logPath string, attr *syscall.SysProcAttr, args ...string) (*Configd, error) {
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"serve", "--etcd-endpoints", endpoint, "--listen", "127.0.0.1:0", "--replica-id", "bench"}, strings.Fields(extra)...)
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
+	cmd.SysProcAttr = attr
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err

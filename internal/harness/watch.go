@@ -22,9 +22,21 @@ type Watcher struct {
 func NewWatcher(ctx context.Context, cli *clientv3.Client, provider string) *Watcher {
 	w := &Watcher{deletes: map[string]time.Time{}}
 	keys := schema.DefaultKeys()
-	wch := cli.Watch(ctx, keys.Provider(provider), clientv3.WithPrefix())
+	prefix := keys.Provider(provider)
+	wch := cli.Watch(ctx, prefix, clientv3.WithPrefix())
 	go func() {
-		for wr := range wch {
+		for {
+			wr, ok := <-wch
+			if !ok {
+				return // ctx ended
+			}
+			if wr.CompactRevision != 0 {
+				// Fell behind a compaction (etcd ends the watch): go on
+				// from the oldest revision still kept; what changed before
+				// it is lost, and the keys' values at it are read again.
+				wch = cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(wr.CompactRevision))
+				continue
+			}
 			now := time.Now()
 			for _, ev := range wr.Events {
 				k, err := keys.Parse(string(ev.Kv.Key))
