@@ -34,6 +34,9 @@ type api struct {
 	metrics *metrics
 	ready   func(ctx context.Context) error // nil error: ready
 	leader  func() bool
+	// publishError says why this replica, leading, last failed to publish
+	// a provider's shares ("": it did not); nil: never.
+	publishError func(provider string) string
 }
 
 // handler returns the API's routes:
@@ -201,6 +204,9 @@ func (a *api) handleStatus(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		a.fail(w, err)
 		return
+	}
+	if a.publishError != nil {
+		v.PublishError = a.publishError(v.Provider)
 	}
 	writeJSON(w, http.StatusOK, v)
 }

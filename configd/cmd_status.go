@@ -55,6 +55,9 @@ func printStatus(w io.Writer, v statusView, now time.Time) {
 	} else {
 		fmt.Fprintf(w, "shares:    none published (is a 'configd serve' leader running?)\n")
 	}
+	if v.PublishError != "" {
+		fmt.Fprintf(w, "publish:   FAILING: %s\n", v.PublishError)
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tHOST\tSHARE\tDEMAND\tADMITTED\tCLOCK OFFSET\tLAST SEEN\tGENERATION")

@@ -318,3 +318,35 @@ func TestHandoverIgnoresItsOwnStaleEcho(t *testing.T) {
 			sh.Generation, sh.Shares["i-2"], sh.Granted["i-1"], sh.Shares, sh.Granted)
 	}
 }
+
+// TestDeleteAndCreateAgainKeepsTheGrants: a provider deleted and created
+// again at once, while its instances have not seen the deletion (they are
+// silent: they keep enforcing their shares), starts from their grants, not
+// from nothing: no share grows into what another may still enforce. Found
+// by the protocol search (internal/sim): configd deleted the shares with
+// the config, and the provider created again handed out its whole limit
+// while an instance still enforced its old share.
+func TestDeleteAndCreateAgainKeepsTheGrants(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	r := startReplica(t, srv, "r1")
+	cliOK(t, "set", "pay", "--limit", "100", "--algorithm", "fair", "--server", r.url())
+	sim := instancesOf(t, cli, "pay")
+	addInstanceDemand(t, cli, "pay", "i-a", 80)
+	addInstanceDemand(t, cli, "pay", "i-b", 20)
+	waitShares(t, cli, "pay", "80/20 by demand", func(s schema.Shares) bool {
+		return maps.Equal(s.Shares, map[string]int64{"i-a": 80, "i-b": 20}) && maps.Equal(s.Granted, s.Shares)
+	})
+	sim.silence("i-a") // it never sees the deletion: it keeps enforcing 80
+	cliOK(t, "delete", "pay", "--server", r.url())
+	cliOK(t, "set", "pay", "--limit", "100", "--algorithm", "even", "--server", r.url())
+	sh := waitShares(t, cli, "pay", "the first publish after the provider came back", func(s schema.Shares) bool { return s.Total == 100 && s.Shares["i-a"] == 50 })
+	if sh.Shares["i-b"] > 20 || sh.Granted["i-a"] < 80 {
+		t.Errorf("after delete and create, with i-a still on its old 80: shares %v, grants %v; want i-b kept at 20 and i-a's grant at 80",
+			sh.Shares, sh.Granted)
+	}
+	sim.resume("i-a")
+	waitShares(t, cli, "pay", "the even split once i-a acknowledges", func(s schema.Shares) bool {
+		return maps.Equal(s.Shares, map[string]int64{"i-a": 50, "i-b": 50})
+	})
+}

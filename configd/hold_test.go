@@ -182,3 +182,33 @@ func TestReplacedFromHistory(t *testing.T) {
 		t.Errorf("replaced %v, want %v", st.replaced, want)
 	}
 }
+
+// TestOwnMalformedRecordIsNotRewritten: a shares record at the revision
+// this replica wrote it that does not decode (a newer decoder refusing an
+// older configd's output, or a record over the decoders' size limit as an
+// older configd wrote) is reported, not rewritten: rewriting its own
+// output would write the same again, in a loop (issue 12: 101 rewrites in
+// 5 s). A malformed record written by anyone else is rewritten.
+func TestOwnMalformedRecordIsNotRewritten(t *testing.T) {
+	p := &publisher{
+		keys: schema.DefaultKeys(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry()),
+		now: time.Now, providers: map[string]*providerState{}, malformed: map[string]string{}, dirty: map[string]bool{},
+		history: map[string]int64{},
+	}
+	k := p.keys.Shares("pay")
+	p.apply(mvccpb.PUT, &mvccpb.KeyValue{Key: []byte(p.keys.Config("pay")), ModRevision: 1,
+		Value: []byte(`{"version":1,"name":"pay","limit":10,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}`)})
+	st := p.providers["pay"]
+	st.ownRev = 7
+	p.apply(mvccpb.PUT, &mvccpb.KeyValue{Key: []byte(k), ModRevision: 7, Value: []byte(`{"version":1,`)})
+	if st.sharesBad {
+		t.Errorf("its own malformed record is to be rewritten")
+	}
+	if _, listed := p.malformed[k]; !listed {
+		t.Errorf("its own malformed record is not reported")
+	}
+	p.apply(mvccpb.PUT, &mvccpb.KeyValue{Key: []byte(k), ModRevision: 8, Value: []byte(`{"version":1,`)})
+	if !st.sharesBad {
+		t.Errorf("a malformed record written by someone else is not to be rewritten")
+	}
+}

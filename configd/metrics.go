@@ -13,12 +13,15 @@ type metrics struct {
 	leaderChanges   prometheus.Counter
 	publishes       *prometheus.CounterVec
 	publishFailures prometheus.Counter
+	publishFailing  *prometheus.GaugeVec
 	generation      *prometheus.GaugeVec
 	liveInstances   *prometheus.GaugeVec
 	total           *prometheus.GaugeVec
 	malformed       prometheus.Gauge
 	damped          *prometheus.CounterVec
 	historyPruned   prometheus.Counter
+	// configd's own clock (serve's --ntp-server).
+	clockKnown, clockOffset, clockUncertainty prometheus.Gauge
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -38,6 +41,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		publishFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "configd_shares_publish_failures_total", Help: "Publishes that failed (etcd errors, invalid allocations).",
 		}),
+		publishFailing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "configd_shares_publish_failing", Help: "1 while the leader's last attempt to publish a provider's shares failed (its log and configd status say why), by provider.",
+		}, []string{"provider"}),
 		generation: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "configd_shares_generation", Help: "Generation of the shares last published by this replica, by provider.",
 		}, []string{"provider"}),
@@ -57,9 +63,18 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		historyPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "configd_history_pruned_total", Help: "History entries deleted by retention (--history-keep).",
 		}),
+		clockKnown: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "configd_clock_known", Help: "1 while configd's clock offset is known from NTP (--ntp-server), 0 otherwise.",
+		}),
+		clockOffset: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "configd_clock_offset_seconds", Help: "configd's measured clock offset (true time minus its clock), by which it corrects its clock.",
+		}),
+		clockUncertainty: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "configd_clock_uncertainty_seconds", Help: "Uncertainty of configd's clock measurement; publishes take effect that much further ahead.",
+		}),
 	}
-	reg.MustRegister(m.httpRequests, m.leader, m.leaderChanges, m.publishes, m.publishFailures,
-		m.generation, m.liveInstances, m.total, m.malformed, m.damped, m.historyPruned,
+	reg.MustRegister(m.httpRequests, m.leader, m.leaderChanges, m.publishes, m.publishFailures, m.publishFailing,
+		m.generation, m.liveInstances, m.total, m.malformed, m.damped, m.historyPruned, m.clockKnown, m.clockOffset, m.clockUncertainty,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -70,5 +85,6 @@ func (m *metrics) forget(provider string) {
 	m.liveInstances.DeleteLabelValues(provider)
 	m.total.DeleteLabelValues(provider)
 	m.publishes.DeleteLabelValues(provider)
+	m.publishFailing.DeleteLabelValues(provider)
 	m.damped.DeletePartialMatch(prometheus.Labels{"provider": provider})
 }

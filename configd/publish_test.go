@@ -57,12 +57,26 @@ func TestSharesFollowInstances(t *testing.T) {
 	}
 	gen = sh.Generation
 
+	// A shorter window, at a higher rate: until both instances enforce the
+	// new length, the record keeps the old per-second grants (Before), and
+	// shares grow only where they fit beside them, in windows of either
+	// length. Here the split fits at once: 16 per 100 ms beside the other's
+	// old 50 per second stays within the new limit counted into a second.
 	cliOK(t, "set", "pay", "--limit", "31", "--window", "100ms", "--server", r.url())
 	sh = waitShares(t, cli, "pay", "retune", func(s schema.Shares) bool { return s.Total == 31 })
-	if want := map[string]int64{"i-a": 16, "i-c": 15}; !maps.Equal(sh.Shares, want) || sh.Generation != gen+1 || sh.Window.D() != 100*time.Millisecond {
-		t.Fatalf("after retune: %+v", sh)
+	if want := map[string]int64{"i-a": 16, "i-c": 15}; !maps.Equal(sh.Shares, want) || sh.Generation != gen+1 || sh.Window.D() != 100*time.Millisecond ||
+		sh.Before == nil || sh.Before.Window.D() != time.Second || sh.Before.Since != gen+1 ||
+		!maps.Equal(sh.Before.Granted, map[string]int64{"i-a": 50, "i-c": 50}) {
+		t.Fatalf("after retune: %+v (before: %+v)", sh, sh.Before)
 	}
-	checkTiming(t, sh, DefaultPropagationMargin)
+	checkTiming(t, sh, DefaultPropagationMargin, time.Second)
+	sh = waitShares(t, cli, "pay", "the old grants dropped once both apply 100 ms windows", func(s schema.Shares) bool {
+		return s.Before == nil
+	})
+	if want := map[string]int64{"i-a": 16, "i-c": 15}; !maps.Equal(sh.Shares, want) {
+		t.Errorf("after the transition: shares %v, want %v", sh.Shares, want)
+	}
+	gen = sh.Generation - 1
 
 	// An instance record rewritten with new demand does not change the even
 	// split, so nothing is published.
@@ -77,19 +91,34 @@ func TestSharesFollowInstances(t *testing.T) {
 		t.Errorf("republished (generation %d → %d) though the split did not change", sh.Generation, sh2.Generation)
 	}
 
+	// Deleted, the provider's shares stay while its instances are live:
+	// one that has not seen the deletion yet still enforces its grant. Once
+	// they have left, the record goes.
 	cliOK(t, "delete", "pay", "--server", r.url())
+	if _, ok := readShares(t, cli, "pay"); !ok {
+		t.Errorf("the shares record went with the config, while instances it names are live")
+	}
+	for _, id := range []string{"i-a", "i-c"} {
+		instancesOf(t, cli, "pay").leave(id)
+	}
 	waitFor(t, 10*time.Second, "shares deleted", func() bool { _, ok := readShares(t, cli, "pay"); return !ok })
 }
 
 // checkTiming: EffectiveFrom is a window start at least margin after the
 // publish time.
-func checkTiming(t *testing.T, sh schema.Shares, margin time.Duration) {
+// A publish that changes the window length takes effect at a boundary of
+// both lengths: step is then the longer one (their common multiple here).
+func checkTiming(t *testing.T, sh schema.Shares, margin time.Duration, step ...time.Duration) {
 	t.Helper()
-	if sh.EffectiveFrom%int64(sh.Window) != 0 {
-		t.Errorf("effective_from %d is not a multiple of the window %v", sh.EffectiveFrom, sh.Window)
+	w := sh.Window.D()
+	if len(step) > 0 {
+		w = step[0]
 	}
-	if lead := sh.EffectiveTime().Sub(sh.Published); lead < margin || lead >= margin+sh.Window.D() {
-		t.Errorf("effective %v after publishing, want in [%v, %v)", lead, margin, margin+sh.Window.D())
+	if sh.EffectiveFrom%int64(w) != 0 {
+		t.Errorf("effective_from %d is not a multiple of %v", sh.EffectiveFrom, w)
+	}
+	if lead := sh.EffectiveTime().Sub(sh.Published); lead < margin || lead >= margin+w {
+		t.Errorf("effective %v after publishing, want in [%v, %v)", lead, margin, margin+w)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -73,7 +74,17 @@ type publisher struct {
 	margin      time.Duration
 	replica     string
 	historyKeep int64 // history entries kept per provider; 0: all (no pruning)
+	// now reads the monotonic clock: it times the holds, durations that
+	// bound safety, which a correction of the wall clock must never
+	// stretch. clock reads the wall clock as configd knows it, corrected by
+	// its own NTP measurement (serve's --ntp-server): window boundaries,
+	// publish times, and timestamps other machines wrote; nil: now, its
+	// monotonic reading stripped. uncertainty is that measurement's (0
+	// without one): publishes take effect that much further ahead, so that
+	// they still reach every instance before their boundary.
 	now         func() time.Time
+	clock       func() time.Time
+	uncertainty func() time.Duration
 
 	// State, owned by run.
 	providers map[string]*providerState
@@ -83,6 +94,69 @@ type publisher struct {
 	// counted, plus one for every entry created since: never less than
 	// the true count, so it says when to count again and prune.
 	history map[string]int64
+
+	// failing is, per provider, why its last publish failed; read by the
+	// admin API (publishError), so guarded by failMu.
+	failMu  sync.Mutex
+	failing map[string]string
+}
+
+// wall reads the wall clock as configd knows it (see clock).
+func (p *publisher) wall() time.Time {
+	if p.clock != nil {
+		return p.clock()
+	}
+	return p.now().Round(0)
+}
+
+// clockUncertainty is how far wall may be off, at most.
+func (p *publisher) clockUncertainty() time.Duration {
+	if p.uncertainty == nil {
+		return 0
+	}
+	return max(0, p.uncertainty())
+}
+
+// onWall returns the instant t of the monotonic clock (now) on the wall
+// clock, for a timer that also waits for wall-clock times; zero stays zero.
+func (p *publisher) onWall(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return p.wall().Add(t.Sub(p.now()))
+}
+
+// publishError returns why this replica's last attempt to publish the
+// provider's shares failed; "" when it did not, or this replica does not
+// lead.
+func (p *publisher) publishError(name string) string {
+	p.failMu.Lock()
+	defer p.failMu.Unlock()
+	return p.failing[name]
+}
+
+// noteFailure records the outcome of a publish of name (err nil: it
+// succeeded), in the metric and for publishError; a new reason is logged.
+func (p *publisher) noteFailure(name string, err error) {
+	p.failMu.Lock()
+	defer p.failMu.Unlock()
+	if p.failing == nil {
+		p.failing = map[string]string{}
+	}
+	if err == nil {
+		if _, was := p.failing[name]; was {
+			p.log.Info("publishing works again", "provider", name)
+			delete(p.failing, name)
+			p.metrics.publishFailing.WithLabelValues(name).Set(0)
+		}
+		return
+	}
+	p.metrics.publishFailures.Inc()
+	p.metrics.publishFailing.WithLabelValues(name).Set(1)
+	if p.failing[name] != err.Error() {
+		p.log.Error("publish failed", "provider", name, "error", err)
+	}
+	p.failing[name] = err.Error()
 }
 
 // providerState is what the leader knows of one provider.
@@ -97,6 +171,7 @@ type providerState struct {
 	published time.Time        // when shares were published (clamped to when this replica saw them)
 	sharesKey bool             // a shares key exists (maybe malformed)
 	sharesBad bool             // the shares key holds a malformed record; shares is the last good one
+	ownRev    int64            // the revision this replica last wrote the shares key at
 	maxGen    int64            // highest generation known for this provider
 	due       time.Time        // a damped change to look at again then; zero: none
 	target    map[string]int64 // the split a handover is moving toward; nil: none chosen yet
@@ -214,14 +289,12 @@ func (st *providerState) holdMissing(now time.Time) {
 	if st.shares == nil {
 		return
 	}
-	for _, m := range []map[string]int64{st.shares.Shares, st.shares.Granted} {
-		for id := range m {
-			if _, live := st.instances[id]; live || !st.holdable(id) {
-				continue
-			}
-			if _, ok := st.held[id]; !ok {
-				st.held[id] = now.Add(st.holdFor(nil, time.Time{}))
-			}
+	for _, id := range st.shares.Named() {
+		if _, live := st.instances[id]; live || !st.holdable(id) {
+			continue
+		}
+		if _, ok := st.held[id]; !ok {
+			st.held[id] = now.Add(st.holdFor(nil, time.Time{}))
 		}
 	}
 }
@@ -301,7 +374,7 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			p.history[name] = hist.Count
 		}
 		if st := p.providers[name]; st != nil {
-			st.replacedFrom(hist.Kvs, p.now())
+			st.replacedFrom(hist.Kvs, p.wall())
 		}
 	}
 	stray := func(kv *mvccpb.KeyValue) { p.apply(mvccpb.PUT, kv) }
@@ -324,7 +397,7 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 					st.replaced = append(st.replaced, r)
 				}
 			}
-			st.noteFailStatic(o.cfg, p.now())
+			st.noteFailStatic(o.cfg, p.wall())
 			if st.shares == nil && st.sharesBad && o.shares != nil {
 				// Its grants still bound what the instances may enforce.
 				st.shares, st.published = o.shares, o.published
@@ -354,7 +427,7 @@ func (p *publisher) watch(ctx context.Context, f fence, rev int64) error {
 	defer timer.Stop()
 	for {
 		if due, ok := p.nextDue(); ok {
-			timer.Reset(due.Sub(p.now()))
+			timer.Reset(due.Sub(p.wall()))
 		} else {
 			timer.Stop()
 		}
@@ -427,7 +500,7 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 		if !put {
 			prev := st.cfg
 			st.cfg, st.cfgRev, st.keyRev = nil, 0, 0
-			st.noteFailStatic(prev, p.now())
+			st.noteFailStatic(prev, p.wall())
 			break
 		}
 		st.keyRev = kv.ModRevision
@@ -441,7 +514,7 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 		}
 		prev := st.cfg
 		st.cfg, st.cfgRev = &cfg, kv.ModRevision
-		st.noteFailStatic(prev, p.now())
+		st.noteFailStatic(prev, p.wall())
 	case schema.KindInstance:
 		if !put {
 			rec, was := st.instances[k.Instance]
@@ -479,7 +552,7 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 		}
 		st.instances[k.Instance] = rec
 		st.written[k.Instance] = rec.Updated
-		if now := p.now(); now.Before(rec.Updated) {
+		if now := p.wall(); now.Before(rec.Updated) {
 			st.written[k.Instance] = now
 		}
 	case schema.KindShares:
@@ -496,8 +569,10 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 		}
 		if err != nil {
 			// Keep the last good record: its grants still bound what the
-			// instances may enforce. Publishing rewrites the bad one.
-			st.sharesBad = true
+			// instances may enforce. Publishing rewrites the bad one —
+			// unless this replica wrote it: rewriting its own output would
+			// write the same again, in a loop.
+			st.sharesBad = kv.ModRevision != st.ownRev
 			p.bad(key, kv.ModRevision, err)
 			return
 		}
@@ -509,7 +584,7 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 		st.shares = &sh
 		// A replica whose clock is ahead of ours must not hold publishing back.
 		st.published = sh.Published
-		if now := p.now(); now.Before(st.published) {
+		if now := p.wall(); now.Before(st.published) {
 			st.published = now
 		}
 		st.maxGen = max(st.maxGen, sh.Generation)
@@ -532,7 +607,7 @@ func (p *publisher) bad(key string, rev int64, err error) {
 // history of every provider that has more than historyKeep entries. A
 // provider whose publish failed stays to be retried with the next change.
 func (p *publisher) publishAll(ctx context.Context, f fence) error {
-	now := p.now()
+	now := p.wall()
 	for name, st := range p.providers {
 		if !st.due.IsZero() && !now.Before(st.due) {
 			p.dirty[name] = true
@@ -546,14 +621,14 @@ func (p *publisher) publishAll(ctx context.Context, f fence) error {
 		}
 		err := p.publish(ctx, f, name, st)
 		if err == nil {
+			p.noteFailure(name, nil)
 			delete(p.dirty, name)
 			continue
 		}
 		if errors.Is(err, errNotLeader) || ctx.Err() != nil {
 			return err
 		}
-		p.metrics.publishFailures.Inc()
-		p.log.Error("publish failed", "provider", name, "error", err)
+		p.noteFailure(name, err)
 	}
 	if p.historyKeep <= 0 {
 		return nil
@@ -582,8 +657,16 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 		if st.keyRev != 0 || !st.sharesKey {
 			return nil // malformed config and nothing good known: keep what is published
 		}
-		// Provider deleted: remove its shares (configd delete does this
-		// too, in the same transaction as the delete).
+		// Provider deleted. Its shares record stays while an instance it
+		// names may still enforce its grant — live (it may not have seen
+		// the deletion yet) or held after its lease went — so that a
+		// provider created again starts from those grants, not from
+		// nothing; then it goes.
+		held, holdEnds := st.heldGrants(p.now())
+		if len(st.instances) > 0 || len(held) > 0 {
+			st.due = p.onWall(holdEnds)
+			return nil
+		}
 		return p.commit(ctx, f, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", 0), clientv3.OpDelete(sharesKey))
 	}
 	cfg := *st.cfg
@@ -598,13 +681,13 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	}
 	p.metrics.liveInstances.WithLabelValues(name).Set(float64(len(ids)))
 	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))
-	now := p.now()
-	held, holdEnds := st.heldGrants(now)
+	now := p.wall()
+	held, holdEnds := st.heldGrants(p.now())
 	d := plan.Decide(plan.Input{
 		Total:          cfg.Limit,
 		Window:         cfg.Window.D(),
 		ConfigRevision: st.cfgRev,
-		Margin:         p.margin,
+		Margin:         p.margin + p.clockUncertainty(),
 		Target:         split,
 		Acked:          acked(st.instances),
 		Cur:            published(st.shares, st.published),
@@ -614,8 +697,8 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 		Now:            now,
 	})
 	st.target, st.due = d.Target, d.Due
-	if !holdEnds.IsZero() && (st.due.IsZero() || holdEnds.Before(st.due)) {
-		st.due = holdEnds
+	if end := p.onWall(holdEnds); !end.IsZero() && (st.due.IsZero() || end.Before(st.due)) {
+		st.due = end
 	}
 	if d.Damped != "" {
 		p.metrics.damped.WithLabelValues(name, d.Damped).Inc()
@@ -634,6 +717,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 		Instances:      len(d.Shares),
 		Shares:         d.Shares,
 		Granted:        d.Granted,
+		Before:         transitionRecord(d.Before, st.maxGen+1),
 		ConfigRevision: st.cfgRev,
 		Published:      now.UTC(),
 		Leader:         p.replica,
@@ -642,10 +726,14 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	if err != nil {
 		return fmt.Errorf("allocation refused: %w", err)
 	}
-	err = p.commit(ctx, f, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", st.keyRev), clientv3.OpPut(sharesKey, string(val)))
+	rev, err := p.commitRev(ctx, f, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", st.keyRev), clientv3.OpPut(sharesKey, string(val)))
 	if err != nil {
 		return err
 	}
+	if rev == 0 {
+		return nil // the config changed meanwhile: the watch brings it
+	}
+	st.ownRev = rev
 	st.shares, st.published, st.sharesKey, st.sharesBad, st.maxGen = &sh, now, true, false, sh.Generation
 	p.metrics.publishes.WithLabelValues(name).Inc()
 	p.metrics.generation.WithLabelValues(name).Set(float64(sh.Generation))
@@ -710,18 +798,38 @@ func (p *publisher) prune(ctx context.Context, f fence, name string) error {
 // condition on the config is not an error: the watch brings the change and
 // the next publish uses it.
 func (p *publisher) commit(ctx context.Context, f fence, cond clientv3.Cmp, op clientv3.Op) error {
+	_, err := p.commitRev(ctx, f, cond, op)
+	return err
+}
+
+// commitRev is commit, and returns the revision op was written at (0 when
+// cond did not hold).
+func (p *publisher) commitRev(ctx context.Context, f fence, cond clientv3.Cmp, op clientv3.Op) (int64, error) {
 	resp, err := p.cli.Txn(ctx).If(f.cmp(), cond).Then(op).Else(clientv3.OpGet(f.key)).Commit()
 	if err != nil {
-		return etcdError(err)
+		return 0, etcdError(err)
 	}
 	if resp.Succeeded {
-		return nil
+		return resp.Header.Revision, nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].CreateRevision != f.rev {
-		return errNotLeader
+		return 0, errNotLeader
 	}
-	return nil
+	return 0, nil
+}
+
+// transitionRecord is the record of a shortening of the window; one that
+// starts now starts with generation gen.
+func transitionRecord(t *plan.Transition, gen int64) *schema.Transition {
+	if t == nil {
+		return nil
+	}
+	since := t.Since
+	if since == 0 {
+		since = gen
+	}
+	return &schema.Transition{Window: schema.Duration(t.Window), Since: since, Granted: t.Granted}
 }
 
 // published is the last publish as package plan sees it; nil for none.
@@ -730,7 +838,12 @@ func published(sh *schema.Shares, at time.Time) *plan.Published {
 	if sh == nil {
 		return nil
 	}
+	var before *plan.Transition
+	if b := sh.Before; b != nil {
+		before = &plan.Transition{Window: b.Window.D(), Since: b.Since, Granted: b.Granted}
+	}
 	return &plan.Published{
+		Before:         before,
 		Generation:     sh.Generation,
 		EffectiveFrom:  sh.EffectiveTime(),
 		Total:          sh.Total,
@@ -742,11 +855,11 @@ func published(sh *schema.Shares, at time.Time) *plan.Published {
 	}
 }
 
-// acked returns each live instance's acknowledged generation.
-func acked(live map[string]schema.InstanceRecord) map[string]int64 {
-	a := make(map[string]int64, len(live))
+// acked returns what each live instance acknowledged.
+func acked(live map[string]schema.InstanceRecord) map[string]plan.Ack {
+	a := make(map[string]plan.Ack, len(live))
 	for id, rec := range live {
-		a[id] = rec.AppliedGeneration
+		a[id] = plan.Ack{Generation: rec.AppliedGeneration, From: rec.AppliedFrom}
 	}
 	return a
 }

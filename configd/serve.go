@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter/cluster"
+	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 const serveUsage = `Usage: configd serve [flags]
@@ -76,6 +77,8 @@ type Config struct {
 	ReplicaID         string        // this replica's name in the election
 	SessionTTL        time.Duration // election session TTL; a dead leader is replaced after at most this
 	Margin            time.Duration // propagation margin before new shares apply
+	NTPServers        []string      // NTP servers configd measures its own clock against; none: not measured
+	NTPInterval       time.Duration // between two measurements
 	HistoryKeep       int64         // history entries kept per provider; older ones are pruned
 	ShutdownTimeout   time.Duration // how long a graceful shutdown may drain
 	LogLevel          string        // debug, info, warn, error
@@ -94,6 +97,7 @@ func DefaultConfig() Config {
 		ReplicaID:         defaultReplicaID(),
 		SessionTTL:        10 * time.Second,
 		Margin:            DefaultPropagationMargin,
+		NTPInterval:       skew.DefaultInterval,
 		HistoryKeep:       DefaultHistoryKeep,
 		ShutdownTimeout:   10 * time.Second,
 		LogLevel:          "info",
@@ -123,6 +127,11 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in the leader election")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "leader session TTL, whole seconds (a dead leader is replaced within it)")
 	fs.DurationVar(&c.Margin, "propagation-margin", c.Margin, "new shares apply from the first window boundary at least this far ahead")
+	fs.Func("ntp-server", "an NTP server (host or host:port) to measure configd's clock against, as the instances do; repeat for several", func(v string) error {
+		c.NTPServers = append(c.NTPServers, v)
+		return nil
+	})
+	fs.DurationVar(&c.NTPInterval, "ntp-interval", c.NTPInterval, "time between two measurements of configd's clock (with --ntp-server)")
 	fs.Int64Var(&c.HistoryKeep, "history-keep", c.HistoryKeep, "history entries kept per provider; the leader deletes older ones")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown may take")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
@@ -184,6 +193,11 @@ func (c Config) Validate() error {
 	}
 	if c.Margin < 0 || c.Margin > time.Minute {
 		return &ConfigError{"propagation-margin", c.Margin.String(), errors.New("must be from 0 to 1m")}
+	}
+	if len(c.NTPServers) > 0 {
+		if _, err := skew.New(skew.WithServers(c.NTPServers...), skew.WithInterval(c.NTPInterval)); err != nil {
+			return &ConfigError{"ntp-server", strings.Join(c.NTPServers, ","), err}
+		}
 	}
 	if c.HistoryKeep < 1 || c.HistoryKeep > maxHistoryKeep {
 		return &ConfigError{"history-keep", strconv.FormatInt(c.HistoryKeep, 10), fmt.Errorf("must be from 1 to %d", maxHistoryKeep)}
@@ -281,15 +295,20 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
 	st := &store{cli: cli, keys: keys, log: log}
+	clk, err := startClock(ctx, cfg, m, log)
+	if err != nil {
+		return err
+	}
+	defer clk.stop()
 	el := &elector{
 		cli: cli, prefix: keys.Election(), id: cfg.ReplicaID, ttl: cfg.SessionTTL, log: log, metrics: m,
 		pub: &publisher{
 			cli: cli, keys: keys, log: log.With("replica", cfg.ReplicaID), metrics: m, margin: cfg.Margin,
-			replica: cfg.ReplicaID, historyKeep: cfg.HistoryKeep, now: time.Now,
+			replica: cfg.ReplicaID, historyKeep: cfg.HistoryKeep, now: time.Now, clock: clk.now, uncertainty: clk.uncertainty,
 		},
 	}
 	a := &api{
-		store: st, token: token, log: log, metrics: m, leader: el.leading.Load,
+		store: st, token: token, log: log, metrics: m, leader: el.leading.Load, publishError: el.pub.publishError,
 		ready: func(ctx context.Context) error {
 			_, err := cli.Get(ctx, keys.Election(), clientv3.WithCountOnly())
 			return err

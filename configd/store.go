@@ -110,6 +110,9 @@ type statusView struct {
 	Shares         *schema.Shares         `json:"shares"` // nil when none published or malformed
 	Instances      []instanceView         `json:"instances"`
 	Malformed      []malformedView        `json:"malformed,omitempty"`
+	// PublishError is why the leader's last attempt to publish this
+	// provider's shares failed; only the leading replica's API knows it.
+	PublishError string `json:"publish_error,omitempty"`
 }
 
 // store is the one implementation of the provider operations over etcd,
@@ -201,8 +204,11 @@ func (s *store) put(ctx context.Context, cfg schema.ProviderConfig, ifRev int64,
 	return s.write(ctx, cfg.Name, &cfg, string(val), ifRev, who)
 }
 
-// remove deletes a provider's config and its published shares, with a
-// history record. Instance keys stay until their leases end.
+// remove deletes a provider's config, with a history record. Instance keys
+// stay until their leases end, and so does its shares record: it holds the
+// grants that instances which have not yet seen the deletion may still
+// enforce, which a provider created again under the same name must start
+// from (the publisher deletes it once no instance is live or held).
 func (s *store) remove(ctx context.Context, name string, ifRev int64, who string) (changeView, error) {
 	if err := schema.ValidateName(name); err != nil {
 		return changeView{}, err
@@ -249,7 +255,7 @@ func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderC
 		if newCfg != nil {
 			ops = append(ops, clientv3.OpPut(key, val))
 		} else {
-			ops = append(ops, clientv3.OpDelete(key), clientv3.OpDelete(s.keys.Shares(name)))
+			ops = append(ops, clientv3.OpDelete(key))
 		}
 		tresp, err := s.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(key), "=", cur)).

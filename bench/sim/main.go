@@ -6,6 +6,7 @@
 //	go run ./bench/sim                       # every scenarios/*.json
 //	go run ./bench/sim -run 'skew' -v        # a subset, with timings
 //	go run ./bench/sim path/to/scenario.json # given files
+//	go run ./bench/sim -trace failing.json   # a replay, with every publish and apply
 package main
 
 import (
@@ -35,6 +36,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	dir := fs.String("dir", filepath.Join("bench", "sim", "scenarios"), "folder of scenario files (*.json)")
 	filter := fs.String("run", "", "only scenarios whose name matches this regular expression")
 	verbose := fs.Bool("v", false, "print each scenario's run time on stderr")
+	trace := fs.Bool("trace", false, "print every publish, apply and record write on stderr (to read why a window went over)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -67,7 +69,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		start := time.Now()
-		r, err := sim.Run(sc)
+		s := &sim.Sim{Scenario: sc}
+		if *trace {
+			s.Trace = stderr
+		}
+		r, err := s.Run()
 		if err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}

@@ -21,33 +21,12 @@ import (
 //
 // Late or lost acknowledgements never make the leader grow anyone; they only
 // delay. An instance whose lease is gone holds nothing. A new leader resumes
-// from the published grants, with no learning period.
-
-// Standing is what the leader knows of one live instance under the last
-// publish.
-type Standing struct {
-	Share    int64 // the share published for it
-	Grant    int64 // its published grant (at least Share)
-	Named    bool  // the publish names it (a new instance is not named)
-	Acked    bool  // it acknowledged the publish
-	InEffect bool  // the publish's first window has begun
-}
-
-// Bound returns the most the instance may be enforcing now: its share once
-// it has acknowledged a publish that is in effect, else its grant; 0 for an
-// instance the publish does not name.
-func Bound(s Standing) int64 {
-	switch {
-	case !s.Named:
-		return 0
-	case s.Acked && s.InEffect:
-		return s.Share
-	}
-	return max(s.Grant, s.Share)
-}
+// from the published grants, with no learning period. What each instance
+// may still be enforcing — its bound — is package share's accounting
+// (share.Bound), as for the instances' own even split.
 
 // Handover returns the shares to publish toward target, and the grants that
-// go with them, given each instance's bound (see Bound). Shrinking
+// go with them, given each instance's bound (see share.Bound). Shrinking
 // instances get their target at once; growing ones get what the bounds leave
 // free, in order of id, up to their target. If the bounds already exceed
 // total (it was just lowered) nobody grows until they drop.

@@ -4,6 +4,8 @@ import (
 	"maps"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/sluice-go/sluice/internal/share"
 )
 
 func TestHandoverGrowsOnlyFromWhatIsFree(t *testing.T) {
@@ -87,15 +89,15 @@ func TestHandoverNeverOvershoots(t *testing.T) {
 			ids[i] = string(rune('a' + i))
 		}
 		enforcing := map[string]int64{} // what each instance enforces now
-		st := map[string]Standing{}
+		st := map[string]share.Standing{}
 		publish := func(target map[string]int64) map[string]int64 {
 			bound := map[string]int64{}
 			for _, id := range ids {
-				bound[id] = Bound(st[id])
+				bound[id] = share.Bound(st[id])
 			}
 			shares, granted := Handover(total, target, bound)
 			for _, id := range ids {
-				st[id] = Standing{Share: shares[id], Grant: granted[id], Named: true, InEffect: true}
+				st[id] = share.Standing{Share: shares[id], Grant: granted[id], Named: true, InEffect: true}
 			}
 			return shares
 		}
@@ -149,25 +151,6 @@ func TestHandoverNeverOvershoots(t *testing.T) {
 		}
 		if !maps.Equal(shares, target) || Pending(shares, target) {
 			t.Fatalf("round %d: after everyone acknowledged, shares %v, want %v", round, shares, target)
-		}
-	}
-}
-
-func TestBound(t *testing.T) {
-	tests := []struct {
-		s    Standing
-		want int64
-	}{
-		{Standing{Share: 5, Grant: 9}, 0},                                           // not named: new
-		{Standing{Share: 5, Grant: 9, Named: true}, 9},                              // no ack yet
-		{Standing{Share: 5, Grant: 9, Named: true, Acked: true}, 9},                 // acked, not in effect
-		{Standing{Share: 5, Grant: 9, Named: true, InEffect: true}, 9},              // in effect, not acked
-		{Standing{Share: 5, Grant: 9, Named: true, Acked: true, InEffect: true}, 5}, // applied
-		{Standing{Share: 5, Grant: 0, Named: true}, 5},                              // grant below share: share
-	}
-	for _, tt := range tests {
-		if got := Bound(tt.s); got != tt.want {
-			t.Errorf("Bound(%+v) = %d, want %d", tt.s, got, tt.want)
 		}
 	}
 }

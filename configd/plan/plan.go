@@ -50,6 +50,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/configd/alloc"
+	"github.com/sluice-go/sluice/internal/share"
 )
 
 // Reasons a change of demand was not published (Decision.Damped); configd
@@ -70,9 +71,12 @@ type Published struct {
 	Window         time.Duration
 	ConfigRevision int64            // the revision of the config it was computed under
 	Shares         map[string]int64 // instance ID → share
-	// Granted is, per instance ID, the most it may still be enforcing; nil
-	// for a record from before grants, whose shares count as the grants.
+	// Granted is, per instance ID, the most it may still be enforcing
+	// under records of this regime (Before holds the old one's); nil for a
+	// record from before grants, whose shares count as the grants.
 	Granted map[string]int64
+	// Before is the change of limit or window under way; nil: none.
+	Before *Transition
 	// At is when it was published, no later than the Input's Now (a leader
 	// whose clock is ahead must not hold publishing back).
 	At time.Time
@@ -88,9 +92,10 @@ type Input struct {
 	// Target is the allocation just computed over the live instances:
 	// instance ID → share, one entry per live instance.
 	Target map[string]int64
-	// Acked is, per live instance ID, the last generation it acknowledged
-	// (its record's AppliedGeneration); a missing one acknowledged none.
-	Acked map[string]int64
+	// Acked is, per live instance ID, what it last acknowledged (its
+	// record's AppliedGeneration and AppliedFrom); a missing one
+	// acknowledged none.
+	Acked map[string]Ack
 
 	Cur *Published // the last publish; nil: none
 	// Rewrite means the shares key holds a malformed record (Cur is the
@@ -99,24 +104,45 @@ type Input struct {
 	// Moving is the target a handover under way moves toward: the previous
 	// Decision's Target; nil: none chosen yet.
 	Moving map[string]int64
-	// Held is, per instance ID that is no longer live, the permits it may
-	// still be enforcing: an instance whose lease expired keeps its share
-	// for the provider's fail_static (it may only be cut off from etcd), so
-	// its grant stays taken until then. They count against the total like a
-	// live instance's bound, and stay in the published Granted so that a new
-	// leader holds them too. IDs that are live are ignored.
+	// Held is, per instance ID that is no longer live, the permits per
+	// window of Cur it may still be enforcing: an instance whose lease
+	// expired keeps its share for the provider's fail_static (it may only be
+	// cut off from etcd), so its grant stays taken until then. They count
+	// against the total like a live instance's bound, and stay in the
+	// published Granted so that a new leader holds them too. IDs that are
+	// live are ignored.
 	Held map[string]int64
 
 	Now time.Time
 }
 
+// Transition is a change of limit or window under way (schema.Transition):
+// the old length, the first generation of the new regime, and per instance
+// the most it may admit in a window of the old length under the old
+// regime. Until every instance enforces the new regime, shares grow only
+// where they fit beside these grants too.
+type Transition struct {
+	Window  time.Duration
+	Since   int64 // 0 in a Decision that starts it: the publisher's next generation
+	Granted map[string]int64
+}
+
+// Ack is what an instance acknowledged: the generation it applied, and
+// from when (Unix ns, its clock) that generation's share governs whole
+// windows of its limiter; From 0 when the instance did not say (one from
+// before the field): the record's boundary is taken.
+type Ack struct {
+	Generation, From int64
+}
+
 // Decision is what the leader does.
 type Decision struct {
 	// Publish says to publish Shares and Granted now, as a new generation
-	// in force from EffectiveFrom, a window boundary.
+	// in force from EffectiveFrom, a window boundary, with Before.
 	Publish         bool
 	Shares, Granted map[string]int64
 	EffectiveFrom   time.Time
+	Before          *Transition
 
 	// Target is what the leader moves toward from now on; pass it back as
 	// the next Input's Moving.
@@ -132,11 +158,11 @@ type Decision struct {
 }
 
 // Planner decides with the handover functions it holds. The zero value
-// uses package alloc's (alloc.Handover, alloc.Bound), as configd does; the
+// uses the real ones (alloc.Handover, share.Bound), as configd does; the
 // simulator gives it broken ones to check that it catches them.
 type Planner struct {
 	Handover func(total int64, target, bound map[string]int64) (shares, granted map[string]int64) // nil: alloc.Handover
-	Bound    func(alloc.Standing) int64                                                           // nil: alloc.Bound
+	Bound    func(share.Standing) int64                                                           // nil: share.Bound
 }
 
 // Decide is Planner{}.Decide: the decision with package alloc's handover.
@@ -150,7 +176,7 @@ func (p Planner) Decide(in Input) Decision {
 	// Damping judges the target against what is published. A target it
 	// holds back does not replace the one a handover is still moving
 	// toward: that move is finished whatever the band and the rate.
-	reason, retry := damp(cur, in.Total, in.Window, in.ConfigRevision, target, in.Now)
+	reason, retry := damp(cur, in.Total, in.Window, in.ConfigRevision, target, in.Now, inForce(cur, in.Acked))
 	// The holds of instances gone from the target (the same IDs whichever
 	// target the switch keeps).
 	held := heldOnly(in.Held, target)
@@ -161,7 +187,12 @@ func (p Planner) Decide(in Input) Decision {
 		target = in.Moving
 	case reason == unchanged && cur != nil && !sameHeld(held, cur, target):
 		d.Target = target // a hold began or ended: the grants change
+	case reason == unchanged && cur != nil && cur.Before != nil && !mayBeOnOld(cur, in):
+		d.Target = target // the change of regime is over: its old grants go
 	case reason == unchanged:
+		if cur != nil && cur.Before != nil {
+			d.Due = switchDue(cur, in)
+		}
 		return d
 	default:
 		d.Damped, d.Due = reason, retry
@@ -169,19 +200,17 @@ func (p Planner) Decide(in Input) Decision {
 	}
 	// The target is reached through the safe handover: growth only out of
 	// what no instance may still be enforcing.
-	b := bounds(cur, target, in.Acked, in.Now, p.bound())
-	maps.Copy(b, held)
-	shares, granted := p.handover()(in.Total, target, b)
-	maps.Copy(granted, held) // bounds covers only the target's IDs
+	shares, granted, before := p.move(cur, in, target, held)
 	if alloc.Pending(shares, target) && cur != nil && in.Now.Before(cur.EffectiveFrom) {
 		// Acknowledged shrinks free their permits when their window begins.
 		d.Due = cur.EffectiveFrom
 	}
 	if cur != nil && !in.Rewrite && maps.Equal(shares, cur.Shares) && sameHeld(granted, cur, target) &&
-		cur.Total == in.Total && cur.Window == in.Window && cur.ConfigRevision == in.ConfigRevision {
+		cur.Total == in.Total && cur.Window == in.Window && cur.ConfigRevision == in.ConfigRevision &&
+		(before == nil) == (cur.Before == nil) {
 		return d // waiting for acknowledgements
 	}
-	d.Publish, d.Shares, d.Granted = true, shares, granted
+	d.Publish, d.Shares, d.Granted, d.Before = true, shares, granted, before
 	// Strictly after now, whatever the margin: a publish that took effect
 	// at the instant it is made reaches every instance late, and a late
 	// instance applies it at once, inside a window in which the others may
@@ -189,8 +218,198 @@ func (p Planner) Decide(in Input) Decision {
 	// exactly at its predecessor's boundary did; the simulator showed it.)
 	// Two publishes within one window may share a boundary: the second can
 	// grow nobody out of the first's shrinks before that boundary passes.
-	d.EffectiveFrom = NextBoundary(in.Now.Add(in.Margin+1), in.Window)
+	// A new window length takes effect at a boundary both lengths share:
+	// a limiter switches lengths only there, so one that has the record in
+	// time then switches exactly at its boundary.
+	//
+	// And never before the boundary of the record before it. Each record
+	// is judged in force on the leader's clock; that a growth comes after
+	// the shrinks it waited for rests on its boundary lying after theirs —
+	// as numbers, on any clock. A leader whose clock ran ahead published
+	// boundaries far ahead and counted them as passed; once its clock came
+	// back (or a leader whose clock is behind took over) a boundary before
+	// them made every instance drop the shrinks still scheduled and apply
+	// the growth at once (found by the protocol search). A clock far ahead
+	// only delays changes, to the latest boundary published.
+	step := in.Window
+	if cur != nil && cur.Window != in.Window {
+		step = lcm(cur.Window, in.Window)
+	}
+	d.EffectiveFrom = NextBoundary(in.Now.Add(in.Margin+1), step)
+	if cur != nil {
+		if last := NextBoundary(cur.EffectiveFrom, step); last.After(d.EffectiveFrom) {
+			d.EffectiveFrom = last
+		}
+	}
 	return d
+}
+
+// move returns the shares that move toward target from what each
+// instance may still be enforcing (bounds, and held for the instances gone
+// from it), the grants to publish with them, and the change of limit or
+// window under way.
+//
+// With one limit, growth comes only out of what no instance may still be
+// enforcing (alloc.Handover). When the limit or the window changes, two
+// regimes may be in force at once: the old one, on every instance that may
+// not enforce a record of the new one yet (Transition.Granted, what each
+// may admit per old window), and the new one (the record's Granted).
+// Growth must then fit three ways:
+//
+//   - in windows of the new length, beside either regime's grants;
+//   - in windows of the new length, beside the new regime's grants alone:
+//     once every instance has switched, the room an old grant took is
+//     gone (the protocol search found an instance growing into the room
+//     its own old grant took, beside neighbours that had switched, after
+//     the limit was lowered and after the window got longer at a lower
+//     rate);
+//   - in windows of the old length, where a share of the new length may
+//     put more than itself (share.In).
+func (p Planner) move(cur *Published, in Input, target, held map[string]int64) (shares, granted map[string]int64, before *Transition) {
+	handover := p.handover()
+	if cur == nil {
+		shares, granted = handover(in.Total, target, map[string]int64{})
+		return shares, granted, nil
+	}
+	cb := bounds(cur, target, in.Acked, in.Now, p.bound()) // per window of cur
+	maps.Copy(cb, held)
+	before = transition(cur, in, cb)
+	if before == nil { // one length: cur's
+		shares, granted = handover(in.Total, target, cb)
+		maps.Copy(granted, held) // bounds covers only the target's IDs
+		return shares, granted, nil
+	}
+	w, ow := in.Window, before.Window
+	fresh := map[string]int64{} // the new regime: nothing of it yet when it starts now
+	if before.Since != 0 {
+		fresh = cb
+	}
+	either := maps.Clone(fresh) // per window of w
+	old := map[string]int64{}   // per window of ow: the old regime, or a share of w counted in
+	for id, v := range fresh {
+		old[id] = share.In(v, w, ow)
+	}
+	for id, g := range before.Granted {
+		if onOld(before, cur, in, id) {
+			either[id] = max(either[id], share.In(g, ow, w))
+			old[id] = max(old[id], g)
+		}
+	}
+	shares, _ = handover(in.Total, target, either)
+	alone, _ := handover(in.Total, target, fresh)
+	inOld := make(map[string]int64, len(target))
+	for id, v := range target {
+		inOld[id] = share.In(v, w, ow)
+	}
+	oldRoom, _ := handover(share.In(in.Total, w, ow), inOld, old)
+	granted = make(map[string]int64, len(target)+len(held))
+	for id, v := range shares {
+		v = min(v, alone[id], share.Within(oldRoom[id], w, ow))
+		shares[id] = v
+		granted[id] = max(fresh[id], v)
+	}
+	for id, v := range fresh {
+		if _, live := target[id]; !live && v > 0 {
+			granted[id] = v // held on the new length
+		}
+	}
+	return shares, granted, before
+}
+
+// transition returns the change of regime this publish keeps: a new one
+// when the limit or the window changes now, from cur's (bounds are the
+// most each instance may be enforcing per window of cur); cur's as long as
+// some instance — live, or held after its lease went — may not enforce
+// the new regime yet (onOld); nil once every one does. A change made
+// before the last one finished keeps one old regime, of the longer length,
+// with what each may admit in it under either old one: a count into a
+// longer window (share.In) bounds every window of the lengths it holds.
+func transition(cur *Published, in Input, bounds map[string]int64) *Transition {
+	if cur == nil {
+		return nil
+	}
+	b := cur.Before
+	if b != nil && !mayBeOnOld(cur, in) {
+		b = nil
+	}
+	if in.Window == cur.Window && in.Total == cur.Total {
+		return b
+	}
+	t := &Transition{Window: cur.Window, Granted: maps.Clone(bounds)}
+	if b != nil {
+		t.Window = max(b.Window, cur.Window)
+		for id, v := range bounds {
+			t.Granted[id] = share.In(v, cur.Window, t.Window)
+		}
+		for id, v := range b.Granted {
+			if onOld(b, cur, in, id) {
+				t.Granted[id] = max(t.Granted[id], share.In(v, b.Window, t.Window))
+			}
+		}
+	}
+	return t
+}
+
+// mayBeOnOld reports whether some instance may still enforce the old
+// regime of cur.Before.
+func mayBeOnOld(cur *Published, in Input) bool {
+	for id := range cur.Before.Granted {
+		if onOld(cur.Before, cur, in, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// switchDue returns when the first instance that acknowledged the new
+// regime of cur.Before from a boundary still ahead reaches it (zero:
+// none): the change of regime may be over then.
+func switchDue(cur *Published, in Input) time.Time {
+	var due int64
+	for id := range cur.Before.Granted {
+		ack := in.Acked[id]
+		from := ack.From
+		if from == 0 && ack.Generation == cur.Generation {
+			from = cur.EffectiveFrom.UnixNano()
+		}
+		if ack.Generation >= cur.Before.Since && from > in.Now.UnixNano() && (due == 0 || from < due) {
+			due = from
+		}
+	}
+	if due == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, due)
+}
+
+// onOld reports whether instance id, which b grants permits of the old
+// regime, may still enforce them: gone but held (it may only be cut off),
+// or live and not yet known to enforce a record of the new regime — one
+// of generation b.Since or later, from a boundary now has reached — for
+// whole windows.
+func onOld(b *Transition, cur *Published, in Input, id string) bool {
+	if _, live := in.Target[id]; !live {
+		return in.Held[id] > 0
+	}
+	if b.Since == 0 {
+		return true // the change starts with this publish
+	}
+	ack := in.Acked[id]
+	from := ack.From
+	if from == 0 && ack.Generation == cur.Generation {
+		from = cur.EffectiveFrom.UnixNano() // an instance from before AppliedFrom
+	}
+	return ack.Generation < b.Since || from == 0 || in.Now.UnixNano() < from
+}
+
+// lcm returns the least common multiple of two window lengths; every
+// window length divides a day, so it does too.
+func lcm(a, b time.Duration) time.Duration {
+	x, y := a, b
+	for y != 0 {
+		x, y = y, x%y
+	}
+	return a / x * b
 }
 
 func (p Planner) handover() func(total int64, target, bound map[string]int64) (shares, granted map[string]int64) {
@@ -200,9 +419,9 @@ func (p Planner) handover() func(total int64, target, bound map[string]int64) (s
 	return p.Handover
 }
 
-func (p Planner) bound() func(alloc.Standing) int64 {
+func (p Planner) bound() func(share.Standing) int64 {
 	if p.Bound == nil {
-		return alloc.Bound
+		return share.Bound
 	}
 	return p.Bound
 }
@@ -216,10 +435,27 @@ func Hysteresis(total int64, n int) int64 {
 	return max(1, min(total/100, total/(10*int64(max(n, 1)))))
 }
 
+// inForce returns when cur governs, for whole windows, every instance it
+// names that acknowledged it: the latest of its boundary and the
+// boundaries they said (Ack.From). Zero without cur.
+func inForce(cur *Published, acked map[string]Ack) time.Time {
+	if cur == nil {
+		return time.Time{}
+	}
+	at := cur.EffectiveFrom.UnixNano()
+	for id := range cur.Shares {
+		if a := acked[id]; a.Generation == cur.Generation {
+			at = max(at, a.From)
+		}
+	}
+	return time.Unix(0, at)
+}
+
 // damp decides whether target waits instead of replacing the published
-// shares cur. It returns "" to publish now, unchanged, DampedHysteresis, or
-// DampedRate with the time to decide again.
-func damp(cur *Published, total int64, window time.Duration, cfgRev int64, target map[string]int64, now time.Time) (reason string, retry time.Time) {
+// shares cur, in force on the instances that acknowledged it from inForce.
+// It returns "" to publish now, unchanged, DampedHysteresis, or DampedRate
+// with the time to decide again.
+func damp(cur *Published, total int64, window time.Duration, cfgRev int64, target map[string]int64, now, inForce time.Time) (reason string, retry time.Time) {
 	if cur == nil || cur.Total != total || cur.Window != window || len(cur.Shares) != len(target) {
 		return "", time.Time{}
 	}
@@ -239,14 +475,18 @@ func damp(cur *Published, total int64, window time.Duration, cfgRev int64, targe
 	case moved <= Hysteresis(total, len(target)):
 		return DampedHysteresis, time.Time{}
 	}
-	// Not before the published shares are in effect either: a shrink is
-	// only given to others once acknowledged and in effect, and a new
-	// generation published before that restarts the wait, so publishing on
-	// every demand report could hold growth back for good (measured by
-	// bench/accuracy: 10 s with publishes 0.83 s into each window).
+	// Not before the published shares are in force either, on every
+	// instance that acknowledged them: a shrink is only given to others
+	// once acknowledged and in force, and a new generation published
+	// before that restarts the wait, so publishing on every demand report
+	// could hold growth back for good (measured by bench/accuracy: 10 s
+	// with publishes 0.83 s into each window; and, with the leader's clock
+	// 2 s behind, by the fault suite: a record that reaches the instances
+	// after its boundary is in force only from their next one, later on
+	// the leader's clock than its boundary).
 	next := cur.At.Add(window)
-	if cur.EffectiveFrom.After(next) {
-		next = cur.EffectiveFrom
+	if inForce.After(next) {
+		next = inForce
 	}
 	if now.Before(next) {
 		return DampedRate, next
@@ -255,27 +495,41 @@ func damp(cur *Published, total int64, window time.Duration, cfgRev int64, targe
 }
 
 // bounds returns, for each instance of live (its keys), the most it may be
-// enforcing now under the published record cur (see alloc.Bound and the
-// handover protocol in package alloc). A record from before grants counts
-// its shares as the grants.
-func bounds(cur *Published, live, acked map[string]int64, now time.Time, bound func(alloc.Standing) int64) map[string]int64 {
+// enforcing now, per window of the published record cur (see share.Bound
+// and the handover protocol in package alloc). The record is in force on
+// an instance once it acknowledged it and now has reached both the
+// record's boundary and the one the instance said it applies it from
+// (share.InForce): a record that reached it late, or that changed the
+// window length, governs its windows only from a later boundary, and until
+// then it may enforce what it had. A record from before grants counts its
+// shares as the grants.
+//
+// The times compared are numbers read on different clocks — now on the
+// leader's, the boundaries on the instances' — and no clock's accuracy is
+// assumed: a growth is published from a boundary after now, so after
+// every boundary it waited for, whatever the leader's clock says.
+func bounds(cur *Published, live map[string]int64, acked map[string]Ack, now time.Time, bound func(share.Standing) int64) map[string]int64 {
 	b := make(map[string]int64, len(live))
 	if cur == nil {
 		return b
 	}
-	inEffect := !now.Before(cur.EffectiveFrom)
 	for id := range live {
-		share, named := cur.Shares[id]
+		ack := acked[id]
+		from := cur.EffectiveFrom.UnixNano()
+		if ack.Generation == cur.Generation {
+			from = share.InForce(from, ack.From)
+		}
+		sh, named := cur.Shares[id]
 		grant, granted := cur.Granted[id]
 		if cur.Granted == nil {
-			grant = share
+			grant = sh
 		}
-		b[id] = bound(alloc.Standing{
-			Share:    share,
+		b[id] = bound(share.Standing{
+			Share:    sh,
 			Grant:    grant,
 			Named:    named || granted,
-			Acked:    acked[id] >= cur.Generation,
-			InEffect: inEffect,
+			Acked:    ack.Generation >= cur.Generation,
+			InEffect: now.UnixNano() >= from,
 		})
 	}
 	return b

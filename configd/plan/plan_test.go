@@ -66,17 +66,26 @@ func TestDamp(t *testing.T) {
 		{"move of 4, within the window", cur, 300, w, rev, with("b", 44, "c", 246), soon, DampedRate, late},
 	}
 	for _, c := range cases {
-		got, retry := damp(c.cur, c.total, c.window, c.cfgRev, c.target, c.now)
+		got, retry := damp(c.cur, c.total, c.window, c.cfgRev, c.target, c.now, time.Time{})
 		if got != c.want || !retry.Equal(c.wantRetry) {
 			t.Errorf("%s: damp = %q, %v; want %q, %v", c.name, got, retry, c.want, c.wantRetry)
 		}
 	}
+	// Not before the publish is in force on the instances that applied it
+	// (they acknowledged a boundary after its own: it reached them late).
+	// Found by the fault suite with configd's clock 2 s behind: every
+	// demand report republished before the last publish was in force, and
+	// growth waited for good.
+	ackedLate := last.Add(3 * time.Second)
+	if got, retry := damp(cur, 300, w, rev, with("b", 44, "c", 246), late, ackedLate); got != DampedRate || !retry.Equal(ackedLate) {
+		t.Errorf("a move before the publish is in force on those that applied it: %q, %v; want rate_limit until %v", got, retry, ackedLate)
+	}
 	// Small totals: the band is one permit.
 	small := &Published{Total: 50, Window: w, ConfigRevision: rev, At: last, Shares: map[string]int64{"a": 25, "b": 25}}
-	if got, _ := damp(small, 50, w, rev, map[string]int64{"a": 24, "b": 26}, late); got != DampedHysteresis {
+	if got, _ := damp(small, 50, w, rev, map[string]int64{"a": 24, "b": 26}, late, time.Time{}); got != DampedHysteresis {
 		t.Errorf("move of 1 of 50: %q, want hysteresis", got)
 	}
-	if got, _ := damp(small, 50, w, rev, map[string]int64{"a": 23, "b": 27}, late); got != "" {
+	if got, _ := damp(small, 50, w, rev, map[string]int64{"a": 23, "b": 27}, late, time.Time{}); got != "" {
 		t.Errorf("move of 2 of 50: %q, want published", got)
 	}
 }
@@ -89,7 +98,7 @@ func TestBoundsFollowAcknowledgements(t *testing.T) {
 		Granted: map[string]int64{"a": 100, "b": 0},
 	}
 	live := map[string]int64{"a": 0, "b": 0, "new": 0}
-	acked := map[string]int64{"a": 5, "b": 4}
+	acked := map[string]Ack{"a": {Generation: 5}, "b": {Generation: 4}}
 	b := func(now time.Time) map[string]int64 { return bounds(cur, live, acked, now, Planner{}.bound()) }
 	if before := b(from.Add(-time.Millisecond)); before["a"] != 100 {
 		t.Errorf("acknowledged but not yet in effect: bound %d, want the grant 100", before["a"])
@@ -97,7 +106,7 @@ func TestBoundsFollowAcknowledgements(t *testing.T) {
 	if after := b(from); after["a"] != 50 || after["b"] != 0 || after["new"] != 0 || len(after) != 3 {
 		t.Errorf("bounds in effect = %v, want a 50, b 0, new 0", after)
 	}
-	acked["a"] = 4
+	acked["a"] = Ack{Generation: 4}
 	if got := b(from.Add(time.Hour)); got["a"] != 100 {
 		t.Errorf("not acknowledged: bound %d, want the grant 100 however late", got["a"])
 	}
@@ -105,6 +114,107 @@ func TestBoundsFollowAcknowledgements(t *testing.T) {
 	cur.Granted = nil
 	if got := b(from.Add(time.Hour)); got["a"] != 50 {
 		t.Errorf("no grants, not acknowledged: bound %d, want the share 50", got["a"])
+	}
+}
+
+// An instance that applied a record after its boundary (it arrived late,
+// or it changed the window length) says from when it governs its windows;
+// until then its bound stays its grant (issue 12, hole 7: a leader whose
+// clock was behind took a late shrink as in force at its past boundary
+// and grew another instance into the window the shrinking one had already
+// spent).
+func TestBoundsWaitForAppliedFrom(t *testing.T) {
+	from := time.Unix(100, 0)
+	cur := &Published{
+		Generation: 5, EffectiveFrom: from, Window: time.Second, Total: 100,
+		Shares:  map[string]int64{"a": 50, "b": 50},
+		Granted: map[string]int64{"a": 100, "b": 50},
+	}
+	live := map[string]int64{"a": 0, "b": 0}
+	late := from.Add(3 * time.Second).UnixNano() // applied mid-window at 102.4 s: whole windows from 103 s
+	acked := map[string]Ack{"a": {Generation: 5, From: late}, "b": {Generation: 5}}
+	if got := bounds(cur, live, acked, from.Add(2*time.Second), Planner{}.bound()); got["a"] != 100 || got["b"] != 50 {
+		t.Errorf("before a's own boundary: bounds %v, want a's grant 100", got)
+	}
+	if got := bounds(cur, live, acked, time.Unix(0, late), Planner{}.bound()); got["a"] != 50 {
+		t.Errorf("from a's own boundary: bound %d, want its share 50", got["a"])
+	}
+}
+
+// A change of window length counts every bound in windows of the new
+// length (issue 12, hole 8: per-1 s shares counted against a per-10 s
+// total let the first publish grow everyone at once, while an instance
+// that had the record late kept its per-1 s share for a whole 10 s
+// window).
+func TestDecideWindowChangeCountsOldSharesInTheNewLength(t *testing.T) {
+	now := time.Unix(1000, 300*int64(time.Millisecond))
+	cur := &Published{
+		Generation: 7, EffectiveFrom: time.Unix(990, 0), Window: time.Second, Total: 1000, ConfigRevision: 3,
+		Shares:  map[string]int64{"a": 600, "b": 400},
+		Granted: map[string]int64{"a": 600, "b": 400},
+	}
+	in := Input{
+		Total: 10000, Window: 10 * time.Second, ConfigRevision: 4, Margin: 200 * time.Millisecond,
+		Target: map[string]int64{"a": 3000, "b": 7000},
+		Acked:  map[string]Ack{"a": {Generation: 7}, "b": {Generation: 7}},
+		Cur:    cur, Now: now,
+	}
+	d := Decide(in)
+	if !d.Publish {
+		t.Fatal("a new window length was not published")
+	}
+	// a's old 600 per second is 6000 per 10 s: it shrinks to 3000, and b
+	// may grow only into what a's and its own old shares leave: nothing.
+	// The grants of the new length are the new shares; the old ones stay
+	// in Before until every instance enforces the new length.
+	if d.Shares["a"] != 3000 || d.Shares["b"] != 4000 || d.Granted["a"] != 3000 || d.Granted["b"] != 4000 {
+		t.Errorf("shares %v granted %v; want a 3000, b held at 4000, granted as much", d.Shares, d.Granted)
+	}
+	if b := d.Before; b == nil || b.Window != time.Second || b.Since != 0 || !maps.Equal(b.Granted, cur.Granted) {
+		t.Errorf("before %+v; want the old 1 s grants, from the next generation", d.Before)
+	}
+	if got := d.EffectiveFrom; got != time.Unix(1010, 0) {
+		t.Errorf("effective from %v, want the first 10 s boundary after now and the margin, 1010 s", got)
+	}
+	// Back to 1 s: a 10 s share may fall into one second whole.
+	cur2 := &Published{Generation: 9, EffectiveFrom: time.Unix(1010, 0), Window: 10 * time.Second, Total: 10000, ConfigRevision: 4,
+		Shares: map[string]int64{"a": 3000, "b": 7000}, Granted: map[string]int64{"a": 3000, "b": 7000}}
+	in2 := Input{Total: 1000, Window: time.Second, ConfigRevision: 5, Margin: 200 * time.Millisecond,
+		Target: map[string]int64{"a": 500, "b": 500}, Acked: map[string]Ack{"a": {Generation: 9}, "b": {Generation: 9}},
+		Cur: cur2, Now: time.Unix(1025, 0)}
+	d = Decide(in2)
+	if d.Shares["a"] != 300 || d.Shares["b"] != 500 || d.Granted["a"] != 300 || d.Granted["b"] != 500 {
+		t.Errorf("to 1 s: shares %v granted %v; want a 300 (its old 3000 per 10 s), b 500, granted as much", d.Shares, d.Granted)
+	}
+	if b := d.Before; b == nil || b.Window != 10*time.Second || !maps.Equal(b.Granted, cur2.Granted) {
+		t.Errorf("to 1 s: before %+v; want the whole 10 s grants", d.Before)
+	}
+	if got := d.EffectiveFrom; got != time.Unix(1030, 0) {
+		t.Errorf("to 1 s: effective from %v, want 1030 s, a boundary of both lengths", got)
+	}
+}
+
+// A record's boundary never precedes the one before (found by the protocol
+// search: a leader whose clock ran ahead published far boundaries and took
+// them as passed; back on time, an earlier boundary made the instances
+// drop the shrinks it had counted).
+func TestEffectiveFromNeverGoesBack(t *testing.T) {
+	far := time.Unix(5000, 0)
+	cur := &Published{Generation: 4, EffectiveFrom: far, Window: time.Second, Total: 100, ConfigRevision: 1, At: time.Unix(4990, 0),
+		Shares: map[string]int64{"a": 60, "b": 40}, Granted: map[string]int64{"a": 60, "b": 40}}
+	d := Decide(Input{Total: 100, Window: time.Second, ConfigRevision: 1, Margin: 200 * time.Millisecond,
+		Target: map[string]int64{"a": 50, "b": 30, "c": 20}, Acked: map[string]Ack{"a": {Generation: 4}, "b": {Generation: 4}},
+		Cur: cur, Now: time.Unix(1000, 0)})
+	if !d.Publish || d.EffectiveFrom.Before(far) {
+		t.Errorf("published %v from %v, before the last record's boundary %v", d.Publish, d.EffectiveFrom, far)
+	}
+	cur.Window = 250 * time.Millisecond // and to another length: the first shared boundary at or after it
+	cur.EffectiveFrom = time.Unix(5000, 250*int64(time.Millisecond))
+	d = Decide(Input{Total: 100, Window: time.Second, ConfigRevision: 2, Margin: 200 * time.Millisecond,
+		Target: map[string]int64{"a": 60, "b": 40}, Acked: map[string]Ack{"a": {Generation: 4}, "b": {Generation: 4}},
+		Cur: cur, Now: time.Unix(1000, 0)})
+	if d.EffectiveFrom != time.Unix(5001, 0) {
+		t.Errorf("to 1 s windows: from %v, want 5001 s", d.EffectiveFrom)
 	}
 }
 
@@ -131,7 +241,7 @@ func TestDecideHandover(t *testing.T) {
 	in := Input{
 		Total: 1000, Window: w, ConfigRevision: 1, Margin: margin,
 		Target: map[string]int64{"a": 900, "b": 100},
-		Acked:  map[string]int64{},
+		Acked:  map[string]Ack{},
 		Now:    t0,
 	}
 	// 1. Nothing published: the target at once (no bounds yet).
@@ -141,7 +251,7 @@ func TestDecideHandover(t *testing.T) {
 	}
 	cur := &Published{Generation: 1, EffectiveFrom: d.EffectiveFrom, Total: 1000, Window: w, ConfigRevision: 1,
 		Shares: d.Shares, Granted: d.Granted, At: t0}
-	in.Cur, in.Moving, in.Acked = cur, d.Target, map[string]int64{"a": 1, "b": 1}
+	in.Cur, in.Moving, in.Acked = cur, d.Target, map[string]Ack{"a": {Generation: 1}, "b": {Generation: 1}}
 
 	// 2. Demand moves, two and a half windows later (in effect,
 	// acknowledged): a shrinks at once, b waits for a's acknowledgement.
@@ -161,7 +271,7 @@ func TestDecideHandover(t *testing.T) {
 	// 3. a acknowledges before the boundary; the target jitters within the
 	// band meanwhile: nothing to publish yet, due at the boundary, and the
 	// target under way is kept.
-	in.Acked = map[string]int64{"a": 2, "b": 2}
+	in.Acked = map[string]Ack{"a": {Generation: 2}, "b": {Generation: 2}}
 	in.Now = t0.Add(2*w + w/2 + 100*time.Millisecond)
 	in.Target = map[string]int64{"a": 105, "b": 895}
 	d = Decide(in)
@@ -227,7 +337,7 @@ func TestHeld(t *testing.T) {
 	cur := &Published{Generation: 4, EffectiveFrom: time.Unix(990, 0), Total: 300, Window: w, ConfigRevision: 7,
 		At: time.Unix(989, 0), Shares: map[string]int64{"a": 100, "b": 100, "c": 100}, Granted: map[string]int64{"a": 100, "b": 100, "c": 100}}
 	in := Input{Total: 300, Window: w, ConfigRevision: 7, Margin: 200 * time.Millisecond,
-		Target: map[string]int64{"a": 150, "b": 150}, Acked: map[string]int64{"a": 4, "b": 4}, Cur: cur, Now: now}
+		Target: map[string]int64{"a": 150, "b": 150}, Acked: map[string]Ack{"a": {Generation: 4}, "b": {Generation: 4}}, Cur: cur, Now: now}
 
 	held := in
 	held.Held = map[string]int64{"c": 100, "a": 7} // a is live: ignored
@@ -241,7 +351,7 @@ func TestHeld(t *testing.T) {
 	after := &Published{Generation: 5, EffectiveFrom: d.EffectiveFrom, Total: 300, Window: w, ConfigRevision: 7,
 		At: now, Shares: d.Shares, Granted: d.Granted}
 	again := held
-	again.Cur, again.Acked, again.Moving, again.Now = after, map[string]int64{"a": 5, "b": 5}, d.Target, d.EffectiveFrom.Add(time.Millisecond)
+	again.Cur, again.Acked, again.Moving, again.Now = after, map[string]Ack{"a": {Generation: 5}, "b": {Generation: 5}}, d.Target, d.EffectiveFrom.Add(time.Millisecond)
 	if d2 := Decide(again); d2.Publish {
 		t.Errorf("the same hold republished: %+v", d2)
 	}
@@ -269,5 +379,67 @@ func TestHeld(t *testing.T) {
 	// Without any hold (a graceful leave), c's share is handed out at once.
 	if d := Decide(in); !d.Publish || !maps.Equal(d.Shares, map[string]int64{"a": 150, "b": 150}) {
 		t.Errorf("without a hold: %+v; want a=b=150 at once", d)
+	}
+}
+
+// While a window gets longer at a lower rate, the old grants counted into
+// the new length add up to more than the new limit; an instance may not
+// grow within the room its own old grant takes there, since the others may
+// already enforce the new length (found by the protocol search: a share
+// grown so, beside a neighbour's not yet shrunk, put 2921 into a 200 ms
+// window of limit 2912).
+func TestDecideLongerWindowGrowsOnlyWithinTheNewLimit(t *testing.T) {
+	// 1000 per 100 ms, a and b 500 each, becomes 1000 per 200 ms.
+	cur := &Published{Generation: 5, EffectiveFrom: time.Unix(100, 0), Window: 100 * time.Millisecond, Total: 1000, ConfigRevision: 1,
+		Shares: map[string]int64{"a": 500, "b": 500}, Granted: map[string]int64{"a": 500, "b": 500}}
+	in := Input{Total: 1000, Window: 200 * time.Millisecond, ConfigRevision: 2, Margin: 50 * time.Millisecond,
+		Target: map[string]int64{"a": 300, "b": 700}, Acked: map[string]Ack{"a": {Generation: 5}, "b": {Generation: 5}},
+		Cur: cur, Now: time.Unix(101, 0)}
+	d := Decide(in)
+	// b may not put more than its old 500 into a window of 100 ms.
+	if !d.Publish || d.Shares["a"] != 300 || d.Shares["b"] != 500 || d.Before == nil {
+		t.Fatalf("first publish of 200 ms: %+v; want a 300, b 500, the old grants kept", d)
+	}
+	cur2 := &Published{Generation: 6, EffectiveFrom: d.EffectiveFrom, Window: 200 * time.Millisecond, Total: 1000, ConfigRevision: 2,
+		Shares: d.Shares, Granted: d.Granted, Before: &Transition{Window: 100 * time.Millisecond, Since: 6, Granted: d.Before.Granted}}
+	// b switched to 200 ms and enforces 500; a has not said it switched.
+	// Demand moves toward a: a's old 500 per 100 ms is 1000 per 200 ms,
+	// but the new regime alone leaves it 500 at most.
+	now := d.EffectiveFrom.Add(time.Second)
+	d = Decide(Input{Total: 1000, Window: 200 * time.Millisecond, ConfigRevision: 2, Margin: 50 * time.Millisecond,
+		Target: map[string]int64{"a": 550, "b": 450},
+		Acked:  map[string]Ack{"a": {Generation: 5}, "b": {Generation: 6, From: cur2.EffectiveFrom.UnixNano()}},
+		Cur:    cur2, Now: now})
+	if d.Shares["a"]+max(d.Shares["b"], 500) > 1000 {
+		t.Errorf("shares %v: a grew beside b's 500 past the new limit 1000", d.Shares)
+	}
+	if d.Before == nil {
+		t.Error("the old grants were dropped while a may still enforce 100 ms windows")
+	}
+}
+
+// After the limit is lowered the grants left from the old limit add up to
+// more than the new one; an instance may not grow within its own old grant
+// beside a neighbour that enforces a share computed under the new limit
+// (found by the protocol search: 2035 admitted in a window of limit 1749).
+func TestDecideLoweredLimitGrowsOnlyWithinTheNewLimit(t *testing.T) {
+	cur := &Published{Generation: 1, EffectiveFrom: time.Unix(100, 0), Window: time.Second, Total: 2000, ConfigRevision: 1,
+		Shares: map[string]int64{"a": 1000, "b": 1000}, Granted: map[string]int64{"a": 1000, "b": 1000}}
+	d := Decide(Input{Total: 1000, Window: time.Second, ConfigRevision: 2, Margin: 50 * time.Millisecond,
+		Target: map[string]int64{"a": 100, "b": 900}, Acked: map[string]Ack{"a": {Generation: 1}, "b": {Generation: 1}},
+		Cur: cur, Now: time.Unix(101, 0)})
+	if !d.Publish || d.Shares["a"] != 100 || d.Shares["b"] != 900 || d.Before == nil || !maps.Equal(d.Before.Granted, cur.Granted) {
+		t.Fatalf("first publish under 1000: %+v; want a 100, b 900, the old grants kept in Before", d)
+	}
+	cur2 := &Published{Generation: 2, EffectiveFrom: d.EffectiveFrom, Window: time.Second, Total: 1000, ConfigRevision: 2,
+		Shares: d.Shares, Granted: d.Granted, Before: &Transition{Window: time.Second, Since: 2, Granted: d.Before.Granted}}
+	// b enforces its 900; a has acknowledged nothing new, and its old
+	// grant of 1000 is no room under the new limit.
+	d = Decide(Input{Total: 1000, Window: time.Second, ConfigRevision: 2, Margin: 50 * time.Millisecond,
+		Target: map[string]int64{"a": 500, "b": 500},
+		Acked:  map[string]Ack{"a": {Generation: 1}, "b": {Generation: 2, From: cur2.EffectiveFrom.UnixNano()}},
+		Cur:    cur2, Now: cur2.EffectiveFrom.Add(time.Second)})
+	if d.Shares["a"]+900 > 1000 {
+		t.Errorf("shares %v: a grew beside b's 900 past the new limit 1000", d.Shares)
 	}
 }

@@ -7,11 +7,80 @@ package follow
 
 import "time"
 
+// Sources of an instance's quota (cluster.Status.Source).
+const (
+	SourceFallback = "fallback" // no provider config: the instance's own fallback
+	SourceEven     = "even"     // no configd replica alive: total / live instances
+	SourceShares   = "shares"   // configd's published share
+)
+
 // Applied is what an instance's limiter enforces and where it comes from.
 type Applied struct {
-	Source string // "fallback", "even" or "shares" (cluster.Status.Source); "": nothing yet
+	Source string // SourceFallback, SourceEven or SourceShares; "": nothing yet
 	Quota  int64  // permits per window, as enforced (after any clock cut)
 	Window time.Duration
+	// Generation is the shares generation the quota comes from (0: none),
+	// and At when that record applies (Unix ns, a boundary; 0: as soon as
+	// may be).
+	Generation, At int64
+	// InForce is from when the generation's share governs whole windows
+	// of the limiter (Unix ns, the limiter's clock), as limiter.Schedule
+	// said when the generation was first applied: what the instance
+	// acknowledges, as its record's AppliedFrom.
+	InForce int64
+}
+
+// View is what an instance knows of its provider when it decides what to
+// enforce.
+type View struct {
+	Config *Config // the provider's config; nil: none yet, or deleted
+	Leader bool    // a configd replica is alive (an election key exists)
+	Shares *Shares // configd's last record, as it concerns this instance; nil: none yet
+	Even   int64   // this instance's even split, for when no replica is alive
+}
+
+// Config is what of a provider's config the rules read.
+type Config struct {
+	Limit  int64
+	Window time.Duration
+}
+
+// Shares is what of a shares record the rules read: its generation, its
+// boundary and window, and this instance's share in it (0 if not named).
+type Shares struct {
+	Generation, EffectiveFrom int64
+	Window                    time.Duration
+	Share                     int64
+}
+
+// Next returns what an instance enforces with what it knows, before any
+// cut for clock uncertainty:
+//
+//   - with a configd replica alive, its published share in the record's
+//     own window (0 for an instance it has not named yet, or before its
+//     first publish: a joining instance starts with nothing), from the
+//     record's boundary. A record of another window than the config's is
+//     kept as it is until configd republishes for the new window, which
+//     it does at once: scaled to the new window at the same rate, a share
+//     could put a whole longer window's worth into one window of the
+//     shorter length, which neither the old limit nor the new allows;
+//   - with none alive, the even split v.Even, in the config's window, from
+//     as soon as may be;
+//   - without a config, fallback.
+func Next(v View, fallback Applied) Applied {
+	c := v.Config
+	if c == nil {
+		return fallback
+	}
+	next := Applied{Source: SourceShares, Window: c.Window}
+	switch s := v.Shares; {
+	case !v.Leader:
+		next.Source, next.Quota = SourceEven, v.Even
+	case s == nil: // configd is alive but has not published yet
+	default:
+		next.Quota, next.Window, next.Generation, next.At = s.Share, s.Window, s.Generation, s.EffectiveFrom
+	}
+	return next
 }
 
 // Step is how the limiter moves to a new quota.
@@ -25,28 +94,50 @@ type Step struct {
 	From int64
 }
 
-// Schedule returns how an instance whose limiter enforces prev moves to
-// next, published to apply from at (Unix ns, a window boundary; 0: as soon
-// as may be), on its clock reading now (Unix ns), with the propagation
-// margin.
+// InForce is what a limiter enforces in the window under way: its quota
+// and its length (limiter.Stats). It can differ from the last quota
+// applied, which may take effect only at a boundary ahead.
+type InForce struct {
+	Quota  int64
+	Window time.Duration
+}
+
+// Schedule returns how an instance moves to next, published to apply from
+// at (Unix ns, a window boundary; 0: as soon as may be), on its clock
+// reading now (Unix ns), with the propagation margin; prev is what it
+// applied last and cur what its limiter enforces in the window under way.
 //
-// A quota without a boundary of its own (the even split, the fallback, a
-// share whose window changed) applies from the first boundary at least the
-// margin ahead, by which the other instances have it too. Switching
-// sources in the same window length is done in two steps: the instances do
-// not switch at the same instant, and within a window two sources disagree
-// on who holds what (the even split against configd's shares), so the
-// smaller of the two quotas applies at once and the new one only from a
-// boundary at least the margin ahead, when the others have switched too.
-func Schedule(prev, next Applied, at, now int64, margin time.Duration) Step {
+// A quota without a boundary of its own (the even split, the fallback)
+// applies from the first boundary at least the margin ahead, by which the
+// other instances have it too. Switching sources in the same window length
+// is done in two steps: the instances do not switch at the same instant,
+// and within a window two sources disagree on who holds what (the even
+// split against configd's shares), so the smaller of the quota in force
+// and the new one applies at once and the new one only from a boundary at
+// least the margin ahead, when the others have switched too.
+//
+// A quota that arrives after its boundary applies at once only if it
+// shrinks the quota in force in the window under way, in the same length:
+// a growth never applies to that window, since another instance may have
+// spent in it the larger share it gave up for this one before it learned of
+// the publish (the record was late for both) — and so may a previous
+// process of this instance's own id, which a restarted member cannot know.
+// It applies from the next boundary instead. A shrink applies at once; the
+// window under way keeps what it admitted. What counts is the quota in
+// force now, not the last one applied: that may be larger, scheduled for a
+// boundary ahead.
+func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Duration) Step {
 	soon := NextBoundary(now+int64(margin), int64(next.Window))
 	st := Step{From: at}
 	if st.From == 0 {
 		st.From = soon
 	}
 	if prev.Source != next.Source && prev.Source != "" && prev.Window == next.Window {
-		st.Cut, st.Interim = true, min(prev.Quota, next.Quota)
+		st.Cut, st.Interim = true, min(cur.Quota, next.Quota)
 		st.From = max(st.From, soon)
+	}
+	if st.From <= now && (next.Quota > cur.Quota || next.Window != cur.Window) {
+		st.From = NextBoundary(now+1, int64(next.Window))
 	}
 	return st
 }

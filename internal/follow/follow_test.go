@@ -26,9 +26,57 @@ func TestSchedule(t *testing.T) {
 		{"shares to even", shares(300), even(100), 0, Step{Cut: true, Interim: 100, From: 12 * w}},
 		{"a share published further ahead keeps its boundary", even(100), shares(50), 15 * w, Step{Cut: true, Interim: 50, From: 15 * w}},
 		{"fallback to shares in another window", Applied{Source: "fallback", Quota: 5, Window: time.Minute}, shares(20), 11 * w, Step{From: 11 * w}},
+		// Late: the boundary has passed (issue 12, hole 7).
+		{"a late shrink applies at once", shares(20), shares(10), 10 * w, Step{From: 10 * w}},
+		{"a late growth waits for the next boundary", shares(10), shares(20), 10 * w, Step{From: 11 * w}},
+		{"a late growth at the very boundary waits too", shares(10), shares(20), now, Step{From: 11 * w}},
+		// Found by the protocol search: a restarted process of the same id
+		// applied its late share at once, on top of what the process
+		// before it had spent in the window.
+		{"a new process's first quota, late", Applied{}, shares(20), 10 * w, Step{From: 11 * w}},
 	}
 	for _, c := range cases {
-		if got := Schedule(c.prev, c.next, c.at, now, margin); got != c.want {
+		cur := InForce{Quota: c.prev.Quota, Window: c.prev.Window}
+		if got := Schedule(c.prev, c.next, cur, c.at, now, margin); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	// Found by the protocol search: with configd's clock ahead, 498 was
+	// applied from a boundary minutes away while the limiter still
+	// enforced 3; a late 303 was taken for a shrink of 498 and applied at
+	// once, 300 more in the window under way. What counts is what is in
+	// force now.
+	cur := InForce{Quota: 3, Window: time.Second}
+	if got := Schedule(shares(498), shares(303), cur, 10*w, now, margin); got != (Step{From: 11 * w}) {
+		t.Errorf("a late 303 over 3 in force (498 scheduled ahead): %+v, want from the next boundary", got)
+	}
+	if got := Schedule(shares(498), even(400), cur, 0, now, margin); got.Interim != 3 {
+		t.Errorf("a switch of source with 3 in force and 498 scheduled: interim %d, want 3", got.Interim)
+	}
+}
+
+// Next picks the source as the member's rules say.
+func TestNext(t *testing.T) {
+	fb := Applied{Source: SourceFallback, Quota: 3, Window: time.Minute}
+	cfg := &Config{Limit: 100, Window: time.Second}
+	sh := &Shares{Generation: 4, EffectiveFrom: 7, Window: time.Second, Share: 30}
+	cases := []struct {
+		name string
+		v    View
+		want Applied
+	}{
+		{"no config", View{Leader: true, Shares: sh}, fb},
+		{"configd's share", View{Config: cfg, Leader: true, Shares: sh}, Applied{Source: SourceShares, Quota: 30, Window: time.Second, Generation: 4, At: 7}},
+		{"configd alive, nothing published", View{Config: cfg, Leader: true}, Applied{Source: SourceShares, Window: time.Second}},
+		{"no configd: the even split", View{Config: cfg, Shares: sh, Even: 25}, Applied{Source: SourceEven, Quota: 25, Window: time.Second}},
+		// Found by the protocol search: scaled to 10 s at the same rate, a
+		// 1 s share of 30 became 300 per 10 s, all of which could fall
+		// into one second, on every instance at once.
+		{"window changed, not republished: the record as it is", View{Config: &Config{Limit: 1000, Window: 10 * time.Second}, Leader: true, Shares: sh},
+			Applied{Source: SourceShares, Quota: 30, Window: time.Second, Generation: 4, At: 7}},
+	}
+	for _, c := range cases {
+		if got := Next(c.v, fb); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}

@@ -33,7 +33,7 @@ func (o *Lines) Printf(format string, args ...any) {
 // AppliedHandler is a slog.Handler for a cluster.Member's logger: it turns
 // the Member's "share applied" records into lines on out,
 //
-//	applied id=ID t=T gen=G share=S from=F source=SRC
+//	applied id=ID t=T gen=G share=S from=F source=SRC window=W in_force=I
 //
 // times in Unix nanoseconds (T: when the share was handed to the limiter;
 // F: when it takes effect), and passes its other warnings and errors to
@@ -66,8 +66,13 @@ func (h *AppliedHandler) Handle(_ context.Context, r slog.Record) error {
 	if err != nil {
 		return err
 	}
-	h.Out.Printf("applied id=%s t=%d gen=%s share=%s from=%d source=%s",
-		vals["instance"], r.Time.UnixNano(), vals["generation"], vals["share"], from.UnixNano(), vals["source"])
+	inForce, err := time.Parse(time.RFC3339Nano, vals["in_force"])
+	if err != nil {
+		inForce = from // a member from before the attribute
+	}
+	h.Out.Printf("applied id=%s t=%d gen=%s share=%s from=%d source=%s window=%s in_force=%d",
+		vals["instance"], r.Time.UnixNano(), vals["generation"], vals["share"], from.UnixNano(), vals["source"],
+		vals["window"], inForce.UnixNano())
 	return nil
 }
 

@@ -358,6 +358,11 @@ func Encode(v any) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schema: encode: %w", err)
 	}
+	if len(b) > MaxRecordSize {
+		// What encode writes, decode must accept: a record this large would
+		// be written and then refused by every reader.
+		return nil, &ValidationError{Field: "body", Value: strconv.Itoa(len(b)) + " bytes", Err: ErrTooLarge}
+	}
 	return b, nil
 }
 

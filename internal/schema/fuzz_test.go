@@ -64,6 +64,7 @@ func FuzzDecodeInstanceRecord(f *testing.F) {
 	for _, s := range []string{
 		`{"version":1,"id":"h-1:42","host":"h","pid":42,"started":"2026-01-02T03:04:05Z","updated":"2026-01-02T03:04:06.5+02:00","demand":10,"admitted":9,"clock_offset":"-3ms","clock_known":true,"applied_generation":4}`,
 		`{"version":1,"id":"a","applied_generation":4,"fail_static":"30s"}`, `{"id":"a","fail_static":"2h"}`, `{"id":"a","fail_static":"-1s"}`,
+		`{"id":"a","applied_generation":4,"applied_from":1795316940000000000}`, `{"id":"a","applied_from":-1}`,
 		`{"id":"x"}`, `{"id":"x","clock_offset":5}`, `{"id":"x","started":"yesterday"}`, `{"id":"../x"}`, `{}`, `1`,
 		`{"id":"x","id":"y"}`, `{"id":"x","ID":"y"}`, `{"Id":"x"}`, `{"id":"x","demand":1,"Demand":-1}`,
 	} {
@@ -90,6 +91,9 @@ func FuzzDecodeShares(f *testing.F) {
 		`{"provider":"p","generation":1,"window":"1s","total":10,"instances":1,"shares":{"a":1,"a":9}}`,
 		`{"provider":"p","generation":1,"window":"1s","total":10,"instances":1,"shares":{"a":1},"granted":{"a":1,"a":9}}`,
 		`{"provider":"p","generation":1,"window":"1s","total":10,"instances":1,"shares":{"a":1},"Total":1}`,
+		`{"provider":"p","generation":4,"window":"1s","total":10,"instances":1,"shares":{"a":1},"granted":{"a":6},"before":{"window":"10s","since":3,"granted":{"a":60}}}`,
+		`{"provider":"p","generation":4,"window":"1s","total":10,"instances":1,"shares":{"a":1},"before":{"window":"100ms","since":3,"granted":{}}}`,
+		`{"provider":"p","generation":4,"window":"1s","total":10,"instances":1,"shares":{"a":1},"before":{"window":"10s","since":9,"granted":{"a":-1}}}`,
 	} {
 		f.Add([]byte(s))
 	}

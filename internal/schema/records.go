@@ -3,11 +3,13 @@ package schema
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/share"
 	"github.com/sluice-go/sluice/limiter/skew"
 )
 
@@ -234,6 +236,14 @@ type InstanceRecord struct {
 	ClockKnown  bool     `json:"clock_known"`
 	// AppliedGeneration is the Shares.Generation the instance enforces now.
 	AppliedGeneration int64 `json:"applied_generation"`
+	// AppliedFrom is when (Unix nanoseconds, on the instance's corrected
+	// clock) AppliedGeneration's share governs whole windows of the
+	// instance's limiter: the record's EffectiveFrom when it arrived in
+	// time; a later boundary when it arrived after it (the window under way
+	// keeps what it admitted) or changed the window length (which switches
+	// at a boundary both lengths share). Until then the instance may still
+	// enforce what it had. 0: not known (a member from before the field).
+	AppliedFrom int64 `json:"applied_from,omitempty"`
 	// Leaving is written just before the instance revokes its lease on a
 	// graceful exit, after it stopped admitting: configd may hand its share
 	// to the others at once instead of keeping it for the provider's
@@ -267,6 +277,8 @@ func (r InstanceRecord) Validate() error {
 		return invalid("admitted", r.Admitted, ErrInvalidField)
 	case r.AppliedGeneration < 0:
 		return invalid("applied_generation", r.AppliedGeneration, ErrInvalidField)
+	case r.AppliedFrom < 0:
+		return invalid("applied_from", r.AppliedFrom, ErrInvalidField)
 	case r.ClockOffset.D() > time.Hour || r.ClockOffset.D() < -time.Hour:
 		return invalid("clock_offset", r.ClockOffset, ErrInvalidClockOffset)
 	case r.FailStatic < 0 || r.FailStatic.D() > MaxFailStatic:
@@ -291,22 +303,61 @@ type Shares struct {
 	// Shares maps instance ID to permits per window.
 	Shares map[string]int64 `json:"shares"`
 	// Granted maps instance ID to the most permits per window that instance
-	// may still be enforcing: its share, or a larger one it had before and
-	// has not yet acknowledged giving up. The leader keeps Granted adding up
-	// to at most Total (the handover's invariant) except right after the
-	// total is lowered, until the instances acknowledge; a new leader
-	// resumes from it. Absent in records from before the handover: then
-	// Shares.
+	// may still be enforcing under records of this window length: its
+	// share, or a larger one it had before and has not yet acknowledged
+	// giving up. The leader keeps Granted adding up to at most Total (the
+	// handover's invariant) except right after the total is lowered, until
+	// the instances acknowledge; a new leader resumes from it. Absent in
+	// records from before the handover: then Shares.
 	Granted map[string]int64 `json:"granted,omitempty"`
+	// Before is present while the window length changes, until every
+	// instance enforces the new length: see Transition.
+	Before *Transition `json:"before,omitempty"`
 	// ConfigRevision is the etcd ModRevision of the ProviderConfig used.
 	ConfigRevision int64     `json:"config_revision"`
 	Published      time.Time `json:"published"`
 	Leader         string    `json:"leader,omitempty"` // the configd replica that published
 }
 
-// Enforcing returns the most s leaves instance id enforcing: its share or
-// its grant, whichever is larger.
-func (s Shares) Enforcing(id string) int64 { return max(s.Shares[id], s.Granted[id]) }
+// Transition is what a shares record keeps of the window length in force
+// before it changed. An instance that has not applied the new length yet
+// still admits in windows of the old one, by its old grant; so until every
+// instance has applied the new length, the leader grows shares only where
+// they fit beside the old grants, in windows of either length (a share of
+// one length may put more than itself into a window of the other:
+// share.In), and beside the new grants alone.
+type Transition struct {
+	Window Duration `json:"window"` // the old length
+	// Since is the first generation of the new length: an instance that
+	// has applied it, or a later one, enforces the new length.
+	Since int64 `json:"since"`
+	// Granted maps instance ID to the most it may admit in one window of
+	// the old length.
+	Granted map[string]int64 `json:"granted"`
+}
+
+// Enforcing returns the most s leaves instance id enforcing, per window of
+// s: its share, its grant, or its grant of the old length while the length
+// changes (counted into this length), whichever is largest.
+func (s Shares) Enforcing(id string) int64 {
+	e := max(s.Shares[id], s.Granted[id])
+	if b := s.Before; b != nil {
+		e = max(e, share.In(b.Granted[id], b.Window.D(), s.Window.D()))
+	}
+	return e
+}
+
+// Named returns every instance ID s gives a share, a grant, or a grant of
+// the old length, sorted.
+func (s Shares) Named() []string {
+	seen := map[string]int64{}
+	maps.Copy(seen, s.Shares)
+	maps.Copy(seen, s.Granted)
+	if s.Before != nil {
+		maps.Copy(seen, s.Before.Granted)
+	}
+	return sortedKeys(seen)
+}
 
 // EffectiveTime returns EffectiveFrom as a time.Time.
 func (s Shares) EffectiveTime() time.Time { return time.Unix(0, s.EffectiveFrom) }
@@ -362,6 +413,22 @@ func (s Shares) Validate() error {
 	}
 	if s.ConfigRevision < 0 {
 		return invalid("config_revision", s.ConfigRevision, ErrInvalidField)
+	}
+	if b := s.Before; b != nil {
+		if err := ValidateWindow(b.Window.D()); err != nil {
+			return invalid("before.window", b.Window, ErrInvalidWindow)
+		}
+		if b.Since < 1 || b.Since > s.Generation {
+			return invalid("before.since", b.Since, fmt.Errorf("%w: before.since must be a generation from 1 to %d", ErrInvalidShares, s.Generation))
+		}
+		for _, id := range sortedKeys(b.Granted) {
+			if err := ValidateInstanceID(id); err != nil {
+				return err
+			}
+			if v := b.Granted[id]; v < 0 || v > MaxLimit {
+				return invalid("before.granted", v, fmt.Errorf("%w: before.granted of %q must be from 0 to %d", ErrInvalidShares, id, int64(MaxLimit)))
+			}
+		}
 	}
 	return nil
 }

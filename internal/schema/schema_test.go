@@ -3,6 +3,7 @@ package schema
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -466,5 +467,34 @@ func TestDecodeRejectsAmbiguousKeys(t *testing.T) {
 				t.Fatalf("err = %q, want %q", err, tc.message)
 			}
 		})
+	}
+}
+
+// What encode writes, decode must accept: a shares record over the 1 MiB
+// that every decoder refuses is refused at encode (issue 12: configd wrote
+// one, took it for malformed, and rewrote it in a loop).
+func TestEncodeRefusesWhatDecodeRejects(t *testing.T) {
+	sh := Shares{Provider: "p", Generation: 1, Window: Duration(time.Second), Total: MaxLimit, Shares: map[string]int64{}}
+	for i := range 30000 { // ids of ~40 bytes: over 1 MiB together
+		sh.Shares[fmt.Sprintf("instance-%030d", i)] = 1
+	}
+	sh.Instances = len(sh.Shares)
+	_, err := Encode(sh)
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("Encode of a %d-instance shares record: %v, want ErrTooLarge", sh.Instances, err)
+	}
+	for k := range sh.Shares {
+		if len(sh.Shares) <= 100 {
+			break
+		}
+		delete(sh.Shares, k)
+	}
+	sh.Instances = len(sh.Shares)
+	b, err := Encode(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DecodeShares(b); err != nil {
+		t.Errorf("a record encode accepted does not decode: %v", err)
 	}
 }

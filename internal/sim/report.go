@@ -19,12 +19,28 @@ type Report struct {
 	Limit       int64
 	Window      time.Duration
 
-	Windows     int           // aligned windows measured
-	MaxAdmitted int64         // the most admitted in one of them
-	MaxLimit    int64         // the limit in that window
-	MaxAt       time.Duration // its start
-	Over        int           // windows that admitted more than the limit
-	OverBy      int64         // the largest excess over the limit
+	Windows int // aligned windows of the scenario's length measured (after the warm-up)
+
+	// The oracle checks every aligned window of every length the run
+	// used, from the start: a window may hold at most the largest limit,
+	// counted into its length (share.In), of the configs any instance may
+	// have been enforcing during it — the new limit once every instance
+	// enforces it, the old one while some still may.
+	Checked    int      // windows the oracle checked
+	AtBound    int      // of which held exactly what they may hold
+	Over       int      // windows that held more than that
+	OverBy     int64    // the largest excess
+	Violations []string // the first few windows over, described
+	// The fullest window the oracle saw, by share of what it may hold:
+	// its count, what it may hold, its start and length.
+	FullestAdmitted, FullestMost int64
+	FullestAt, FullestWindow     time.Duration
+
+	// The most admitted in one measured window (of the scenario's length,
+	// after the warm-up), the limit then and its start.
+	MaxAdmitted int64
+	MaxLimit    int64
+	MaxAt       time.Duration
 
 	// Utilization is admitted / min(limit, offered), averaged over the
 	// windows; MinUtil is the lowest.
@@ -52,12 +68,14 @@ type Shift struct {
 	After     time.Duration
 }
 
-// MaxPercent is MaxAdmitted as a percentage of the limit in its window.
+// MaxPercent is the fullest window the oracle saw as a percentage of what
+// it may hold. Unlike MaxAdmitted it stays right across window changes,
+// when the scenario's own length no longer is the window in force.
 func (r Report) MaxPercent() float64 {
-	if r.MaxLimit == 0 {
+	if r.FullestMost == 0 {
 		return 0
 	}
-	return 100 * float64(r.MaxAdmitted) / float64(r.MaxLimit)
+	return 100 * float64(r.FullestAdmitted) / float64(r.FullestMost)
 }
 
 // SlowestShift returns the longest re-convergence, and whether every shift
@@ -83,7 +101,7 @@ const (
 // each scenario's shifts.
 func WriteTable(w io.Writer, reports []Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tinst\tlimit\tmax/window\tmax %\tover\tutil avg\tutil min\tslowest re-converge\tpublishes\t")
+	fmt.Fprintln(tw, "scenario\tinst\tlimit\tfullest window\tmax %\tover\tutil avg\tutil min\tslowest re-converge\tpublishes\t")
 	for _, r := range reports {
 		conv := "-"
 		if d, all, ok := r.SlowestShift(); ok {
@@ -92,8 +110,8 @@ func WriteTable(w io.Writer, reports []Report) error {
 				conv = "not in " + conv
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.1f%%\t%d\t%.1f%%\t%.1f%%\t%s\t%d\t\n",
-			r.Name, r.Instances, r.Limit, r.MaxAdmitted, r.MaxPercent(), r.Over,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d of %d\t%.1f%%\t%d\t%.1f%%\t%.1f%%\t%s\t%d\t\n",
+			r.Name, r.Instances, r.Limit, r.FullestAdmitted, r.FullestMost, r.MaxPercent(), r.Over,
 			100*r.Utilization, 100*r.MinUtil, conv, r.Publishes)
 	}
 	fmt.Fprintf(tw, "Doorman (published)\t\t\t\t%d%%\t\t%.1f%%\t\tup to %s\t\t\n", DoormanPeak, DoormanUtilization, DoormanCatchUp)
@@ -102,11 +120,15 @@ func WriteTable(w io.Writer, reports []Report) error {
 	}
 	for _, r := range reports {
 		fmt.Fprintf(w, "\n%s: %s\n", r.Name, r.Description)
-		fmt.Fprintf(w, "  %d windows of %s measured; most admitted %d of %d at %s", r.Windows, r.Window, r.MaxAdmitted, r.MaxLimit, r.MaxAt)
+		fmt.Fprintf(w, "  %d windows of %s measured, most admitted %d of %d at %s; the oracle checked %d aligned windows, the fullest held %d of %d (%s at %s)",
+			r.Windows, r.Window, r.MaxAdmitted, r.MaxLimit, r.MaxAt, r.Checked, r.FullestAdmitted, r.FullestMost, r.FullestWindow, r.FullestAt)
 		if r.Over > 0 {
 			fmt.Fprintf(w, "; %d windows over the limit, by up to %d", r.Over, r.OverBy)
 		}
 		fmt.Fprintln(w)
+		for _, v := range r.Violations {
+			fmt.Fprintln(w, "  over:", v)
+		}
 		var damped []string
 		for _, k := range slices.Sorted(maps.Keys(r.Damped)) {
 			damped = append(damped, fmt.Sprintf("%s %d", k, r.Damped[k]))

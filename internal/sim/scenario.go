@@ -64,12 +64,18 @@ type Group struct {
 
 // Event kinds.
 const (
-	EventDemand   = "demand"   // set the demand of Count members of Group (all when 0) to Demand
-	EventJoin     = "join"     // start Count new members of Group with Demand
-	EventCrash    = "crash"    // crash Count live members of Group (all when 0); their leases expire after LeaseTTL
-	EventLimit    = "limit"    // the operator sets the provider's limit to Limit
-	EventFailover = "failover" // the leader dies; a standby leads after Down, resuming from etcd
-	EventOutage   = "outage"   // every configd replica is down for Down: instances fall back to total/N
+	EventDemand  = "demand"  // set the demand of Count members of Group (all when 0) to Demand
+	EventJoin    = "join"    // start Count new members of Group with Demand
+	EventCrash   = "crash"   // crash Count live members of Group (all when 0); their leases expire after LeaseTTL
+	EventRestart = "restart" // crash Count live members of Group (all when 0) and start them again, with the same ids, after Down
+	EventLimit   = "limit"   // the operator sets the provider's limit to Limit, and its window to Window if given
+	EventDelete  = "delete"  // the operator deletes the provider: its shares go, instances fall back
+	EventCreate  = "create"  // the operator creates the provider again with Limit (and Window if given)
+	// EventFailover: the leader dies; a standby leads after Down, resuming
+	// from etcd.
+	EventFailover = "failover"
+	EventOutage   = "outage"        // every configd replica is down for Down: instances fall back to total/N
+	EventClock    = "configd-clock" // the leader's clock is set Offset from true time (a step, or a new leader's clock)
 )
 
 // Event is something that happens at a point of the run.
@@ -80,7 +86,9 @@ type Event struct {
 	Count  int      `json:"count,omitempty"`
 	Demand int64    `json:"demand,omitempty"`
 	Limit  int64    `json:"limit,omitempty"`
+	Window Duration `json:"window,omitempty"` // limit, create: the new window; 0 keeps it
 	Down   Duration `json:"down,omitempty"`
+	Offset Duration `json:"offset,omitempty"` // configd-clock: the leader's clock minus true time
 }
 
 // Walk moves every live instance's demand at random: every Every, demand
@@ -118,6 +126,15 @@ type Scenario struct {
 	Publish Delay   `json:"publish_delay"` // leader's publish → instance
 	Ack     Delay   `json:"ack_delay"`     // instance record write → leader
 	AckLoss float64 `json:"ack_loss"`      // probability that a record write is lost
+
+	// PublishReorder is the probability that a publish reaches an
+	// instance before the one published just before it (a watch that
+	// reconnected and read again); the instance keeps the newer one.
+	PublishReorder float64 `json:"publish_reorder,omitempty"`
+	// ConfigdClock is the configd leader's clock minus true time at the
+	// start (its boundaries and its judgement of when a publish is in
+	// effect are on that clock); a configd-clock event changes it.
+	ConfigdClock Duration `json:"configd_clock,omitempty"`
 
 	Admissions string `json:"admissions"` // "spread" or "bunched"
 	// ClockCut applies the limiter's clock-uncertainty cut
@@ -176,8 +193,8 @@ func (sc *Scenario) Validate() error {
 		return bad("name", `""`, "required")
 	case sc.Limit <= 0 || sc.Limit > 1e12:
 		return bad("limit", sc.Limit, "must be in 1..1e12")
-	case sc.Window <= 0 || sc.Window.D() > time.Hour:
-		return bad("window", sc.Window.D(), "must be in (0, 1h]")
+	case validWindow(sc.Window.D()) != "":
+		return bad("window", sc.Window.D(), validWindow(sc.Window.D()))
 	case sc.Algorithm != "fair" && sc.Algorithm != "even":
 		return bad("algorithm", sc.Algorithm, `must be "fair" or "even"`)
 	case sc.Duration < sc.Window || sc.Duration.D() > 24*time.Hour:
@@ -192,6 +209,10 @@ func (sc *Scenario) Validate() error {
 		return bad("lease_ttl", sc.LeaseTTL.D(), "must be > 0")
 	case sc.AckLoss < 0 || sc.AckLoss >= 1:
 		return bad("ack_loss", sc.AckLoss, "must be in [0, 1)")
+	case sc.PublishReorder < 0 || sc.PublishReorder > 1:
+		return bad("publish_reorder", sc.PublishReorder, "must be in [0, 1]")
+	case abs(sc.ConfigdClock.D()) > 24*time.Hour:
+		return bad("configd_clock", sc.ConfigdClock.D(), "must be within ±24h")
 	case sc.Admissions != AdmitSpread && sc.Admissions != AdmitBunched:
 		return bad("admissions", sc.Admissions, `must be "spread" or "bunched"`)
 	case len(sc.Groups) == 0:
@@ -207,6 +228,12 @@ func (sc *Scenario) Validate() error {
 	}
 	names := map[string]bool{}
 	total := 0
+	shortest := sc.Window.D()
+	for _, e := range sc.Events {
+		if e.Window > 0 {
+			shortest = min(shortest, e.Window.D())
+		}
+	}
 	for i, g := range sc.Groups {
 		f := fmt.Sprintf("groups[%d]", i)
 		switch {
@@ -214,8 +241,8 @@ func (sc *Scenario) Validate() error {
 			return bad(f+".name", g.Name, "required and unique")
 		case g.Count < 0 || g.Demand < 0 || g.Join < 0:
 			return bad(f, g, "count, demand and join must be ≥ 0")
-		case abs(g.Skew.D())+g.SkewSpread.D() >= sc.Window.D()/2 || g.SkewSpread < 0:
-			return bad(f+".skew", g.Skew.D(), "|skew| + skew_spread must be < window/2")
+		case abs(g.Skew.D())+g.SkewSpread.D() >= shortest/2 || g.SkewSpread < 0:
+			return bad(f+".skew", g.Skew.D(), "|skew| + skew_spread must be < half the shortest window")
 		}
 		names[g.Name] = true
 		total += g.Count
@@ -226,21 +253,34 @@ func (sc *Scenario) Validate() error {
 			return bad(f+".at", e.At.D(), "must be within the run")
 		}
 		switch e.Kind {
-		case EventDemand, EventJoin, EventCrash:
+		case EventDemand, EventJoin, EventCrash, EventRestart:
 			if !names[e.Group] {
 				return bad(f+".group", e.Group, "no such group")
 			}
 			if e.Count < 0 || e.Demand < 0 {
 				return bad(f, e, "count and demand must be ≥ 0")
 			}
-			total += e.Count
-		case EventLimit:
-			if e.Limit <= 0 {
-				return bad(f+".limit", e.Limit, "must be > 0")
+			if e.Kind == EventRestart && e.Down <= 0 {
+				return bad(f+".down", e.Down.D(), "must be > 0")
 			}
+			if e.Kind == EventJoin {
+				total += e.Count
+			}
+		case EventLimit, EventCreate:
+			if e.Limit <= 0 || e.Limit > 1e12 {
+				return bad(f+".limit", e.Limit, "must be in 1..1e12")
+			}
+			if e.Window != 0 && validWindow(e.Window.D()) != "" {
+				return bad(f+".window", e.Window.D(), validWindow(e.Window.D()))
+			}
+		case EventDelete:
 		case EventFailover, EventOutage:
 			if e.Down <= 0 {
 				return bad(f+".down", e.Down.D(), "must be > 0")
+			}
+		case EventClock:
+			if abs(e.Offset.D()) > 24*time.Hour {
+				return bad(f+".offset", e.Offset.D(), "must be within ±24h")
 			}
 		default:
 			return bad(f+".kind", e.Kind, "unknown")
@@ -253,6 +293,15 @@ func (sc *Scenario) Validate() error {
 		return bad("walk", *w, "need every > 0, sigma ≥ 0, 0 ≤ min ≤ max")
 	}
 	return nil
+}
+
+// validWindow says what is wrong with window length w ("": nothing): the
+// limiter's rules, 10 ms to 1 h, dividing a day.
+func validWindow(w time.Duration) string {
+	if w < 10*time.Millisecond || w > time.Hour || (24*time.Hour)%w != 0 {
+		return "must be 10ms to 1h and divide 24h"
+	}
+	return ""
 }
 
 func abs(d time.Duration) time.Duration {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/internal/follow"
+	"github.com/sluice-go/sluice/internal/share"
 )
 
 // moves is contention: b's demand rises while a keeps using all it has, so
@@ -67,7 +67,7 @@ func TestHandoverInvariant(t *testing.T) {
 	greedy := func(total int64, target, bound map[string]int64) (map[string]int64, map[string]int64) {
 		return maps.Clone(target), maps.Clone(target) // grows before anyone shrank
 	}
-	forget := func(s alloc.Standing) int64 { // forgets unacknowledged grants
+	forget := func(s share.Standing) int64 { // forgets unacknowledged grants
 		if !s.Named {
 			return 0
 		}
@@ -124,7 +124,7 @@ func TestSourceSwitch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	abrupt := func(prev, next follow.Applied, at, now int64, margin time.Duration) follow.Step {
+	abrupt := func(prev, next follow.Applied, _ follow.InForce, at, now int64, margin time.Duration) follow.Step {
 		if at == 0 {
 			at = follow.NextBoundary(now+int64(margin), int64(next.Window))
 		}
@@ -205,13 +205,6 @@ func TestSkewCounting(t *testing.T) {
 		if r.MaxAdmitted != 100 || r.MinUtil != 1 || r.Over != 0 {
 			t.Errorf("%s: max %d, min utilization %v, over %d; want 100, 1, 0", mode, r.MaxAdmitted, r.MinUtil, r.Over)
 		}
-	}
-	// Direct: 100 permits spread over [0.25s, 1.25s) land 75 + 25.
-	e := &engine{w: int64(time.Second)}
-	e.m.admitted = make([]int64, 3)
-	e.m.admitSpread(e, int64(250*time.Millisecond), 100/float64(time.Second), 100)
-	if got := e.m.admitted; got[0] != 75 || got[1] != 25 || got[2] != 0 {
-		t.Errorf("spread over [0.25s, 1.25s): %v, want [75 25 0]", got)
 	}
 }
 

@@ -252,12 +252,14 @@ func TestFailStaticThenRegisterAgain(t *testing.T) {
 					t.Fatal(err)
 				}
 				put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+			}
+			a := join(t, cli, "api", "a", WithLeaseTTL(tc.ttl))
+			if tc.source == "shares" { // published once a registered, as configd does
 				put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
 					Version: 1, Provider: "api", Generation: 1, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
 					Total: 40, Instances: 1, Shares: map[string]int64{"a": 40},
 				}))
 			}
-			a := join(t, cli, "api", "a", WithLeaseTTL(tc.ttl))
 			enforcing(t, a, 40)
 			if st := a.Status(); st.Source != tc.source || st.AdmitsUntil.IsZero() {
 				t.Fatalf("connected: %+v, want source %s and a horizon", st, tc.source)
@@ -486,8 +488,6 @@ func TestLapsedShareStartsFromNothing(t *testing.T) {
 			Total: 40, Instances: len(s), Shares: s,
 		}))
 	}
-	shares(1, time.Now(), map[string]int64{"a": 40})
-
 	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
 	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
 	if err != nil {
@@ -496,6 +496,7 @@ func TestLapsedShareStartsFromNothing(t *testing.T) {
 	defer pcli.Close()
 	var logs logbuf.Buffer
 	a := join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	shares(1, time.Now(), map[string]int64{"a": 40}) // published once a registered, as configd does
 	enforcing(t, a, 40)
 
 	px.Cut()
@@ -577,5 +578,77 @@ func TestEvenSplitKeepsOutUnconfirmedGrants(t *testing.T) {
 			t.Fatalf("b never took the whole limit after a's horizon (%s); quota %d; log:\n%s", horizon.Format("15:04:05.000"), q, logs.From(0))
 		}
 		time.Sleep(5 * time.Millisecond) // sampling the windows: no event to await
+	}
+}
+
+// TestNewProcessStartsFromNothing: a shares record written before this
+// process registered names, for its id, a previous process's share (a
+// restart with the same id), which that process may have spent in the
+// window under way while configd hands it on; the new process enforces
+// nothing until a record published after its registration names it. Found
+// by the protocol search (internal/sim): a restarted process took the
+// share its predecessor had already spent, and configd handed it on when
+// the old lease expired.
+func TestNewProcessStartsFromNothing(t *testing.T) {
+	const w = 100 * time.Millisecond
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w)})
+	lease, err := cli.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	shares := func(gen int64, s int64) {
+		put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
+			Total: 40, Instances: 1, Shares: map[string]int64{"a": s},
+		}))
+	}
+	shares(1, 40) // the previous process's
+	a := join(t, cli, "api", "a")
+	waitFor(t, "a on configd's shares", func() bool { st := a.Status(); return st.Source == "shares" && st.Generation == 1 })
+	if st := a.Status(); st.Share != 0 || a.Limiter().TryAcquire() {
+		t.Fatalf("a new process took %d of a record published before it registered", st.Share)
+	}
+	shares(2, 30) // configd, having seen the new process's record
+	enforcing(t, a, 30)
+}
+
+// TestClockCorrectionDoesNotExtendFailStatic (issue 12, hole 9): the
+// limiter moves its expiry with a clock correction, so that it stays the
+// same instant of real time; the member re-arms it on every report and
+// renewal, and once did so from a lease end computed on the corrected
+// clock before the correction: a correction of 2 s backwards made it
+// admit 2 s longer than configd holds its share. At any moment the
+// expiry may lie at most the lease TTL plus the provider's fail_static
+// ahead, in real time.
+func TestClockCorrectionDoesNotExtendFailStatic(t *testing.T) {
+	const w = 100 * time.Millisecond
+	const ttl, failStatic = 2 * time.Second, 3 * time.Second
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(failStatic)})
+	lease, err := cli.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	a := join(t, cli, "api", "a", WithLeaseTTL(ttl))
+	put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+		Version: 1, Provider: "api", Generation: 1, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
+		Total: 40, Instances: 1, Shares: map[string]int64{"a": 40},
+	}))
+	enforcing(t, a, 40)
+	ahead := func() time.Duration { return a.Limiter().Expiry().Sub(a.Limiter().Now()) }
+	if d := ahead(); d <= 0 || d > ttl+failStatic {
+		t.Fatalf("expiry %v ahead, want within the lease TTL plus fail_static (%v)", d, ttl+failStatic)
+	}
+	a.Limiter().SetClockOffset(-2 * time.Second) // an NTP correction: the clock was 2 s ahead
+	for range 40 {                               // reports every 50 ms re-arm the expiry; a renewal every TTL/3
+		if d := ahead(); d > ttl+failStatic+10*time.Millisecond {
+			t.Fatalf("after a 2 s correction backwards the expiry lies %v ahead in real time, more than the lease TTL plus fail_static (%v)", d, ttl+failStatic)
+		}
+		time.Sleep(50 * time.Millisecond) // sampling across re-arms: no event to await
 	}
 }

@@ -1,10 +1,10 @@
 package cluster
 
 import (
-	"math"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/internal/share"
 )
 
 // The even split (no configd alive) must not overlap with a grant from
@@ -70,31 +70,10 @@ func (v *view) confirmed(id string) bool {
 }
 
 // grantIn returns the most permits the shares s may have id admit in one
-// window of w: its share or its grant, whichever is larger (g, per window
-// of s), times the windows of s one window of w can overlap — w/sw when sw
-// divides w, 1 when w divides sw, and ⌊w/sw⌋+2 otherwise.
+// window of w: its share or its grant, whichever is larger, counted into
+// windows of w (share.In).
 func grantIn(s *schema.Shares, id string, w time.Duration) int64 {
-	g := s.Enforcing(id)
-	sw := s.Window.D()
-	switch {
-	case g == 0 || sw <= 0 || sw == w:
-		return g
-	case w%sw == 0:
-		return satMul(g, int64(w/sw))
-	case sw%w == 0:
-		return g
-	default:
-		return satMul(g, int64(w/sw)+2)
-	}
-}
-
-// satMul returns a×b (both positive), or math.MaxInt64 where that would
-// overflow.
-func satMul(a, b int64) int64 {
-	if a > math.MaxInt64/b {
-		return math.MaxInt64
-	}
-	return a * b
+	return share.In(s.Enforcing(id), s.Window.D(), w)
 }
 
 // holdFor is how long after a gone instance's key went the even split
@@ -134,14 +113,12 @@ func (v *view) holdMissing(now time.Time) {
 	if s == nil {
 		return
 	}
-	for _, m := range []map[string]int64{s.Shares, s.Granted} {
-		for id, g := range m {
-			if _, live := v.instances[id]; live || g == 0 {
-				continue
-			}
-			if _, ok := v.held[id]; !ok {
-				v.held[id] = now.Add(holdFor(v.config, 0))
-			}
+	for _, id := range s.Named() {
+		if _, live := v.instances[id]; live || s.Enforcing(id) == 0 {
+			continue
+		}
+		if _, ok := v.held[id]; !ok {
+			v.held[id] = now.Add(holdFor(v.config, 0))
 		}
 	}
 }

@@ -50,7 +50,7 @@ func FuzzObserve(f *testing.F) {
 		if leader {
 			v.leaders[k.Election()+"/1"] = true
 		}
-		ap := applied{source: "fallback", window: time.Second}
+		ap := applied{Source: "fallback", Window: time.Second}
 		for i, r := range []struct {
 			key   string
 			value []byte

@@ -47,6 +47,14 @@ type Member struct {
 	status Status
 
 	clk clockState // owned by the run goroutine
+	// registered is the etcd revision at which this process first wrote
+	// its record (0: not yet); owned by the run goroutine. A shares record
+	// written before it gives this process nothing: what it names for this
+	// id was a previous process's (a restart with the same id), which may
+	// have spent it in the window under way while configd hands it on. A
+	// later session of the same process (after etcd was out of reach)
+	// keeps the first registration: the process knows what it enforced.
+	registered int64
 }
 
 // Status is a snapshot of what a Member knows and applies.

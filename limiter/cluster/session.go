@@ -27,6 +27,7 @@ var errLeaseLost = errors.New("cluster: lease keep-alive ended")
 type view struct {
 	config    *schema.ProviderConfig
 	shares    *schema.Shares
+	sharesRev int64 // the etcd revision shares was written at
 	instances map[string]bool
 	records   map[string]seenRecord // live instances' good records
 	held      map[string]time.Time  // gone instances' grants kept out of the even split, until
@@ -51,13 +52,7 @@ type seenRecord struct {
 }
 
 // applied is what the Member last set on its limiter.
-type applied struct {
-	source string
-	quota  int64 // enforced: the share, less any cut for clock uncertainty
-	window time.Duration
-	gen    int64
-	at     int64
-}
+type applied = follow.Applied
 
 // reporter holds what the last record write said, to write again only on a
 // meaningful change.
@@ -85,7 +80,7 @@ func (m *Member) run(ctx context.Context) {
 	}
 	v := newView()
 	// What New gave the limiter: the fallback.
-	ap := applied{source: "fallback", quota: m.cfg.fallbackQuota, window: m.cfg.fallbackWindow}
+	ap := applied{Source: follow.SourceFallback, Quota: m.cfg.fallbackQuota, Window: m.cfg.fallbackWindow}
 	rep := &reporter{started: time.Now()}
 	backoff := 100 * time.Millisecond
 	connected := false
@@ -97,7 +92,7 @@ func (m *Member) run(ctx context.Context) {
 		}
 		if connected {
 			connected = false
-			m.log.Warn("etcd unreachable; keeping the last share (fail-static)", "err", err, "share", ap.quota,
+			m.log.Warn("etcd unreachable; keeping the last share (fail-static)", "err", err, "share", ap.Quota,
 				"admits_until", m.Status().AdmitsUntil)
 		}
 		m.setStatus(func(s *Status) { s.Connected, s.LastError = false, err.Error() })
@@ -131,14 +126,16 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	defer cancel()
 
 	octx, ocancel := m.opCtx(sctx)
-	sent := m.lim.Now()
+	sent := time.Now()
 	lease, err := m.cli.Grant(octx, int64(math.Ceil(m.cfg.leaseTTL.Seconds())))
 	ocancel()
 	if err != nil {
 		return fmt.Errorf("grant lease: %w", err)
 	}
 	// The lease cannot expire before leaseEnd: etcd counts its TTL from
-	// when it received the request, which is after it was sent.
+	// when it received the request, which is after it was sent. A
+	// duration that bounds safety: on the monotonic clock (time.Now's
+	// reading), never on the corrected one, which NTP moves.
 	leaseEnd := sent.Add(time.Duration(lease.TTL) * time.Second)
 	defer func() {
 		if ctx.Err() == nil {
@@ -151,17 +148,17 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		m.cli.Revoke(rctx, lease.ID)
 		rcancel()
 	}()
-	if exp := m.lim.Expiry(); !exp.IsZero() && !sent.Before(exp) {
+	if exp := m.lim.Expiry(); !exp.IsZero() && !m.lim.Now().Before(exp) {
 		// The last share lapsed (the horizon passed before this lease):
 		// configd may have handed it on since. Start from nothing, as a
 		// joining instance does, so that no window before the shares
 		// found now take effect admits the old share when the expiry
 		// moves on (see follow.Schedule: a new source grows only from a
 		// boundary ahead).
-		if err := m.lim.SetLimit(0, ap.window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
+		if err := m.lim.SetLimit(0, ap.Window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
 			m.log.Error("cannot drop the lapsed share", "err", err)
 		}
-		*ap = applied{source: "lapsed", window: ap.window}
+		*ap = applied{Source: "lapsed", Window: ap.Window}
 		m.log.Warn("the last share lapsed while etcd was out of reach; starting from nothing", "expired", exp.UTC())
 	}
 	rep.haveWrite = false
@@ -229,7 +226,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	}
 	if !*connected {
 		*connected = true
-		m.log.Info("connected to etcd", "lease", fmt.Sprintf("%x", lease.ID), "share", ap.quota, "source", ap.source)
+		m.log.Info("connected to etcd", "lease", fmt.Sprintf("%x", lease.ID), "share", ap.Quota, "source", ap.Source)
 	}
 	m.setStatus(func(s *Status) { s.Connected, s.LastError = true, "" })
 	select {
@@ -312,7 +309,7 @@ func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, end time
 			return ctx.Err()
 		case <-tick.C:
 		}
-		sent := m.lim.Now()
+		sent := time.Now() // monotonic, as end is
 		if !sent.Before(end) {
 			return errLeaseLost
 		}
@@ -345,14 +342,18 @@ func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, end time
 // never enforces a share configd has handed to others. Under the even
 // split: the lease's end, since the others grow as soon as its key goes.
 // On the fallback: never (nobody hands it out).
+//
+// leaseEnd is on the monotonic clock; the expiry is set in the limiter's
+// corrected time as that same instant, so that a clock correction between
+// renewals never moves it (the limiter itself moves it with a correction).
 func (m *Member) arm(v *view, ap *applied, leaseEnd time.Time) (failStatic time.Duration) {
 	var until time.Time
 	switch {
-	case ap.source == "shares" && v.config != nil:
+	case ap.Source == follow.SourceShares && v.config != nil:
 		failStatic = v.config.FailStaticOrDefault()
-		until = leaseEnd.Add(failStatic)
-	case ap.source == "even":
-		until = leaseEnd
+		until = m.lim.Now().Add(time.Until(leaseEnd) + failStatic)
+	case ap.Source == follow.SourceEven:
+		until = m.lim.Now().Add(time.Until(leaseEnd))
 	}
 	m.lim.SetExpiry(until)
 	m.setStatus(func(s *Status) { s.AdmitsUntil = until })
@@ -434,7 +435,7 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 			return // an older publish arriving late never undoes a newer one
 		}
 		good()
-		v.shares = &s
+		v.shares, v.sharesRev = &s, rev
 	case schema.KindInstance:
 		if deleted {
 			v.gone(k.Instance, time.Now())
@@ -485,63 +486,75 @@ func (m *Member) listProblems(v *view) {
 // least the change margin ahead. Without a provider config, the fallback.
 func (m *Member) apply(v *view, ap *applied) bool {
 	lim := m.lim
-	next := applied{source: "fallback", quota: m.cfg.fallbackQuota, window: m.cfg.fallbackWindow}
-	if c := v.config; c != nil {
-		w := c.Window.D()
-		next.window = w
-		switch s := v.shares; {
-		case len(v.leaders) > 0 && s == nil:
-			next.source = "shares" // configd is alive but has not published yet
-		case len(v.leaders) > 0:
-			next.source, next.quota, next.gen, next.at = "shares", s.Shares[m.id], s.Generation, s.EffectiveFrom
-			if sw := s.Window.D(); sw != w {
-				// The window changed and configd has not republished: the
-				// same rate, in the new window, rounded down.
-				next.quota = int64(float64(next.quota) * float64(w) / float64(sw))
-				next.at = 0
-			}
-		default:
-			next.source, next.quota = "even", m.evenShare(v, time.Now())
+	fallback := applied{Source: follow.SourceFallback, Quota: m.cfg.fallbackQuota, Window: m.cfg.fallbackWindow}
+	fv := follow.View{Leader: len(v.leaders) > 0}
+	if s := v.shares; s != nil {
+		fv.Shares = &follow.Shares{Generation: s.Generation, EffectiveFrom: s.EffectiveFrom, Window: s.Window.D(), Share: s.Shares[m.id]}
+		if m.registered == 0 || v.sharesRev < m.registered {
+			// Published before this process registered: a share it names
+			// for this id was a previous process's, which may have spent it
+			// in the window under way and which configd may be handing on.
+			// A new process starts with nothing (see Member.registered).
+			fv.Shares.Share = 0
 		}
+	}
+	if c := v.config; c != nil {
+		fv.Config = &follow.Config{Limit: c.Limit, Window: c.Window.D()}
+		if !fv.Leader {
+			fv.Even = m.evenShare(v, time.Now())
+		}
+	}
+	next := follow.Next(fv, fallback)
+	if c := v.config; c != nil {
 		lim.SetShadow(c.Mode == schema.ModeShadow)
 		lim.SetPacing(c.Pacing)
-		next.quota = m.clockCut(next.quota, w, c.ClockBound())
+		next.Quota = m.clockCut(next.Quota, next.Window, c.ClockBound())
 	}
-	if next.source == ap.source && next.quota == ap.quota && next.window == ap.window && next.gen == ap.gen {
+	if next.Source == ap.Source && next.Quota == ap.Quota && next.Window == ap.Window && next.Generation == ap.Generation {
 		return false
 	}
-	q := min(next.quota, limiter.MaxQuota)
+	next.Quota = min(next.Quota, limiter.MaxQuota)
 	// A quota without a boundary of its own applies from the first one at
 	// least the margin ahead; a switch of source (fallback, the even
 	// split, configd's shares) takes the smaller quota at once and the new
 	// one only from such a boundary (see follow.Schedule).
-	step := follow.Schedule(follow.Applied{Source: ap.source, Quota: ap.quota, Window: ap.window},
-		follow.Applied{Source: next.source, Quota: q, Window: next.window},
-		next.at, lim.Now().UnixNano(), m.cfg.margin)
+	st := lim.Stats()
+	cur := follow.InForce{Quota: st.Quota, Window: st.Window}
+	step := follow.Schedule(*ap, next, cur, next.At, lim.Now().UnixNano(), m.cfg.margin)
 	if step.Cut {
-		if err := lim.SetLimit(step.Interim, next.window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
-			m.log.Error("cannot apply share", "share", step.Interim, "window", next.window, "err", err)
+		if err := lim.SetLimit(step.Interim, next.Window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
+			m.log.Error("cannot apply share", "share", step.Interim, "window", next.Window, "err", err)
 		}
 	}
-	next.at = step.From
-	if err := lim.SetLimit(q, next.window, time.Unix(0, next.at)); err != nil {
+	next.At = step.From
+	from, err := lim.Schedule(next.Quota, next.Window, time.Unix(0, next.At))
+	if err != nil {
 		if !errors.Is(err, limiter.ErrClosed) {
-			m.log.Error("cannot apply share", "share", q, "window", next.window, "err", err)
+			m.log.Error("cannot apply share", "share", next.Quota, "window", next.Window, "err", err)
 		}
 		return false
 	}
-	newGen := next.gen != ap.gen
+	newGen := next.Generation != ap.Generation
+	// What the acknowledgement says: from when this generation governs
+	// whole windows, which is later than its boundary when it came late
+	// or changed the window length. A later change within the generation
+	// (a clock cut) does not move it: the generation's share bounds both.
+	next.InForce = ap.InForce
+	if newGen {
+		next.InForce = from.UnixNano()
+	}
 	*ap = next
-	m.log.Info("share applied", "share", q, "window", next.window, "source", next.source,
-		"generation", next.gen, "from", time.Unix(0, next.at).UTC().Format(time.RFC3339Nano))
+	m.log.Info("share applied", "share", next.Quota, "window", next.Window, "source", next.Source,
+		"generation", next.Generation, "from", time.Unix(0, next.At).UTC().Format(time.RFC3339Nano),
+		"in_force", from.UTC().Format(time.RFC3339Nano))
 	m.setStatus(func(s *Status) {
-		s.Source, s.Share, s.Window, s.Generation = next.source, q, next.window, next.gen
+		s.Source, s.Share, s.Window, s.Generation = next.Source, next.Quota, next.Window, next.Generation
 		s.Instances = len(v.instances)
 		if v.config != nil {
 			s.Total = v.config.Limit
 		}
 	})
-	return newGen && next.gen != 0
+	return newGen && next.Generation != 0
 }
 
 // report writes the instance record when something changed meaningfully —
@@ -556,7 +569,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 	asked := st.Admitted + st.Rejected + st.TimedOut + st.Canceled
 	if !rep.lastAt.IsZero() {
 		elapsed := now.Sub(rep.lastAt)
-		w := ap.window
+		w := ap.Window
 		if w <= 0 {
 			w = m.cfg.fallbackWindow
 		}
@@ -583,7 +596,8 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		Admitted:          st.Admitted,
 		ClockOffset:       schema.Duration(m.lim.ClockOffset()),
 		ClockKnown:        m.cfg.clock != nil && m.cfg.clock.Current().Known,
-		AppliedGeneration: ap.gen,
+		AppliedGeneration: ap.Generation,
+		AppliedFrom:       ap.InForce,
 		FailStatic:        schema.Duration(rep.failStatic),
 	}
 	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) {
@@ -595,8 +609,12 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 	}
 	octx, cancel := m.opCtx(ctx)
 	defer cancel()
-	if _, err := m.cli.Put(octx, m.keys.Instance(m.provider, m.id), string(b), clientv3.WithLease(lease)); err != nil {
+	resp, err := m.cli.Put(octx, m.keys.Instance(m.provider, m.id), string(b), clientv3.WithLease(lease))
+	if err != nil {
 		return fmt.Errorf("write instance record: %w", err)
+	}
+	if m.registered == 0 {
+		m.registered = resp.Header.Revision
 	}
 	rep.written, rep.wroteAt, rep.haveWrite = rec, now, true
 	return nil

@@ -21,7 +21,7 @@
 // nanoseconds:
 //
 //	joined id=ID t=T
-//	applied id=ID t=T gen=G share=S from=F source=SRC
+//	applied id=ID t=T gen=G share=S from=F source=SRC window=W in_force=I
 //	stats id=ID t=T unary=N stream_sent=N stream_recv=N methods=M:N,... share=S source=SRC
 //	      gen=G clock_offset=D clock_known=B clock_uncertainty=D
 //	      phases=OFFERED/ADMITTED/REFUSED/OTHER/CALLERR/OVERLOAD;...
