@@ -97,6 +97,33 @@ func TestProxyCutClosesAndRefuses(t *testing.T) {
 	}
 }
 
+// TestProxyDelay: with a delay, what the server sends arrives at least
+// that much later, in order; the client's own writes are not held.
+func TestProxyDelay(t *testing.T) {
+	px := StartProxy(t, echo(t))
+	const d = 150 * time.Millisecond
+	px.SetDelay(d)
+	c, err := net.Dial("tcp", px.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for _, msg := range []string{"one", "two", "three"} {
+		sent := time.Now()
+		if err := roundTrip(c, r, msg, 10*time.Second); err != nil {
+			t.Fatalf("%s: %v", msg, err)
+		}
+		if took := time.Since(sent); took < d {
+			t.Errorf("%s echoed after %v, before the %v delay", msg, took, d)
+		}
+	}
+	px.SetDelay(0)
+	if err := roundTrip(c, r, "undelayed", 10*time.Second); err != nil {
+		t.Errorf("after the delay is lifted: %v", err)
+	}
+}
+
 func newNamespaces(t *testing.T) *Namespaces {
 	t.Helper()
 	ns, err := NewNamespaces(t)

@@ -4,7 +4,9 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy in the test process in front of one address (an
@@ -16,11 +18,17 @@ import (
 type Proxy struct {
 	ln     net.Listener
 	target string
+	delay  atomic.Int64 // what the server sends reaches the client this much later
 	mu     sync.Mutex
 	cut    bool
 	conns  map[net.Conn]bool
 	wg     sync.WaitGroup
 }
+
+// SetDelay makes what the server sends reach the client d later, from now
+// on (0: at once); what the client sends is not delayed. A watch's events
+// then arrive late, while the client's own writes do not.
+func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // StartProxy starts a proxy on 127.0.0.1 to target (host:port).
 func StartProxy(tb testing.TB, target string) *Proxy {
@@ -98,6 +106,40 @@ func (p *Proxy) accept() {
 			p.mu.Unlock()
 		}
 		p.wg.Go(func() { pipe(up, c) })
-		p.wg.Go(func() { pipe(c, up) })
+		p.wg.Go(func() { p.delayed(c, up, pipe) })
 	}
+}
+
+// delayed copies src to dst, each chunk held for the delay in force when
+// it was read, in order.
+func (p *Proxy) delayed(dst, src net.Conn, pipe func(dst, src net.Conn)) {
+	type chunk struct {
+		at time.Time
+		b  []byte
+	}
+	chunks := make(chan chunk, 4096)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for c := range chunks {
+			time.Sleep(time.Until(c.at)) // holds the chunk until its time: the delay itself
+			if _, err := dst.Write(c.b); err != nil {
+				break
+			}
+		}
+		for range chunks { // drain after a write error
+		}
+	})
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			chunks <- chunk{time.Now().Add(time.Duration(p.delay.Load())), append([]byte(nil), buf[:n]...)}
+		}
+		if err != nil {
+			break
+		}
+	}
+	close(chunks)
+	wg.Wait()
+	pipe(dst, src) // closes both and forgets them
 }
