@@ -8,16 +8,17 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build test vet fmt-check unit fuzz oracle bench sim accuracy soak faults demo clean
+.PHONY: all build test vet fmt-check unit guarantee fuzz oracle bench sim accuracy soak faults demo clean
 
 all: build test
 
 build:
 	$(GO) build $(PKGS)
 
-## test: vet, formatting, the race-enabled test suite, and a short fuzz run
-## of every decoder and arithmetic target.
-test: vet fmt-check unit fuzz
+## test: vet, formatting, the race-enabled test suite, the guarantee's
+## oracles over thousands of random histories, and a short fuzz run of every
+## decoder and arithmetic target.
+test: vet fmt-check unit guarantee fuzz
 
 vet:
 	$(GO) vet $(PKGS)
@@ -28,6 +29,13 @@ fmt-check:
 
 unit:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+# The oracles again without the race detector, which slows them tenfold:
+# 20,000 limiter histories and 2,000 protocol scenarios, new seeds each run
+# (about 30 s here; make oracle runs ten times more).
+guarantee:
+	$(GO) test -count=1 -run '^TestOracle$$' ./limiter -oracle.n=20000
+	$(GO) test -count=1 -run '^TestSearch$$' ./internal/sim -sim.n=2000
 
 # Each fuzz target runs for FUZZTIME on top of its seed corpus (which the
 # unit run already executes).
@@ -66,20 +74,25 @@ fuzz:
 	done
 
 ## oracle: the guarantee's oracles over many more random histories than
-## make test runs (ORACLE_N of them; about 40 s per 100,000 here). A
-## failure prints its seed and how to replay it.
+## make test runs: ORACLE_N limiter histories (about 40 s per 100,000 here)
+## and SIM_N protocol scenarios (about 10 s per 1,000). A failure prints its
+## seed and how to replay it.
 ORACLE_N ?= 200000
+SIM_N    ?= 20000
 oracle:
 	$(GO) test -count=1 -run '^TestOracle$$' -v -timeout 60m ./limiter -oracle.n=$(ORACLE_N)
+	$(GO) test -count=1 -run '^TestSearch$$' -v -timeout 60m ./internal/sim -sim.n=$(SIM_N)
 
 ## bench: the hot-path and slow-path benchmarks, repeated for benchstat.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) ./limiter/ | tee bench.txt
 
-## sim: the redistributor simulator over bench/sim/scenarios (deterministic, seconds).
+## sim: the redistributor simulator over bench/sim/scenarios (deterministic,
+## seconds); SCENARIO=FILE replays one scenario file instead, such as one the
+## protocol search printed.
 sim:
 	$(GO) test -count=1 ./internal/sim
-	$(GO) run ./bench/sim
+	$(GO) run ./bench/sim $(SCENARIO)
 
 ## accuracy: 8 instance processes, configd, embedded etcd and a provider stub:
 ## fair vs even, and +200ms clock skew without/with NTP (about 5 minutes).
@@ -95,8 +108,9 @@ soak:
 
 ## faults: the fault suite — real processes under a leader kill, a zombie
 ## instance, an etcd outage, a 3-member etcd losing its leader, a flood of
-## joins and leaves, a network cut, a clock step and NTP loss, a Kafka broker
-## restart and a rebalance storm (about 3 minutes; CI runs it).
+## joins and leaves, a network cut, a clock step and NTP loss, configd's clock
+## 2 s off, a window change with late records, a Kafka broker restart and a
+## rebalance storm (about 5 minutes; CI runs it).
 faults:
 	SLUICE_FAULTS=1 $(GO) test -count=1 -v -timeout 15m ./faults/
 
