@@ -240,7 +240,7 @@ func itShares(t *testing.T, cli *clientv3.Client, provider string) (schema.Share
 	}
 	sh, err := schema.DecodeShares(resp.Kvs[0].Value)
 	if err != nil {
-		t.Fatalf("published shares do not decode: %v", err)
+		return schema.Shares{}, false // not configd's: a test forged it (configd's always decode)
 	}
 	return sh, true
 }
@@ -259,7 +259,7 @@ func itSettle(t *testing.T, cli *clientv3.Client, provider, what string, cond fu
 		var ok bool
 		sh, ok = itShares(t, cli, provider)
 		if !ok {
-			return false, "no shares published"
+			return false, "no shares published, or a record that does not decode"
 		}
 		why := fmt.Sprintf("generation %d total %d from %d shares %v", sh.Generation, sh.Total, sh.EffectiveFrom, sh.Shares)
 		if !cond(sh) {

@@ -18,6 +18,7 @@ type metrics struct {
 	liveInstances   *prometheus.GaugeVec
 	total           *prometheus.GaugeVec
 	malformed       prometheus.Gauge
+	foreignShares   *prometheus.CounterVec
 	damped          *prometheus.CounterVec
 	historyPruned   prometheus.Counter
 	// configd's own clock (serve's --ntp-server).
@@ -56,6 +57,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		malformed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "configd_malformed_records", Help: "Malformed records in etcd the leader currently ignores.",
 		}),
+		foreignShares: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "configd_shares_foreign_writes_total", Help: "Shares records written by someone other than this replica while it led (a forgery or a hand edit), which it published over, by provider.",
+		}, []string{"provider"}),
 		damped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "configd_shares_damped_total",
 			Help: "Recomputed shares not published, by provider and reason: hysteresis (every share within the band of its published value) or rate_limit (deferred to one window after the last publish).",
@@ -74,7 +78,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 	}
 	reg.MustRegister(m.httpRequests, m.leader, m.leaderChanges, m.publishes, m.publishFailures, m.publishFailing,
-		m.generation, m.liveInstances, m.total, m.malformed, m.damped, m.historyPruned, m.clockKnown, m.clockOffset, m.clockUncertainty,
+		m.generation, m.liveInstances, m.total, m.malformed, m.foreignShares, m.damped, m.historyPruned, m.clockKnown, m.clockOffset, m.clockUncertainty,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -86,5 +90,6 @@ func (m *metrics) forget(provider string) {
 	m.total.DeleteLabelValues(provider)
 	m.publishes.DeleteLabelValues(provider)
 	m.publishFailing.DeleteLabelValues(provider)
+	m.foreignShares.DeleteLabelValues(provider)
 	m.damped.DeletePartialMatch(prometheus.Labels{"provider": provider})
 }

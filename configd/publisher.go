@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/internal/share"
 )
 
 // errNotLeader: a fenced write found that this replica no longer holds the
@@ -323,6 +324,9 @@ func (st *providerState) heldGrants(now time.Time) (held map[string]int64, next 
 // run publishes until ctx ends or leadership is lost (errNotLeader). It
 // reloads everything after a broken watch.
 func (p *publisher) run(ctx context.Context, f fence) error {
+	for _, st := range p.providers {
+		st.ownRev = 0 // another replica may have published since this one last led
+	}
 	for {
 		rev, err := p.load(ctx)
 		if err == nil {
@@ -392,6 +396,7 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			if o.maxGen > st.maxGen {
 				st.maxGen = o.maxGen
 			}
+			st.ownRev = o.ownRev // this term's own writes stay its own
 			for _, r := range o.replaced {
 				if !slices.Contains(st.replaced, r) { // read again from history
 					st.replaced = append(st.replaced, r)
@@ -556,43 +561,87 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 			st.written[k.Instance] = now
 		}
 	case schema.KindShares:
-		st.sharesKey = put
-		st.sharesBad = false
-		if !put {
-			st.shares = nil
-			break
-		}
-		st.maxGen = max(st.maxGen, kv.Version) // survives a malformed record
-		sh, err := schema.DecodeShares(kv.Value)
-		if err == nil && sh.Provider != k.Provider {
-			err = fmt.Errorf("shares record names provider %q", sh.Provider)
-		}
-		if err != nil {
-			// Keep the last good record: its grants still bound what the
-			// instances may enforce. Publishing rewrites the bad one —
-			// unless this replica wrote it: rewriting its own output would
-			// write the same again, in a loop.
-			st.sharesBad = kv.ModRevision != st.ownRev
-			p.bad(key, kv.ModRevision, err)
-			return
-		}
-		if st.shares != nil && sh.Generation < st.shares.Generation {
-			// The echo of an older publish of ours, arriving after a newer
-			// one: it must never replace the grants in force.
-			break
-		}
-		st.shares = &sh
-		// A replica whose clock is ahead of ours must not hold publishing back.
-		st.published = sh.Published
-		if now := p.wall(); now.Before(st.published) {
-			st.published = now
-		}
-		st.maxGen = max(st.maxGen, sh.Generation)
+		p.applyShares(st, k.Provider, key, put, kv)
 	}
 	if st.empty() {
 		delete(p.providers, k.Provider)
 		p.metrics.forget(k.Provider)
 	}
+}
+
+// applyShares folds a write (or the deletion) of provider name's shares
+// key into st. Only this replica writes the key while it leads, and etcd
+// orders the writes: one at a revision no later than its own last write is
+// the echo of a publish of its own. Any other record is checked like an
+// instance checks it, and one that is not this replica's own, once it has
+// published, was written by someone else: all are counted as records the
+// instances may enforce, and published over.
+func (p *publisher) applyShares(st *providerState, name, key string, put bool, kv *mvccpb.KeyValue) {
+	st.sharesKey = put
+	if !put {
+		st.shares, st.sharesBad = nil, false
+		return
+	}
+	if st.shares != nil && st.ownRev != 0 && kv.ModRevision <= st.ownRev {
+		return // the echo of a publish of ours
+	}
+	st.maxGen = max(st.maxGen, min(kv.Version, schema.MaxGeneration)) // survives a malformed record
+	sh, err := schema.DecodeShares(kv.Value)
+	if err == nil && sh.Provider != name {
+		err = fmt.Errorf("shares record names provider %q", sh.Provider)
+	}
+	if err != nil {
+		// Keep the last good record: its grants still bound what the
+		// instances may enforce (they refuse this one too). Publishing
+		// rewrites the bad one — unless this replica wrote it: rewriting
+		// its own output would write the same again, in a loop.
+		st.sharesBad = kv.ModRevision != st.ownRev
+		p.bad(key, kv.ModRevision, err)
+		return
+	}
+	published := sh.Published
+	if now := p.wall(); now.Before(published) {
+		published = now // a replica whose clock is ahead must not hold publishing back
+	}
+	switch {
+	case st.ownRev != 0 && kv.ModRevision != st.ownRev:
+		// Written by someone else while this replica leads: a forgery,
+		// or a hand edit. Instances that accept it may enforce it until
+		// this replica's next publish, so its shares count as grants
+		// beside ours; its generation is not ours to continue from.
+		p.metrics.foreignShares.WithLabelValues(name).Inc()
+		p.log.Warn("shares record written by someone else while this replica leads; publishing over it",
+			"provider", name, "revision", kv.ModRevision, "generation", sh.Generation)
+		st.shares, st.sharesBad = withGrantsOf(st.shares, &sh), true
+	case st.cfg != nil && sh.CheckAgainst(*st.cfg, st.cfgRev) != nil:
+		// Inconsistent with the config: instances refuse it, but may
+		// have applied it under an earlier config. Its grants count;
+		// it is published over.
+		p.bad(key, kv.ModRevision, sh.CheckAgainst(*st.cfg, st.cfgRev))
+		st.shares, st.published, st.sharesBad = &sh, published, true
+		st.maxGen = max(st.maxGen, sh.Generation)
+	default:
+		st.shares, st.published, st.sharesBad = &sh, published, false
+		st.maxGen = max(st.maxGen, sh.Generation)
+	}
+}
+
+// withGrantsOf returns a copy of ours whose grants also cover what other may
+// have each instance enforce, counted into ours' window; other itself when
+// there is no ours.
+func withGrantsOf(ours, other *schema.Shares) *schema.Shares {
+	if ours == nil {
+		return other
+	}
+	merged := *ours
+	merged.Granted = make(map[string]int64, len(ours.Granted))
+	for _, id := range ours.Named() {
+		merged.Granted[id] = ours.Enforcing(id)
+	}
+	for _, id := range other.Named() {
+		merged.Granted[id] = max(merged.Granted[id], share.In(other.Enforcing(id), other.Window.D(), ours.Window.D()))
+	}
+	return &merged
 }
 
 func (p *publisher) bad(key string, rev int64, err error) {
@@ -707,17 +756,25 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	if !d.Publish {
 		return nil // unchanged, damped, or waiting for acknowledgements
 	}
+	gen := st.maxGen + 1
+	if gen > schema.MaxGeneration {
+		// Only a forged record can have brought the count here. Instances
+		// follow the newest record whatever its generation, and an
+		// acknowledgement counts only for the very generation published.
+		p.log.Warn("shares generations used up (a forged record?); counting again from 1", "provider", name)
+		gen = 1
+	}
 	sh := schema.Shares{
 		Version:        schema.Version,
 		Provider:       name,
-		Generation:     st.maxGen + 1,
+		Generation:     gen,
 		EffectiveFrom:  d.EffectiveFrom.UnixNano(),
 		Window:         cfg.Window,
 		Total:          cfg.Limit,
 		Instances:      len(d.Shares),
 		Shares:         d.Shares,
 		Granted:        d.Granted,
-		Before:         transitionRecord(d.Before, st.maxGen+1),
+		Before:         transitionRecord(d.Before, gen),
 		ConfigRevision: st.cfgRev,
 		Published:      now.UTC(),
 		Leader:         p.replica,

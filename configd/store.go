@@ -229,7 +229,11 @@ func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderC
 		if len(resp.Kvs) > 0 {
 			kv := resp.Kvs[0]
 			cur = kv.ModRevision
-			if c, err := schema.DecodeProviderConfig(kv.Value); err == nil {
+			c, err := schema.DecodeProviderConfig(kv.Value)
+			if err == nil && c.Name != name {
+				err = fmt.Errorf("config names provider %q", c.Name)
+			}
+			if err == nil {
 				old = &c
 			} else {
 				// Overwriting or deleting a malformed record is how an

@@ -372,7 +372,7 @@ func switchDue(cur *Published, in Input) time.Time {
 		if from == 0 && ack.Generation == cur.Generation {
 			from = cur.EffectiveFrom.UnixNano()
 		}
-		if ack.Generation >= cur.Before.Since && from > in.Now.UnixNano() && (due == 0 || from < due) {
+		if ack.Generation >= cur.Before.Since && ack.Generation <= cur.Generation && from > in.Now.UnixNano() && (due == 0 || from < due) {
 			due = from
 		}
 	}
@@ -399,7 +399,7 @@ func onOld(b *Transition, cur *Published, in Input, id string) bool {
 	if from == 0 && ack.Generation == cur.Generation {
 		from = cur.EffectiveFrom.UnixNano() // an instance from before AppliedFrom
 	}
-	return ack.Generation < b.Since || from == 0 || in.Now.UnixNano() < from
+	return ack.Generation < b.Since || ack.Generation > cur.Generation || from == 0 || in.Now.UnixNano() < from
 }
 
 // lcm returns the least common multiple of two window lengths; every
@@ -528,7 +528,7 @@ func bounds(cur *Published, live map[string]int64, acked map[string]Ack, now tim
 			Share:    sh,
 			Grant:    grant,
 			Named:    named || granted,
-			Acked:    ack.Generation >= cur.Generation,
+			Acked:    ack.Generation == cur.Generation,
 			InEffect: now.UnixNano() >= from,
 		})
 	}

@@ -2,6 +2,7 @@ package schema
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"sort"
@@ -24,6 +25,11 @@ const (
 	MinWindow     = 10 * time.Millisecond
 	MaxWindow     = time.Hour
 	MaxRecordSize = 1 << 20 // bytes; larger bodies and records are rejected
+	// MaxGeneration is the highest shares generation a record may carry:
+	// far beyond any real count (a publish a millisecond for 285 years),
+	// and far enough below the end of int64 that the next one never
+	// overflows. A larger one is a forged or corrupt record.
+	MaxGeneration = 1 << 53
 	DefaultWindow = time.Second
 	// DefaultFailStatic is a provider's fail_static when none is set.
 	DefaultFailStatic = 10 * time.Second
@@ -275,8 +281,8 @@ func (r InstanceRecord) Validate() error {
 		return invalid("demand", r.Demand, ErrInvalidField)
 	case r.Admitted < 0 || r.Admitted > MaxLimit:
 		return invalid("admitted", r.Admitted, ErrInvalidField)
-	case r.AppliedGeneration < 0:
-		return invalid("applied_generation", r.AppliedGeneration, ErrInvalidField)
+	case r.AppliedGeneration < 0 || r.AppliedGeneration > MaxGeneration:
+		return invalid("applied_generation", r.AppliedGeneration, fmt.Errorf("%w: applied_generation must be from 0 to %d", ErrInvalidField, int64(MaxGeneration)))
 	case r.AppliedFrom < 0:
 		return invalid("applied_from", r.AppliedFrom, ErrInvalidField)
 	case r.ClockOffset.D() > time.Hour || r.ClockOffset.D() < -time.Hour:
@@ -359,6 +365,31 @@ func (s Shares) Named() []string {
 	return sortedKeys(seen)
 }
 
+// ErrInconsistent is wrapped by CheckAgainst: a shares record that is valid
+// on its own but cannot have been computed under the provider's config.
+var ErrInconsistent = errors.New("shares record inconsistent with the provider's config")
+
+// CheckAgainst checks s against the config it must have been computed
+// under, cfg at revision cfgRev, beyond what Validate checks on its own: it
+// is of cfg's provider, it was computed under cfg or an earlier config (a
+// record cannot name a config revision that does not exist yet), and it
+// hands out no more than cfg's limit, counted into the record's window
+// (share.In). A record that fails is forged, corrupt, or computed under a
+// higher limit than the one now in force; an instance refuses it rather
+// than enforce more than the limit it knows.
+func (s Shares) CheckAgainst(cfg ProviderConfig, cfgRev int64) error {
+	most := share.In(cfg.Limit, cfg.Window.D(), s.Window.D())
+	switch {
+	case s.Provider != cfg.Name:
+		return fmt.Errorf("%w: it is for provider %q, the config for %q", ErrInconsistent, s.Provider, cfg.Name)
+	case s.ConfigRevision > cfgRev:
+		return fmt.Errorf("%w: computed under config revision %d, but the config is at %d", ErrInconsistent, s.ConfigRevision, cfgRev)
+	case s.Total > most:
+		return fmt.Errorf("%w: total %d per %v is more than the limit %d per %v allows", ErrInconsistent, s.Total, s.Window.D(), cfg.Limit, cfg.Window.D())
+	}
+	return nil
+}
+
 // EffectiveTime returns EffectiveFrom as a time.Time.
 func (s Shares) EffectiveTime() time.Time { return time.Unix(0, s.EffectiveFrom) }
 
@@ -371,8 +402,8 @@ func (s Shares) Validate() error {
 	if err := ValidateName(s.Provider); err != nil {
 		return &ValidationError{Field: "provider", Value: err.(*ValidationError).Value, Err: ErrInvalidName}
 	}
-	if s.Generation < 1 {
-		return invalid("generation", s.Generation, ErrInvalidField)
+	if s.Generation < 1 || s.Generation > MaxGeneration {
+		return invalid("generation", s.Generation, fmt.Errorf("%w: generation must be from 1 to %d", ErrInvalidField, int64(MaxGeneration)))
 	}
 	if err := ValidateWindow(s.Window.D()); err != nil {
 		return err
@@ -440,8 +471,8 @@ type HistoryEntry struct {
 	Provider string          `json:"provider"`
 	Who      string          `json:"who"`  // who asked for the change (user@host, or the API's caller)
 	When     time.Time       `json:"when"` // when configd made it
-	Old      *ProviderConfig `json:"old"`  // nil: the provider was created
-	New      *ProviderConfig `json:"new"`  // nil: the provider was deleted
+	Old      *ProviderConfig `json:"old"`  // nil: the provider was created, or its config was malformed
+	New      *ProviderConfig `json:"new"`  // nil: the provider was deleted (both nil: a malformed config deleted)
 	// Revision is the etcd revision of the change. It is not stored (the
 	// record's ModRevision is it); readers fill it in.
 	Revision int64 `json:"revision,omitempty"`
@@ -457,9 +488,6 @@ func (h HistoryEntry) Validate() error {
 	}
 	if len(h.Who) > 256 {
 		return invalid("who", h.Who, ErrInvalidField)
-	}
-	if h.Old == nil && h.New == nil {
-		return invalid("new", nil, fmt.Errorf("%w: old and new cannot both be empty", ErrInvalidField))
 	}
 	for _, c := range []*ProviderConfig{h.Old, h.New} {
 		if c == nil {

@@ -2,10 +2,13 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -651,4 +654,59 @@ func TestClockCorrectionDoesNotExtendFailStatic(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // sampling across re-arms: no event to await
 	}
+}
+
+// TestForgedSharesNeverAboveTheLimit (issue 16): a member refuses a
+// shares record that hands out more than the provider's limit or carries
+// an impossible generation, keeping the last good one, and follows the
+// newest record whatever its generation, so that configd can take back a
+// key someone forged with a huge generation (once, that left instances on
+// the forged record until configd restarted).
+func TestForgedSharesNeverAboveTheLimit(t *testing.T) {
+	const w = 100 * time.Millisecond
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w)})
+	lease, err := cli.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	a := join(t, cli, "api", "a")
+	record := func(gen, total, share int64) string {
+		sh := schema.Shares{Version: 1, Provider: "api", Generation: gen, EffectiveFrom: time.Now().Truncate(w).UnixNano(),
+			Window: schema.Duration(w), Total: total, Instances: 1, Shares: map[string]int64{"a": share}}
+		b, err := json.Marshal(sh) // not schema.Encode: it refuses what decode refuses
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	put(t, cli, keys.Shares("api"), record(1, 40, 30))
+	enforcing(t, a, 30)
+	problem := "-"
+	for _, f := range []struct {
+		name, value string
+	}{
+		{"generation at the end of int64", record(math.MaxInt64, 40, 40)},
+		{"total and share over the limit", record(2, 1_000_000_000_000, 1_000_000_000_000)},
+		{"share over the total", record(2, 40, 41)},
+	} {
+		put(t, cli, keys.Shares("api"), f.value)
+		waitFor(t, f.name+": listed as a problem", func() bool {
+			return slices.ContainsFunc(a.Status().Problems, func(p string) bool {
+				return strings.HasPrefix(p, keys.Shares("api")+": ") && !strings.Contains(p, problem)
+			})
+		})
+		problem = a.Status().Problems[0]
+		if st := a.Status(); st.Share != 30 || st.Generation != 1 {
+			t.Fatalf("%s: enforcing %d of generation %d, want the last good record's 30 of generation 1", f.name, st.Share, st.Generation)
+		}
+	}
+	// A record within the limit is followed even with a huge generation,
+	// and so is configd's next one, with a smaller generation.
+	put(t, cli, keys.Shares("api"), record(1<<52, 40, 10))
+	enforcing(t, a, 10)
+	put(t, cli, keys.Shares("api"), record(2, 40, 25))
+	enforcing(t, a, 25)
 }

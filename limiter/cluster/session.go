@@ -26,6 +26,7 @@ var errLeaseLost = errors.New("cluster: lease keep-alive ended")
 // Only the run goroutine touches it.
 type view struct {
 	config    *schema.ProviderConfig
+	configRev int64 // the etcd revision config was written at
 	shares    *schema.Shares
 	sharesRev int64 // the etcd revision shares was written at
 	instances map[string]bool
@@ -383,6 +384,10 @@ func (m *Member) leave(lease clientv3.LeaseID, rep *reporter) {
 	}
 }
 
+// generationJump is how far past the last one a new shares generation may
+// be without a warning: configd counts one a publish.
+const generationJump = 1 << 20
+
 // observe folds one key's value (or deletion) into the view. A record that
 // fails to decode or validate is ignored, logged once and listed in
 // Status.Problems; the last good value stays. An instance record is the
@@ -416,7 +421,7 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 			return
 		}
 		good()
-		v.config = &c
+		v.config, v.configRev = &c, rev
 	case schema.KindShares:
 		if deleted {
 			v.shares = nil
@@ -427,12 +432,22 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		if err == nil && s.Provider != m.provider {
 			err = fmt.Errorf("shares record names provider %q", s.Provider)
 		}
+		if err == nil && v.config != nil {
+			// Never more than the limit this instance knows: a record
+			// that hands out more is forged, corrupt, or from before a
+			// lower limit (configd republishes under the new one at once).
+			err = s.CheckAgainst(*v.config, v.configRev)
+		}
 		if err != nil {
 			bad(err)
 			return
 		}
-		if v.shares != nil && s.Generation < v.shares.Generation {
-			return // an older publish arriving late never undoes a newer one
+		if v.shares != nil && (s.Generation <= v.shares.Generation || s.Generation-v.shares.Generation > generationJump) {
+			// etcd orders the writes to the key: the newest is configd's
+			// word, whatever its generation (a replica recovering from a
+			// forged record starts again below it). Followed, and said.
+			m.log.Warn("shares generation went backwards or jumped; following the newest record",
+				"key", key, "revision", rev, "generation", s.Generation, "previous", v.shares.Generation)
 		}
 		good()
 		v.shares, v.sharesRev = &s, rev
