@@ -236,6 +236,14 @@ func TestConfigValidate(t *testing.T) {
 		{"replica id", func(c *Config) { c.ReplicaID = "a b" }, "replica-id"},
 		{"data dir", func(c *Config) { c.DataDir = "" }, "data-dir"},
 		{"peer url", func(c *Config) { c.EmbeddedPeerURL = "nope" }, "embedded-peer-url"},
+		// issue 16, finding 3: the embedded etcd on every interface, in the clear.
+		{"client url beyond loopback", func(c *Config) { c.EmbeddedClientURL = "http://0.0.0.0:2379" }, "embedded-client-url"},
+		{"peer url beyond loopback", func(c *Config) { c.EmbeddedPeerURL = "http://0.0.0.0:2380" }, "embedded-peer-url"},
+		{"https without a certificate", func(c *Config) { c.EmbeddedClientURL = "https://0.0.0.0:2379" }, "embedded-client-url"},
+		{"certificate without key", func(c *Config) {
+			c.EmbeddedClientURL, c.EmbeddedCertFile = "https://0.0.0.0:2379", "cert.pem"
+		}, "embedded-cert-file"},
+		{"certificate on http", func(c *Config) { c.EmbeddedCertFile, c.EmbeddedKeyFile = "cert.pem", "key.pem" }, "embedded-client-url"},
 		{"retention negative", func(c *Config) { c.EmbeddedRetention = -60e9 }, "embedded-compaction-retention"},
 		{"retention under a second", func(c *Config) { c.EmbeddedRetention = 500e6 }, "embedded-compaction-retention"},
 		{"retention over a day", func(c *Config) { c.EmbeddedRetention = 25 * 3600e9 }, "embedded-compaction-retention"},
@@ -245,6 +253,11 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
+	}
+	tls := DefaultConfig()
+	tls.EmbeddedClientURL, tls.EmbeddedCertFile, tls.EmbeddedKeyFile = "https://0.0.0.0:2379", "cert.pem", "key.pem"
+	if err := tls.Validate(); err != nil {
+		t.Errorf("the embedded etcd beyond loopback with TLS: %v", err)
 	}
 	for _, tc := range cases {
 		c := DefaultConfig()

@@ -10,7 +10,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/netcut"
@@ -84,15 +83,11 @@ func TestPublisherReloadsAfterCompaction(t *testing.T) {
 // TestEmbeddedEtcdCompacts: the embedded etcd discards revisions older
 // than --embedded-compaction-retention while the leader keeps publishing.
 func TestEmbeddedEtcdCompacts(t *testing.T) {
-	clientURL, peerURL := "http://"+freeAddr(t), "http://"+freeAddr(t)
-	r := startReplica(t, nil, "solo", "--data-dir", t.TempDir(), "--embedded-client-url", clientURL,
+	clientURL, peerURL, dir := "http://"+freeAddr(t), "http://"+freeAddr(t), t.TempDir()
+	r := startReplica(t, nil, "solo", "--data-dir", dir, "--embedded-client-url", clientURL,
 		"--embedded-peer-url", peerURL, "--embedded-compaction-retention", "1s")
 	cliOK(t, "set", "pay", "--limit", "10", "--server", r.url())
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := embeddedClient(t, clientURL, dir, rootUser)
 	first, err := cli.Get(ctxT(t), keys.Config("pay"))
 	if err != nil {
 		t.Fatal(err)

@@ -328,7 +328,8 @@ func TestServeEmbedded(t *testing.T) {
 	r := startReplica(t, nil, "solo", args...)
 	cliOK(t, "set", "pay", "--limit", "42", "--server", r.url())
 	waitFor(t, 10*time.Second, "shares from the embedded leader", func() bool {
-		out, err := cliRun(t, "status", "pay", "--etcd-endpoints", clientURL)
+		out, err := cliRun(t, "status", "pay", "--etcd-endpoints", clientURL,
+			"--etcd-username", readerUser, "--etcd-password-file", credentialsFile(dir, readerUser))
 		return err == nil && strings.Contains(out, "generation 1, total 42")
 	})
 	if err := r.stop(); err != nil {

@@ -352,3 +352,58 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 		}
 	}
 }
+
+// TestLeastPrivilegeRoles (issue 16): with an external etcd, the roles
+// docs/security.md gives each party are enough for it, and no more:
+// configd reads and writes the prefix; an instance of provider pay reads
+// pay's keys and the leader keys and writes only pay's instance records;
+// an operator's reader reads everything and writes nothing.
+func TestLeastPrivilegeRoles(t *testing.T) {
+	const rootPW, configdPW, instancePW, readerPW = "root-pw-1a2b3c4d", "configd-pw-5e6f7g8h", "pay-pw-9i0j1k2l", "reader-pw-3m4n5o6p"
+	srv := etcdtest.Start(t, etcdtest.WithAuth(rootPW))
+	p := schema.DefaultPrefix
+	srv.AddRole(t, "configd", configdPW, etcdtest.Perm{Key: p, Write: true})
+	srv.AddRole(t, "instance-pay", instancePW,
+		etcdtest.Perm{Key: keys.Provider("pay")},
+		etcdtest.Perm{Key: keys.Instances("pay"), Write: true},
+		etcdtest.Perm{Key: keys.Election()})
+	srv.AddRole(t, "reader", readerPW, etcdtest.Perm{Key: p})
+	ep := srv.Endpoints()[0]
+	as := func(user, pw string) []string {
+		return []string{"--etcd-endpoints", ep, "--etcd-username", user, "--etcd-password-file", writeFile(t, user+"-pw", pw)}
+	}
+	r := startReplica(t, nil, "r1", as("configd", configdPW)...)
+	waitFor(t, 15*time.Second, "r1 to lead as user configd", r.leading)
+	cliOK(t, "set", "pay", "--limit", "60", "--server", r.url())
+
+	mcfg := srv.Config(t)
+	mcfg.Username, mcfg.Password = "instance-pay", instancePW
+	var logs logbuf.Buffer
+	m := secJoin(t, mcfg, "pay", "inst-a", &logs)
+	secHasShare(t, srv.Client(t), "pay", m, 60)
+
+	inst, err := clientv3.New(mcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	ctx := ctxT(t)
+	for what, key := range map[string]string{
+		"pay's config": keys.Config("pay"), "pay's shares": keys.Shares("pay"), "a leader key": keys.Election() + "/x",
+		"another provider's instance record": keys.Instance("other", "x"), "a history entry": keys.HistoryEntry("pay", 1),
+	} {
+		if _, err := inst.Put(ctx, key, "{}"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+			t.Errorf("instance writing %s: %v, want permission denied", what, err)
+		}
+	}
+	if _, err := inst.Get(ctx, keys.Provider("other"), clientv3.WithPrefix()); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Errorf("instance reading another provider: %v, want permission denied", err)
+	}
+
+	reader := as("reader", readerPW)
+	if out := cliOK(t, append([]string{"status", "pay"}, reader...)...); !strings.Contains(out, "inst-a") {
+		t.Errorf("status as reader:\n%s", out)
+	}
+	_, err = cliRun(t, append([]string{"set", "pay", "--limit", "5"}, reader...)...)
+	secOneLine(t, "set as reader", err, 1, "permission denied")
+}

@@ -20,10 +20,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/schema"
-	"github.com/sluice-go/sluice/limiter/cluster"
 	"github.com/sluice-go/sluice/limiter/skew"
 )
 
@@ -72,6 +70,9 @@ type Config struct {
 	DataDir           string        // embedded etcd's data
 	EmbeddedClientURL string        // embedded etcd's client URL
 	EmbeddedPeerURL   string        // embedded etcd's peer URL
+	EmbeddedCertFile  string        // TLS certificate for the embedded client URL (https)
+	EmbeddedKeyFile   string        // its key
+	EmbeddedGateway   bool          // serve etcd's JSON gateway on the embedded client URL
 	EmbeddedRetention time.Duration // embedded etcd's revision history kept; 0: never compacted
 	Prefix            string        // etcd key prefix
 	ReplicaID         string        // this replica's name in the election
@@ -120,7 +121,10 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	c.Etcd.register(fs)
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "embedded etcd's data directory (without --etcd-endpoints)")
 	fs.StringVar(&c.EmbeddedClientURL, "embedded-client-url", c.EmbeddedClientURL, "embedded etcd's client URL")
-	fs.StringVar(&c.EmbeddedPeerURL, "embedded-peer-url", c.EmbeddedPeerURL, "embedded etcd's peer URL")
+	fs.StringVar(&c.EmbeddedPeerURL, "embedded-peer-url", c.EmbeddedPeerURL, "embedded etcd's peer URL (loopback: a single member has no peers)")
+	fs.StringVar(&c.EmbeddedCertFile, "embedded-cert-file", c.EmbeddedCertFile, "PEM certificate the embedded etcd serves its https client URL with (with --embedded-key-file)")
+	fs.StringVar(&c.EmbeddedKeyFile, "embedded-key-file", c.EmbeddedKeyFile, "PEM key of --embedded-cert-file")
+	fs.BoolVar(&c.EmbeddedGateway, "embedded-gateway", c.EmbeddedGateway, "serve etcd's JSON gateway (/v3/...) on the embedded client URL (off: gRPC only)")
 	fs.DurationVar(&c.EmbeddedRetention, "embedded-compaction-retention", c.EmbeddedRetention,
 		"revision history the embedded etcd keeps; it compacts older revisions periodically (0: never)")
 	fs.StringVar(&c.Prefix, "prefix", c.Prefix, "etcd key prefix")
@@ -173,10 +177,8 @@ func (c Config) Validate() error {
 		if c.DataDir == "" {
 			return &ConfigError{"data-dir", c.DataDir, errors.New("must be set when no --etcd-endpoints are given")}
 		}
-		for name, v := range map[string]string{"embedded-client-url": c.EmbeddedClientURL, "embedded-peer-url": c.EmbeddedPeerURL} {
-			if u, err := url.Parse(v); err != nil || u.Scheme != "http" || u.Host == "" {
-				return &ConfigError{name, v, errors.New("must be a URL such as http://127.0.0.1:2379")}
-			}
+		if err := c.validateEmbedded(); err != nil {
+			return err
 		}
 		if c.EmbeddedRetention != 0 && (c.EmbeddedRetention < time.Second || c.EmbeddedRetention > maxCompactionRetention) {
 			return &ConfigError{"embedded-compaction-retention", c.EmbeddedRetention.String(), errors.New("must be 0 (never compact) or from 1s to 24h")}
@@ -216,6 +218,38 @@ func (c Config) Validate() error {
 
 // isLoopback reports whether host (from host:port) is a loopback address.
 // An empty host means every interface, so it is not.
+// validateEmbedded checks the embedded etcd's URLs and TLS: it is closed
+// by authentication (access.go) wherever it listens, but beyond loopback
+// its passwords and data would cross the network in the clear, so a
+// client URL there needs TLS; the peer URL stays on loopback, since a
+// single member has no peers.
+func (c Config) validateEmbedded() error {
+	cu, err := url.Parse(c.EmbeddedClientURL)
+	if err != nil || (cu.Scheme != "http" && cu.Scheme != "https") || cu.Hostname() == "" || cu.Port() == "" {
+		return &ConfigError{"embedded-client-url", c.EmbeddedClientURL, errors.New("must be a URL such as http://127.0.0.1:2379")}
+	}
+	pu, err := url.Parse(c.EmbeddedPeerURL)
+	if err != nil || pu.Scheme != "http" || pu.Hostname() == "" || pu.Port() == "" {
+		return &ConfigError{"embedded-peer-url", c.EmbeddedPeerURL, errors.New("must be a URL such as http://127.0.0.1:2380")}
+	}
+	if !isLoopback(pu.Hostname()) {
+		return &ConfigError{"embedded-peer-url", c.EmbeddedPeerURL, errors.New("must be a loopback address: the embedded etcd is a single member, with no peers")}
+	}
+	if (c.EmbeddedCertFile == "") != (c.EmbeddedKeyFile == "") {
+		return &ConfigError{"embedded-cert-file", c.EmbeddedCertFile, errors.New("--embedded-cert-file and --embedded-key-file go together")}
+	}
+	tls := c.EmbeddedCertFile != ""
+	switch {
+	case cu.Scheme == "https" && !tls:
+		return &ConfigError{"embedded-client-url", c.EmbeddedClientURL, errors.New("https needs --embedded-cert-file and --embedded-key-file")}
+	case cu.Scheme == "http" && tls:
+		return &ConfigError{"embedded-client-url", c.EmbeddedClientURL, errors.New("must be https with --embedded-cert-file")}
+	case !isLoopback(cu.Hostname()) && !tls:
+		return &ConfigError{"embedded-client-url", c.EmbeddedClientURL, errors.New("refusing to serve etcd beyond loopback without TLS: give an https URL with --embedded-cert-file and --embedded-key-file")}
+	}
+	return nil
+}
+
 func isLoopback(host string) bool {
 	if host == "localhost" {
 		return true
@@ -277,15 +311,22 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 		cli, err = cfg.Etcd.dial()
 	} else {
 		var emb *embedded
-		emb, err = startEmbedded(cfg.DataDir, cfg.EmbeddedClientURL, cfg.EmbeddedPeerURL, cfg.EmbeddedRetention, logOut)
+		emb, cli, err = startEmbedded(ctx, embeddedOptions{
+			dir: cfg.DataDir, clientURL: cfg.EmbeddedClientURL, peerURL: cfg.EmbeddedPeerURL,
+			certFile: cfg.EmbeddedCertFile, keyFile: cfg.EmbeddedKeyFile, gateway: cfg.EmbeddedGateway,
+			retention: cfg.EmbeddedRetention, keys: keys,
+		}, logOut)
 		if err != nil {
 			return err
 		}
 		defer emb.close()
-		log.Info("embedded etcd ready", "data_dir", cfg.DataDir, "client_url", cfg.EmbeddedClientURL,
+		if err := grantProviders(ctx, cli, keys); err != nil {
+			cli.Close()
+			return err
+		}
+		log.Info("embedded etcd ready: instances authenticate as user "+instanceUser+" with the password in "+credentialsFile(cfg.DataDir, instanceUser),
+			"data_dir", cfg.DataDir, "client_url", cfg.EmbeddedClientURL, "gateway", cfg.EmbeddedGateway,
 			"compaction_retention", cfg.EmbeddedRetention)
-		cli, err = clientv3.New(clientv3.Config{Endpoints: emb.endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-			DialOptions: cluster.DialOptions()})
 	}
 	if err != nil {
 		return err
@@ -295,6 +336,9 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
 	st := &store{cli: cli, keys: keys, log: log}
+	if !cfg.Etcd.given() {
+		st.admit = func(ctx context.Context, name string) error { return grantProvider(ctx, cli, keys, name) }
+	}
 	clk, err := startClock(ctx, cfg, m, log)
 	if err != nil {
 		return err

@@ -123,6 +123,11 @@ type store struct {
 	keys schema.Keys
 	log  *slog.Logger // malformed records are logged here; nil: not logged
 	now  func() time.Time
+	// admit lets the instances of a provider write their records (the
+	// embedded etcd's access control, access.go), before its config is
+	// written; nil: nothing to do (an external etcd's roles are the
+	// operator's).
+	admit func(ctx context.Context, name string) error
 }
 
 func (s *store) clock() time.Time {
@@ -219,6 +224,11 @@ func (s *store) remove(ctx context.Context, name string, ifRev int64, who string
 // write puts (newCfg != nil) or deletes the config of name.
 func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderConfig, val string, ifRev int64, who string) (changeView, error) {
 	key := s.keys.Config(name)
+	if newCfg != nil && s.admit != nil {
+		if err := s.admit(ctx, name); err != nil {
+			return changeView{}, etcdError(err)
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		resp, err := s.cli.Get(ctx, key)
 		if err != nil {

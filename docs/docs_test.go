@@ -107,6 +107,9 @@ var documentedAddrs = []string{
 	"127.0.0.1:9090", "127.0.0.1:9091", "127.0.0.1:9092",
 }
 
+// documentedDataDir is the --data-dir the docs' configd serve uses.
+const documentedDataDir = "/tmp/sluice"
+
 const (
 	adminAddr = "127.0.0.1:7070"
 	etcdAddr  = "127.0.0.1:2379"
@@ -1470,6 +1473,9 @@ func TestCommandsRun(t *testing.T) {
 	for _, a := range documentedAddrs {
 		pairs = append(pairs, a, addrs[a])
 	}
+	// The documented data directory: where the test's serve keeps it (its
+	// credentials are read from there).
+	pairs = append(pairs, documentedDataDir+"/", filepath.Join(work, "configd.etcd")+"/")
 	remap := strings.NewReplacer(pairs...)
 	unmapped := regexp.MustCompile(`(?:127\.0\.0\.1|localhost):\d+`)
 

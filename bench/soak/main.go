@@ -153,7 +153,16 @@ func run(ctx context.Context, c config) error {
 	fmt.Printf("configd serve: pid %d, admin API %s, embedded etcd %s at %s, --embedded-compaction-retention %s\n",
 		cd.Cmd.Process.Pid, cd.Addr, version.Version, clientURL, retention)
 
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	// configd's embedded etcd is closed to anyone without its credentials
+	// (docs/security.md): this report reads as reader, the instances join
+	// as instance.
+	credentials := filepath.Join(tmp, "etcd", "credentials")
+	pw, err := os.ReadFile(filepath.Join(credentials, "reader"))
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Username: "reader", Password: strings.TrimSpace(string(pw))})
 	if err != nil {
 		return err
 	}
@@ -173,7 +182,7 @@ func run(ctx context.Context, c config) error {
 			n++
 		}
 		procs[i], err = child.Start(fmt.Sprintf("instance process p%d", i+1), filepath.Join(tmp, fmt.Sprintf("p%d.log", i+1)), instanceBin,
-			"-etcd", clientURL, "-provider", provider, "-name", fmt.Sprintf("p%d", i+1), "-members", strconv.Itoa(n),
+			"-etcd", clientURL, "-etcd-username", "instance", "-etcd-password-file", filepath.Join(credentials, "instance"), "-provider", provider, "-name", fmt.Sprintf("p%d", i+1), "-members", strconv.Itoa(n),
 			"-rate", fmt.Sprint(c.rate), "-swing", fmt.Sprint(c.swing), "-period", c.period.String(),
 			"-window", c.window.String(), "-lease-ttl", c.leaseTTL.String(), "-report-interval", c.report.String())
 		if err != nil {

@@ -84,6 +84,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Int64Var(&c.join.Limit, "limit", 100, "the local limiter's quota per window (without -etcd-endpoints)")
 	fs.DurationVar(&c.join.Window, "window", time.Second, "the local limiter's window, and the fallback's")
 	fs.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd URLs: join -provider and enforce the share configd publishes")
+	fs.StringVar(&c.join.Username, "etcd-username", "", "etcd user (configd's embedded etcd: instance)")
+	fs.StringVar(&c.join.PasswordFile, "etcd-password-file", "", "file holding the etcd user's password (configd's embedded etcd: DATA-DIR/credentials/instance)")
 	fs.StringVar(&c.join.Provider, "provider", "httphandler-demo", "provider name (metrics label; what to join with -etcd-endpoints)")
 	fs.StringVar(&c.join.ID, "instance-id", "", "instance id (default: chosen by cluster.Join)")
 	fs.Int64Var(&c.join.Fallback, "fallback", 0, "quota per window before a share is known when etcd is unreachable (0: fail-closed)")

@@ -78,6 +78,8 @@ type config struct {
 	etcdCert      string
 	etcdKey       string
 	etcdPrefix    string
+	etcdUser      string
+	etcdPassFile  string
 	provider      string
 	instanceID    string
 	fallback      int64
@@ -117,6 +119,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.etcdCert, "etcd-cert", "", "PEM client certificate for etcd (with -etcd-key)")
 	fs.StringVar(&c.etcdKey, "etcd-key", "", "PEM client key for etcd (with -etcd-cert)")
 	fs.StringVar(&c.etcdPrefix, "etcd-prefix", "", "etcd key prefix shared with configd (default /sluice/)")
+	fs.StringVar(&c.etcdUser, "etcd-username", "", "etcd user (configd's embedded etcd: instance)")
+	fs.StringVar(&c.etcdPassFile, "etcd-password-file", "", "file holding the etcd user's password (configd's embedded etcd: DATA-DIR/credentials/instance)")
 	fs.StringVar(&c.provider, "provider", "kafka-demo", "provider name: the metrics' provider label, and what to join with -etcd-endpoints")
 	fs.StringVar(&c.instanceID, "instance-id", defaultInstanceID(), "this instance's id ($POD_NAME, else the host name)")
 	fs.Int64Var(&c.fallback, "fallback", 0, "quota per window when etcd is unreachable at a cold start (0: admit nothing until a share is known)")
@@ -161,6 +165,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("-fallback %d: must be ≥ 0", c.fallback)
 	case (c.etcdCert == "") != (c.etcdKey == ""):
 		return c, fmt.Errorf("-etcd-cert and -etcd-key go together")
+	case (c.etcdUser == "") != (c.etcdPassFile == ""):
+		return c, fmt.Errorf("-etcd-username and -etcd-password-file go together")
 	case len(c.ntpServers) > 0 && len(c.etcdEndpoints) == 0:
 		return c, fmt.Errorf("-ntp-servers needs -etcd-endpoints")
 	case c.instanceID == "":

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/examples/internal/join"
 	"github.com/sluice-go/sluice/limiter"
 	"github.com/sluice-go/sluice/limiter/cluster"
 	"github.com/sluice-go/sluice/limiter/metrics"
@@ -199,8 +200,12 @@ func newLimiter(ctx context.Context, cfg config, log *slog.Logger) (*limiter.Lim
 		}
 		return lim, func() { lim.Close() }, limiterInfo{what: fmt.Sprintf("local limiter: %d per %v", cfg.limit, cfg.window)}, nil
 	}
+	pw, err := join.Password(cfg.etcdPassFile)
+	if err != nil {
+		return nil, nil, limiterInfo{}, err
+	}
 	ecfg := clientv3.Config{Endpoints: cfg.etcdEndpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: cluster.DialOptions()}
+		DialOptions: cluster.DialOptions(), Username: cfg.etcdUser, Password: pw}
 	if cfg.etcdCA != "" || cfg.etcdCert != "" {
 		info := transport.TLSInfo{CertFile: cfg.etcdCert, KeyFile: cfg.etcdKey, TrustedCAFile: cfg.etcdCA}
 		tlsCfg, err := info.ClientConfig()

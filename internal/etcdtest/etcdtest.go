@@ -199,8 +199,26 @@ func (s *Server) Client(tb testing.TB) *clientv3.Client {
 // e.g. "/sluice/"), and nothing else. It needs WithAuth.
 func (s *Server) AddUser(tb testing.TB, name, password string, prefixes ...string) {
 	tb.Helper()
+	perms := make([]Perm, len(prefixes))
+	for i, p := range prefixes {
+		perms[i] = Perm{Key: p, Write: true}
+	}
+	s.AddRole(tb, name, password, perms...)
+}
+
+// Perm is one permission of a role AddRole creates: every key under the
+// prefix Key, read only or read and write.
+type Perm struct {
+	Key   string
+	Write bool
+}
+
+// AddRole adds an etcd user with password and a role of the same name
+// holding exactly perms. It needs WithAuth.
+func (s *Server) AddRole(tb testing.TB, name, password string, perms ...Perm) {
+	tb.Helper()
 	if s.opts.rootPassword == "" {
-		tb.Fatalf("etcdtest: AddUser needs WithAuth")
+		tb.Fatalf("etcdtest: AddRole needs WithAuth")
 	}
 	cli := s.Client(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -208,9 +226,13 @@ func (s *Server) AddUser(tb testing.TB, name, password string, prefixes ...strin
 	if _, err := cli.RoleAdd(ctx, name); err != nil {
 		tb.Fatalf("etcdtest: role %s: %v", name, err)
 	}
-	for _, p := range prefixes {
-		if _, err := cli.RoleGrantPermission(ctx, name, p, clientv3.GetPrefixRangeEnd(p), clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
-			tb.Fatalf("etcdtest: role %s on %s: %v", name, p, err)
+	for _, p := range perms {
+		typ := clientv3.PermissionType(clientv3.PermRead)
+		if p.Write {
+			typ = clientv3.PermissionType(clientv3.PermReadWrite)
+		}
+		if _, err := cli.RoleGrantPermission(ctx, name, p.Key, clientv3.GetPrefixRangeEnd(p.Key), typ); err != nil {
+			tb.Fatalf("etcdtest: role %s on %s: %v", name, p.Key, err)
 		}
 	}
 	if _, err := cli.UserAdd(ctx, name, password); err != nil {

@@ -60,6 +60,8 @@ const restartMsg = "etcd unreachable; keeping the last share (fail-static)"
 
 func run() error {
 	endpoints := flag.String("etcd", "http://127.0.0.1:2379", "comma-separated etcd endpoints")
+	username := flag.String("etcd-username", "", "etcd user (configd's embedded etcd: instance)")
+	passwordFile := flag.String("etcd-password-file", "", "file holding the etcd user's password (configd's embedded etcd: DATA-DIR/credentials/instance)")
 	provider := flag.String("provider", "soak", "provider to join")
 	name := flag.String("name", "p1", "this process's name: member ids are NAME-01, NAME-02, ...")
 	members := flag.Int("members", 10, "members (instances) in this process, one etcd client each")
@@ -70,6 +72,15 @@ func run() error {
 	leaseTTL := flag.Duration("lease-ttl", cluster.DefaultLeaseTTL, "members' lease TTL")
 	report := flag.Duration("report-interval", cluster.DefaultReportInterval, "members' report interval")
 	flag.Parse()
+	var password string
+	if *passwordFile != "" {
+		b, err := os.ReadFile(*passwordFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "instance:", err)
+			os.Exit(2)
+		}
+		password = strings.TrimSpace(string(b))
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -92,6 +103,8 @@ func run() error {
 				DialTimeout: 5 * time.Second,
 				Logger:      zap.NewNop(),
 				DialOptions: cluster.DialOptions(),
+				Username:    *username,
+				Password:    password,
 			})
 			if err == nil {
 				jctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -27,12 +28,16 @@ type Config struct {
 	// Endpoints are etcd's client URLs; none: a local limiter of Limit per
 	// Window.
 	Endpoints []string
-	Provider  string
-	ID        string // instance id; "" lets cluster choose
-	Limit     int64  // local quota (no Endpoints)
-	Window    time.Duration
-	Fallback  int64 // quota before a share is known (cold start without etcd)
-	LeaseTTL  time.Duration
+	// Username and PasswordFile authenticate to etcd ("": none). configd's
+	// embedded etcd wants user "instance" and the password configd wrote to
+	// <data-dir>/credentials/instance.
+	Username, PasswordFile string
+	Provider               string
+	ID                     string // instance id; "" lets cluster choose
+	Limit                  int64  // local quota (no Endpoints)
+	Window                 time.Duration
+	Fallback               int64 // quota before a share is known (cold start without etcd)
+	LeaseTTL               time.Duration
 
 	// NTPServers, when given, make the member measure its clock
 	// (cluster.WithClockMonitor) every NTPInterval.
@@ -100,8 +105,12 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 		}
 		return &Joined{Limiter: lim, Registry: reg}, nil
 	}
+	pw, err := Password(cfg.PasswordFile)
+	if err != nil {
+		return nil, err
+	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: cluster.DialOptions()})
+		DialOptions: cluster.DialOptions(), Username: cfg.Username, Password: pw})
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
@@ -165,4 +174,17 @@ func List(s string) []string {
 		}
 	}
 	return out
+}
+
+// Password reads an etcd password from file, without the trailing newline;
+// "" for no file.
+func Password(file string) (string, error) {
+	if file == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("etcd password: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
 }
