@@ -187,10 +187,10 @@ func (c Config) Validate() error {
 	if _, err := schema.NewKeys(c.Prefix); err != nil {
 		return &ConfigError{"prefix", c.Prefix, err}
 	}
-	if c.ReplicaID == "" || len(c.ReplicaID) > 128 || strings.ContainsAny(c.ReplicaID, " \t\n/") {
+	if schema.ValidateReplicaID(c.ReplicaID) != nil { // as election keys are checked
 		return &ConfigError{"replica-id", c.ReplicaID, errors.New("must be 1 to 128 characters, no spaces or slashes")}
 	}
-	if c.SessionTTL < time.Second || c.SessionTTL%time.Second != 0 || c.SessionTTL > time.Hour {
+	if c.SessionTTL < time.Second || c.SessionTTL%time.Second != 0 || c.SessionTTL > schema.MaxSessionTTL {
 		return &ConfigError{"session-ttl", c.SessionTTL.String(), errors.New("must be whole seconds from 1s to 1h")}
 	}
 	if c.Margin < 0 || c.Margin > time.Minute {

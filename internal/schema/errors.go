@@ -30,6 +30,11 @@ var (
 	ErrInvalidShares         = errors.New("shares record is inconsistent")
 	ErrInvalidKey            = errors.New("key does not belong to the sluice key layout")
 	ErrInvalidPrefix         = errors.New(`prefix must start and end with "/" (e.g. "/sluice/")`)
+	ErrInvalidReplicaID      = errors.New("replica id must be 1 to 128 characters, no spaces, tabs, newlines or slashes")
+	// ErrElectionNoLease and ErrElectionKeyName: a key under Keys.Election
+	// that no configd replica can have written (Keys.CheckElectionKey).
+	ErrElectionNoLease = errors.New("election key has no lease: no configd replica wrote it, and it never expires")
+	ErrElectionKeyName = errors.New("election key is not named after its lease (<prefix>configd/leader/<lease-hex>)")
 	// ErrUnknownField is also the error for a key that matches a field
 	// only when case is ignored ("LIMIT"): field names are case-sensitive.
 	ErrUnknownField = errors.New("unknown field (only the documented fields are accepted)")

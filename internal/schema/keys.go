@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // DefaultPrefix is the key prefix used when none is configured.
@@ -113,6 +114,49 @@ func (k Keys) HistoryEntry(name string, seq int64) string {
 // replicas ("<prefix>configd/leader"; the election adds "/<lease id>" for
 // each candidate). The leader's key is the fence for every publish.
 func (k Keys) Election() string { return k.Prefix() + electionDir }
+
+// MaxSessionTTL is the longest session lease a configd replica campaigns
+// with (serve's --session-ttl is at most this). A key under Election on a
+// lease granted for longer is not a replica's.
+const MaxSessionTTL = time.Hour
+
+// ElectionKey returns the key a configd replica campaigning on lease
+// holds: Election()+"/" and the lease ID in hex, the name
+// concurrency.Election gives it.
+func (k Keys) ElectionKey(lease int64) string {
+	return fmt.Sprintf("%s/%x", k.Election(), lease)
+}
+
+// ValidateReplicaID reports whether id can name a configd replica (serve's
+// --replica-id, the value of its election key): 1 to 128 bytes, no space,
+// tab, newline or slash. The error is a *ValidationError wrapping
+// ErrInvalidReplicaID.
+func ValidateReplicaID(id string) error {
+	if id == "" || len(id) > 128 || strings.ContainsAny(id, " \t\n/") {
+		return invalid("replica id", id, ErrInvalidReplicaID)
+	}
+	return nil
+}
+
+// CheckElectionKey reports whether key, found under Election()+"/" on
+// lease (0: none) with value, can be a configd replica's candidate as far
+// as the key itself shows: a replica campaigns on its session lease, under
+// ElectionKey(lease), with its replica ID as the value. It returns nil or a
+// *ValidationError wrapping ErrElectionNoLease, ErrElectionKeyName or
+// ErrInvalidReplicaID. Whether the lease is a live configd session's the
+// key cannot show: configd also looks at the lease.
+//
+// Such a key blocks the election (the oldest key leads, and a leaseless
+// one never goes) and would pass for a live configd with instances.
+func (k Keys) CheckElectionKey(key string, lease int64, value []byte) error {
+	if lease == 0 {
+		return invalid("", nil, ErrElectionNoLease)
+	}
+	if key != k.ElectionKey(lease) {
+		return invalid("key", key, ErrElectionKeyName)
+	}
+	return ValidateReplicaID(string(value))
+}
 
 // KeyKind says what a parsed key refers to.
 type KeyKind int

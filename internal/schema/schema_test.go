@@ -498,3 +498,53 @@ func TestEncodeRefusesWhatDecodeRejects(t *testing.T) {
 		t.Errorf("a record encode accepted does not decode: %v", err)
 	}
 }
+
+func TestElectionKey(t *testing.T) {
+	k := DefaultKeys()
+	if got := k.ElectionKey(0x694d7a2b3c4d5e6f); got != "/sluice/configd/leader/694d7a2b3c4d5e6f" {
+		t.Errorf("ElectionKey = %q", got)
+	}
+	good := k.ElectionKey(0x694d7a)
+	if err := k.CheckElectionKey(good, 0x694d7a, []byte("configd-1")); err != nil {
+		t.Errorf("a replica's key: %v", err)
+	}
+	cases := []struct {
+		key   string
+		lease int64
+		value string
+		want  error
+	}{
+		{good, 0, "configd-1", ErrElectionNoLease},
+		{k.Election() + "/junk", 0, "configd-1", ErrElectionNoLease},
+		{k.Election() + "/694d7b", 0x694d7a, "configd-1", ErrElectionKeyName},
+		{k.Election() + "/694D7A", 0x694d7a, "configd-1", ErrElectionKeyName},
+		{good + "/x", 0x694d7a, "configd-1", ErrElectionKeyName},
+		{"/other/configd/leader/694d7a", 0x694d7a, "configd-1", ErrElectionKeyName},
+		{good, 0x694d7a, "", ErrInvalidReplicaID},
+		{good, 0x694d7a, "configd 1", ErrInvalidReplicaID},
+		{good, 0x694d7a, "a/b", ErrInvalidReplicaID},
+		{good, 0x694d7a, strings.Repeat("x", 129), ErrInvalidReplicaID},
+	}
+	for _, c := range cases {
+		err := k.CheckElectionKey(c.key, c.lease, []byte(c.value))
+		if !errors.Is(err, c.want) || !errors.Is(err, ErrInvalid) {
+			t.Errorf("CheckElectionKey(%q, %x, %q) = %v, want %v", c.key, c.lease, c.value, err, c.want)
+		}
+	}
+}
+
+// TestValidateReplicaID: the rule serve's --replica-id has always had. A
+// looser or stricter one here would let configd remove a live replica's
+// election key.
+func TestValidateReplicaID(t *testing.T) {
+	for _, id := range []string{"a", "configd-1", "host-42-a1b2c3", "pod.name_0:x", strings.Repeat("x", 128), "ü"} {
+		if err := ValidateReplicaID(id); err != nil {
+			t.Errorf("ValidateReplicaID(%q) = %v", id, err)
+		}
+	}
+	for _, id := range []string{"", " ", "a b", "a\tb", "a\nb", "a/b", strings.Repeat("x", 129)} {
+		if err := ValidateReplicaID(id); !errors.Is(err, ErrInvalidReplicaID) || !errors.Is(err, ErrInvalid) {
+			t.Errorf("ValidateReplicaID(%q) = %v, want ErrInvalidReplicaID", id, err)
+		}
+	}
+}
