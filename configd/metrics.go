@@ -21,6 +21,9 @@ type metrics struct {
 	foreignShares   *prometheus.CounterVec
 	damped          *prometheus.CounterVec
 	historyPruned   prometheus.Counter
+	// Foreign keys in the election (see leader.go).
+	electionForeign        prometheus.Gauge
+	electionForeignRemoved prometheus.Counter
 	// configd's own clock (serve's --ntp-server).
 	clockKnown, clockOffset, clockUncertainty prometheus.Gauge
 }
@@ -67,6 +70,14 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		historyPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "configd_history_pruned_total", Help: "History entries deleted by retention (--history-keep).",
 		}),
+		electionForeign: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "configd_election_foreign_keys",
+			Help: "Keys under the election prefix that no configd replica holds (no lease, or not a replica's), found by this replica and not removed yet.",
+		}),
+		electionForeignRemoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "configd_election_foreign_keys_removed_total",
+			Help: "Foreign keys this replica removed from the election prefix (each also logged with why).",
+		}),
 		clockKnown: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "configd_clock_known", Help: "1 while configd's clock offset is known from NTP (--ntp-server), 0 otherwise.",
 		}),
@@ -78,7 +89,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 	}
 	reg.MustRegister(m.httpRequests, m.leader, m.leaderChanges, m.publishes, m.publishFailures, m.publishFailing,
-		m.generation, m.liveInstances, m.total, m.malformed, m.foreignShares, m.damped, m.historyPruned, m.clockKnown, m.clockOffset, m.clockUncertainty,
+		m.generation, m.liveInstances, m.total, m.malformed, m.foreignShares, m.damped, m.historyPruned, m.electionForeign, m.electionForeignRemoved,
+		m.clockKnown, m.clockOffset, m.clockUncertainty,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

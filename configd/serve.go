@@ -345,7 +345,7 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	defer clk.stop()
 	el := &elector{
-		cli: cli, prefix: keys.Election(), id: cfg.ReplicaID, ttl: cfg.SessionTTL, log: log, metrics: m,
+		cli: cli, keys: keys, id: cfg.ReplicaID, ttl: cfg.SessionTTL, log: log, metrics: m,
 		pub: &publisher{
 			cli: cli, keys: keys, log: log.With("replica", cfg.ReplicaID), metrics: m, margin: cfg.Margin,
 			replica: cfg.ReplicaID, historyKeep: cfg.HistoryKeep, now: time.Now, clock: clk.now, uncertainty: clk.uncertainty,
