@@ -7,8 +7,10 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 )
 
 const statusUsage = `Usage: configd status NAME [--json]
@@ -17,6 +19,9 @@ Shows provider NAME's config, the shares the configd leader published, and a
 table of its live instances: instance, host, share, demand, admitted, clock
 offset, last seen, generation applied. Malformed records found in etcd are
 listed at the end (they are ignored; the last good values stay in force).
+Lines "election:" list configd's election keys, oldest (leading) first; a
+FOREIGN one is no replica's, and blocks the election while it is oldest
+(configd serve removes it).
 
 Example:
   configd status payments
@@ -58,6 +63,7 @@ func printStatus(w io.Writer, v statusView, now time.Time) {
 	if v.PublishError != "" {
 		fmt.Fprintf(w, "publish:   FAILING: %s\n", v.PublishError)
 	}
+	printElection(w, v)
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tHOST\tSHARE\tDEMAND\tADMITTED\tCLOCK OFFSET\tLAST SEEN\tGENERATION")
@@ -96,6 +102,44 @@ func printStatus(w io.Writer, v statusView, now time.Time) {
 		}
 	}
 	printMalformed(w, v.Malformed)
+}
+
+// printElection lists configd's election keys, oldest first: the oldest
+// leads, unless it is foreign, when it blocks the election until a
+// replica removes it.
+func printElection(w io.Writer, v statusView) {
+	switch {
+	case v.ElectionError != "":
+		fmt.Fprintf(w, "election:  unknown: %s\n", v.ElectionError)
+		return
+	case len(v.Election) == 0:
+		fmt.Fprintf(w, "election:  no configd replica campaigns\n")
+		return
+	}
+	for i, e := range v.Election {
+		switch {
+		case e.Foreign != "" && i == 0:
+			fmt.Fprintf(w, "election:  FOREIGN %s blocks the election: %s; configd serve removes it\n", printable(e.Key), e.Foreign)
+		case e.Foreign != "":
+			fmt.Fprintf(w, "election:  FOREIGN %s is no replica's: %s; configd serve removes it\n", printable(e.Key), e.Foreign)
+		case i == 0:
+			fmt.Fprintf(w, "election:  %s leads (%s)\n", printable(e.Replica), printable(e.Key))
+		default:
+			fmt.Fprintf(w, "election:  %s waits (%s)\n", printable(e.Replica), printable(e.Key))
+		}
+	}
+	if v.ElectionMore > 0 {
+		fmt.Fprintf(w, "election:  and %d more keys\n", v.ElectionMore)
+	}
+}
+
+// printable returns s as it is, or quoted when it holds characters a
+// terminal would not show as themselves (it was read from etcd).
+func printable(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsGraphic(r) || r == '"' }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 func orDash(s string) string {

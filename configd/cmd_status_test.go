@@ -44,3 +44,54 @@ func TestPrintStatusListsHeldShares(t *testing.T) {
 		})
 	}
 }
+
+// TestPrintStatusElection: the election lines, oldest key first; what was
+// read from etcd reaches the terminal quoted when it holds characters a
+// terminal would act on (a replica ID may hold an escape sequence).
+func TestPrintStatusElection(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, tc := range []struct {
+		name string
+		v    statusView
+		want []string
+	}{
+		{"none", statusView{Election: []electionKeyView{}}, []string{"election:  no configd replica campaigns\n"}},
+		{"unreadable", statusView{ElectionError: "configd: etcd request failed: permission denied"},
+			[]string{"election:  unknown: configd: etcd request failed: permission denied\n"}},
+		{"replicas", statusView{Election: []electionKeyView{
+			{Key: "/sluice/configd/leader/1", Replica: "configd-1"},
+			{Key: "/sluice/configd/leader/2", Replica: "\x1b[2Jconfigd-2"},
+		}, ElectionMore: 3}, []string{
+			"election:  configd-1 leads (/sluice/configd/leader/1)\n",
+			"election:  \"\\x1b[2Jconfigd-2\" waits (/sluice/configd/leader/2)\n",
+			"election:  and 3 more keys\n",
+		}},
+		{"foreign", statusView{Election: []electionKeyView{
+			{Key: "/sluice/configd/leader/x\x1b", Foreign: "no lease"},
+			{Key: "/sluice/configd/leader/2", Replica: "configd-2"},
+			{Key: "/sluice/configd/leader/y", Foreign: "bad name"},
+		}}, []string{
+			"election:  FOREIGN \"/sluice/configd/leader/x\\x1b\" blocks the election: no lease; configd serve removes it\n",
+			"election:  configd-2 waits (/sluice/configd/leader/2)\n",
+			"election:  FOREIGN /sluice/configd/leader/y is no replica's: bad name; configd serve removes it\n",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b strings.Builder
+			tc.v.Provider = "pay"
+			printStatus(&b, tc.v, now)
+			out := b.String()
+			rest := out
+			for _, w := range tc.want {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("status lacks %q (in this order):\n%s", w, out)
+				}
+				rest = rest[i+len(w):]
+			}
+			if strings.Contains(out, "\x1b") {
+				t.Errorf("status passes an escape character through:\n%q", out)
+			}
+		})
+	}
+}

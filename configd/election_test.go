@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -136,8 +138,8 @@ func whyText(err error) string {
 
 // TestLiveReplicaKeysAreNotRemoved: a key exactly as a replica's (a slow
 // one that has not led yet, or a stuck leader whose session lives) is
-// never removed: the replica waits behind it, and leads once the key's
-// lease ends.
+// never removed: the replica waits behind it, says which key it waits for
+// in status, and leads once the key's lease ends.
 func TestLiveReplicaKeysAreNotRemoved(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
@@ -164,10 +166,82 @@ func TestLiveReplicaKeysAreNotRemoved(t *testing.T) {
 		}
 	}
 
+	cliOK(t, "set", "pay", "--limit", "10", "--server", r1.url())
+	out := cliOK(t, "status", "pay", "--server", r1.url())
+	if !strings.Contains(out, "election:  slow-replica leads") || strings.Contains(out, "FOREIGN") {
+		t.Errorf("status does not show the slow replica leading:\n%s", out)
+	}
+	for _, id := range []string{"r1", "r2"} {
+		if !strings.Contains(out, "election:  "+id+" waits") {
+			t.Errorf("status does not show %s waiting:\n%s", id, out)
+		}
+	}
+
 	if _, err := cli.Revoke(ctxT(t), slow); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "one of r1, r2 to lead once the slow replica is gone", func() bool { return r1.leading() != r2.leading() })
+}
+
+// TestStatusShowsForeignElectionKeys: configd status (direct, with no
+// replica running, so nothing removes them) lists every key of the
+// election, oldest first, with why a foreign one is no replica's, and
+// says when the oldest blocks the election; --json carries the same.
+func TestStatusShowsForeignElectionKeys(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ep := []string{"--etcd-endpoints", srv.Endpoints()[0]}
+	cliOK(t, append([]string{"set", "pay", "--limit", "10"}, ep...)...)
+	out := cliOK(t, append([]string{"status", "pay"}, ep...)...)
+	if !strings.Contains(out, "election:  no configd replica campaigns") {
+		t.Errorf("status with no election key:\n%s", out)
+	}
+
+	foreign := foreignKinds(t, cli)
+	ok := grant(t, cli, 60)
+	putKV(t, cli, keys.ElectionKey(int64(ok)), "configd-1", clientv3.WithLease(ok))
+	out = cliOK(t, append([]string{"status", "pay"}, ep...)...)
+	blocker := keys.Election() + "/0000000000000001" // the first one written
+	if !strings.Contains(out, "election:  FOREIGN "+blocker+" blocks the election:") {
+		t.Errorf("status does not say the oldest foreign key blocks the election:\n%s", out)
+	}
+	for k, why := range foreign {
+		if !strings.Contains(out, "FOREIGN "+k+" ") || !strings.Contains(out, whyText(why)) {
+			t.Errorf("status does not list %s with %q:\n%s", k, whyText(why), out)
+		}
+	}
+	if !strings.Contains(out, "election:  configd-1 waits") {
+		t.Errorf("status does not list the replica's key:\n%s", out)
+	}
+
+	var v struct {
+		Election []struct {
+			Key            string `json:"key"`
+			Replica        string `json:"replica"`
+			Lease          string `json:"lease"`
+			CreateRevision int64  `json:"create_revision"`
+			Foreign        string `json:"foreign"`
+		} `json:"election"`
+	}
+	js := cliOK(t, append([]string{"status", "pay", "--json"}, ep...)...)
+	if err := json.Unmarshal([]byte(js), &v); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, js)
+	}
+	if len(v.Election) != len(foreign)+1 {
+		t.Fatalf("status --json lists %d election keys, want %d:\n%s", len(v.Election), len(foreign)+1, js)
+	}
+	for i, e := range v.Election {
+		if i > 0 && e.CreateRevision <= v.Election[i-1].CreateRevision {
+			t.Errorf("election keys not oldest first:\n%s", js)
+		}
+		why, isForeign := foreign[e.Key]
+		switch {
+		case isForeign && !strings.Contains(e.Foreign, whyText(why)):
+			t.Errorf("%s: foreign = %q, want %q", e.Key, e.Foreign, whyText(why))
+		case !isForeign && (e.Foreign != "" || e.Replica != "configd-1" || e.Lease != fmt.Sprintf("%x", ok)):
+			t.Errorf("the replica's key: %+v", e)
+		}
+	}
 }
 
 // TestCheckElectionKeyLease: the checks of a key's lease, on what etcd

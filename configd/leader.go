@@ -356,3 +356,32 @@ func clip(s string) string {
 	}
 	return s
 }
+
+// electionShown bounds how many election keys status checks and lists.
+const electionShown = 16
+
+// readElection returns the oldest electionShown keys under the election
+// prefix, each checked, and how many more there are.
+func readElection(ctx context.Context, cli *clientv3.Client, keys schema.Keys) ([]electionKeyView, int64, error) {
+	resp, err := cli.Get(ctx, keys.Election()+"/", clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(electionShown))
+	if err != nil {
+		return nil, 0, etcdError(err)
+	}
+	out := []electionKeyView{}
+	for _, kv := range resp.Kvs {
+		why, err := checkElectionKey(ctx, cli, keys, kv)
+		if err != nil {
+			return nil, 0, err
+		}
+		v := electionKeyView{Key: string(kv.Key), Replica: clip(string(kv.Value)), CreateRevision: kv.CreateRevision}
+		if kv.Lease != 0 {
+			v.Lease = fmt.Sprintf("%x", kv.Lease)
+		}
+		if why != nil {
+			v.Foreign = why.Error()
+		}
+		out = append(out, v)
+	}
+	return out, resp.Count - int64(len(resp.Kvs)), nil
+}

@@ -101,6 +101,18 @@ type instanceView struct {
 	Error    string                 `json:"error,omitempty"` // why the record is malformed
 }
 
+// electionKeyView is one key under the election prefix as status shows
+// it. The oldest leads; if it is foreign, nobody can.
+type electionKeyView struct {
+	Key            string `json:"key"`
+	Replica        string `json:"replica"`         // the key's value: a replica's ID (shortened)
+	Lease          string `json:"lease,omitempty"` // hex; none: leaseless
+	CreateRevision int64  `json:"create_revision"`
+	// Foreign says why no live replica holds the key; empty for a
+	// replica's key. configd serve removes foreign keys.
+	Foreign string `json:"foreign,omitempty"`
+}
+
 // statusView is the answer of status: config, published shares, live
 // instances, and every malformed record found on the way.
 type statusView struct {
@@ -113,6 +125,12 @@ type statusView struct {
 	// PublishError is why the leader's last attempt to publish this
 	// provider's shares failed; only the leading replica's API knows it.
 	PublishError string `json:"publish_error,omitempty"`
+	// Election lists configd's election keys, oldest first (see
+	// readElection), and ElectionMore how many more there are;
+	// ElectionError says why they could not be read.
+	Election      []electionKeyView `json:"election"`
+	ElectionMore  int64             `json:"election_more,omitempty"`
+	ElectionError string            `json:"election_error,omitempty"`
 }
 
 // store is the one implementation of the provider operations over etcd,
@@ -359,6 +377,11 @@ func (s *store) status(ctx context.Context, name string) (statusView, error) {
 			iv.Share, iv.HasShare = out.Shares.Shares[k.Instance]
 		}
 		out.Instances = append(out.Instances, iv)
+	}
+	// Read apart: a user who may read the providers but not the election
+	// still sees the rest.
+	if out.Election, out.ElectionMore, err = readElection(ctx, s.cli, s.keys); err != nil {
+		out.ElectionError = err.Error()
 	}
 	return out, nil
 }
