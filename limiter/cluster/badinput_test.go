@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
@@ -132,7 +130,7 @@ func TestHandWrittenSharesRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	putLeader(t, cli, lease.ID)
 	a := join(t, cli, "api", "a")
 	gen := int64(10)
 	goodShares := func() string {

@@ -178,7 +178,7 @@ func TestPublishedSharesWinAndAreAcknowledged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	putLeader(t, cli, lease.ID)
 	a := join(t, cli, "api", "a")
 	b := join(t, cli, "api", "b")
 	// Published shares not naming them yet: a joining instance has nothing.
@@ -254,7 +254,7 @@ func TestFailStaticThenRegisterAgain(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+				putLeader(t, cli, lease.ID)
 			}
 			a := join(t, cli, "api", "a", WithLeaseTTL(tc.ttl))
 			if tc.source == "shares" { // published once a registered, as configd does
@@ -484,7 +484,7 @@ func TestLapsedShareStartsFromNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	putLeader(t, cli, lease.ID)
 	shares := func(gen int64, from time.Time, s map[string]int64) {
 		put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
 			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: from.Truncate(w).UnixNano(), Window: schema.Duration(w),
@@ -541,7 +541,7 @@ func TestEvenSplitKeepsOutUnconfirmedGrants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(leader.ID))
+	putLeader(t, cli, leader.ID)
 
 	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
 	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
@@ -601,7 +601,7 @@ func TestNewProcessStartsFromNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	putLeader(t, cli, lease.ID)
 	shares := func(gen int64, s int64) {
 		put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
 			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
@@ -636,7 +636,7 @@ func TestClockCorrectionDoesNotExtendFailStatic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	putLeader(t, cli, lease.ID)
 	a := join(t, cli, "api", "a", WithLeaseTTL(ttl))
 	put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
 		Version: 1, Provider: "api", Generation: 1, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),

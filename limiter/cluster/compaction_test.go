@@ -71,7 +71,7 @@ func TestMemberReloadsAfterCompaction(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(leader.ID))
+			putLeader(t, cli, leader.ID)
 
 			px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
 			pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second,

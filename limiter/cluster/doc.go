@@ -49,6 +49,15 @@
 // early. When a new lease comes after the horizon has passed, the member
 // starts from nothing, as a joining instance does.
 //
+// configd is alive while a key a configd replica can hold is under its
+// election prefix: one on a lease granted for at most a session's TTL
+// (schema.MaxSessionTTL), named after that lease, holding a replica ID
+// (schema.Keys.CheckElectionKey). Any other key there is foreign: it is
+// listed in Status.Problems and logged once, and does not count, so that a
+// leaseless or long-lived key left there does not keep the instances on
+// the last shares (or on nothing) with configd gone. configd removes such
+// keys when it runs. A replica's key always counts.
+//
 // Live instances are the keys under the provider's instances/ prefix: each
 // is attached to its instance's lease. A record there that does not decode
 // or validate (written by hand, or by a newer version) is listed in

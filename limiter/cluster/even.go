@@ -50,7 +50,10 @@ func (m *Member) evenShare(v *view, now time.Time) int64 {
 }
 
 // leaderEvent applies a configd leader key's creation or deletion (at
-// etcd revision rev) to the view.
+// etcd revision rev) to the view. The deletion of any key under the
+// election prefix counts as a leader's going, also one the view never
+// took for a leader's: records older than it are then not confirmations,
+// which can only make the even split smaller.
 func (v *view) leaderEvent(key string, deleted bool, rev int64) {
 	if !deleted {
 		v.leaders[key] = true

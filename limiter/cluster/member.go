@@ -86,7 +86,8 @@ type Status struct {
 	// WithClockMonitor); the offset applied is the limiter's ClockOffset.
 	ClockKnown       bool
 	ClockUncertainty time.Duration
-	// Problems lists records found malformed in etcd, as "key: why"
+	// Problems lists records found malformed in etcd, and foreign keys
+	// in configd's election (see the package doc), as "key: why"
 	// (ignored; the last good value is kept — but a malformed instance
 	// record's instance still counts as live, see the package doc).
 	Problems []string

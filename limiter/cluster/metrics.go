@@ -43,7 +43,7 @@ func NewCollector(m *Member, labels prometheus.Labels) prometheus.Collector {
 		MetricDemand:           d(MetricDemand, "Smoothed permits per window this instance asked for, as reported."),
 		MetricClockKnown:       d(MetricClockKnown, "1 while the clock offset is known from NTP, else 0."),
 		MetricClockUncertainty: d(MetricClockUncertainty, "Uncertainty of the clock offset measurement."),
-		MetricMalformed:        d(MetricMalformed, "Records found malformed in etcd and ignored (the last good value is kept)."),
+		MetricMalformed:        d(MetricMalformed, "Records found malformed in etcd and ignored (the last good value is kept), and foreign keys in configd's election, not taken for a live configd."),
 		MetricSource:           d(MetricSource, "1 for where the share comes from: fallback, even (no configd alive) or shares (published by configd).", "source"),
 	}}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -20,6 +21,10 @@ import (
 )
 
 var errLeaseLost = errors.New("cluster: lease keep-alive ended")
+
+// errLeaseTooLong: a key under configd's election prefix on a lease no
+// configd replica's session has.
+var errLeaseTooLong = fmt.Errorf("cluster: configd election key's lease was granted for longer than a replica's session (%v at most)", schema.MaxSessionTTL)
 
 // view is what the Member knows of its provider: the last good record of
 // each kind, the live instances and whether a configd leader is alive.
@@ -180,7 +185,8 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		// With values: a malformed instance record present at the start
 		// is listed in Status.Problems like one arriving later.
 		clientv3.OpGet(m.keys.Instances(m.provider), clientv3.WithPrefix()),
-		clientv3.OpGet(m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		// With values: a replica's ID says the key may be a replica's.
+		clientv3.OpGet(m.keys.Election()+"/", clientv3.WithPrefix()),
 	).Commit()
 	ocancel()
 	if err != nil {
@@ -196,7 +202,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
 			if i == 3 {
-				v.leaders[string(kv.Key)] = true
+				if err := m.leaderKey(sctx, v, kv, false); err != nil {
+					return err
+				}
 				continue
 			}
 			m.observe(v, string(kv.Key), kv.Value, false, kv.ModRevision)
@@ -238,7 +246,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 
 	wctx := clientv3.WithRequireLeader(sctx)
 	providerEvents := m.cli.Watch(wctx, m.keys.Provider(m.provider), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	leaderEvents := m.cli.Watch(wctx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithKeysOnly())
+	leaderEvents := m.cli.Watch(wctx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	tick := time.NewTicker(m.cfg.report)
 	defer tick.Stop()
 	for {
@@ -278,7 +286,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			}
 			wasLed := len(v.leaders) > 0
 			for _, ev := range wr.Events {
-				v.leaderEvent(string(ev.Kv.Key), ev.Type == clientv3.EventTypeDelete, ev.Kv.ModRevision)
+				if err := m.leaderKey(sctx, v, ev.Kv, ev.Type == clientv3.EventTypeDelete); err != nil {
+					return err
+				}
 			}
 			if follow() || (wasLed && len(v.leaders) == 0) {
 				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
@@ -644,4 +654,58 @@ func written(rec schema.InstanceRecord) follow.Record {
 		ClockKnown:  rec.ClockKnown,
 		FailStatic:  time.Duration(rec.FailStatic),
 	}
+}
+
+// leaderKey applies a key under configd's election prefix (its put, or
+// deleted) to the view. Only a key a configd replica can hold makes
+// configd alive: one that cannot be (schema.Keys.CheckElectionKey: no
+// lease, not named after its lease, no replica ID; or on a lease granted
+// for longer than any replica's session) is ignored, logged once and
+// listed in Status.Problems. Otherwise such a key — which configd removes
+// when it runs — would keep the instances, with configd gone, on the last
+// shares (or on nothing, for one that joined since) for as long as it
+// stays: for good if it has no lease. A replica's key passes every check,
+// so an instance never takes a live configd for gone; a key that imitates
+// one exactly counts as configd's until its lease ends.
+func (m *Member) leaderKey(ctx context.Context, v *view, kv *mvccpb.KeyValue, deleted bool) error {
+	key := string(kv.Key)
+	defer m.listProblems(v)
+	if deleted {
+		delete(v.problems, key)
+		v.leaderEvent(key, true, kv.ModRevision)
+		return nil
+	}
+	why := m.keys.CheckElectionKey(key, kv.Lease, kv.Value)
+	if why == nil {
+		octx, cancel := m.opCtx(ctx)
+		resp, err := m.cli.TimeToLive(octx, clientv3.LeaseID(kv.Lease))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("configd leader key %s: lease: %w", key, err)
+		}
+		switch {
+		case resp.TTL < 0:
+			// Its lease is gone, and the key with it (the deletion is on
+			// its way): configd is not alive through it.
+			if v.leaders[key] {
+				v.leaderEvent(key, true, kv.ModRevision)
+			}
+			return nil
+		case time.Duration(resp.GrantedTTL)*time.Second > schema.MaxSessionTTL:
+			why = fmt.Errorf("%w: granted %ds", errLeaseTooLong, resp.GrantedTTL)
+		}
+	}
+	if why == nil {
+		delete(v.problems, key)
+		v.leaderEvent(key, false, kv.ModRevision)
+		return nil
+	}
+	if v.leaders[key] {
+		v.leaderEvent(key, true, kv.ModRevision) // rewritten: no longer a replica's
+	}
+	if v.problems[key] != why.Error() {
+		m.log.Warn("ignoring a foreign key in configd's election: it does not make configd alive", "key", key, "err", why)
+	}
+	v.problems[key] = why.Error()
+	return nil
 }
