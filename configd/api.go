@@ -48,6 +48,8 @@ type api struct {
 //	GET    /v1/providers/{name}/instances status: config, shares, instances, malformed records
 //	GET    /v1/providers/{name}/history   history, oldest first
 //	GET    /metrics, /healthz, /readyz
+//
+// GET routes answer HEAD too; any other method on these paths is 405.
 func (a *api) handler(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/providers", a.handleList)
@@ -61,10 +63,43 @@ func (a *api) handler(reg *prometheus.Registry) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", a.handleReady)
+	// Whatever no route above matches: a path the API has, with a method
+	// it does not serve, is 405 with Allow (RFC 9110 15.5.6); any other
+	// path is 404. Both answer JSON, like every other error.
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := allowedMethods(mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, http.StatusMethodNotAllowed, fmt.Errorf("%w: %s %s; it allows %s",
+				ErrMethodNotAllowed, r.Method, r.URL.Path, strings.Join(allow, ", ")))
+			return
+		}
 		writeError(w, http.StatusNotFound, fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
 	return a.instrument(mux)
+}
+
+// ErrMethodNotAllowed: a path the API serves, with a method it does not.
+var ErrMethodNotAllowed = errors.New("configd: method not allowed")
+
+// probeMethods are the methods allowedMethods tries, in the order an Allow
+// header lists them.
+var probeMethods = []string{
+	http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
+	http.MethodPatch, http.MethodPost, http.MethodPut,
+}
+
+// allowedMethods returns the methods mux has a route for at r's path,
+// other than its catch-all "/" — none for a path the API does not have.
+// It asks mux itself, so the answer cannot drift from the routes.
+func allowedMethods(mux *http.ServeMux, r *http.Request) []string {
+	var allow []string
+	for _, m := range probeMethods {
+		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host}
+		if _, pattern := mux.Handler(probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
 }
 
 // requestTimeout bounds each admin request's etcd work, so an unreachable

@@ -400,10 +400,10 @@ func TestAPIBadInputSweep(t *testing.T) {
 		{"status unicode", "GET", "caf%C3%A9/instances", nil, "", 400, "name must match", ""},
 		{"history traversal", "GET", "..%2F..%2Fconfigd/history", nil, "", 400, "name must match", ""},
 		{"empty name", "PUT", "", nil, `{"limit":5}`, 404, "no such endpoint", ""},
-		// Methods the API does not have.
-		{"POST", "POST", "keep", nil, `{"limit":5}`, 404, "no such endpoint: POST", ""},
-		{"PATCH", "PATCH", "keep", nil, `{"limit":5}`, 404, "no such endpoint: PATCH", ""},
-		{"PUT on instances", "PUT", "keep/instances", nil, `{"limit":5}`, 404, "no such endpoint", ""},
+		// Methods a path does not serve: 405, with Allow.
+		{"POST", "POST", "keep", nil, `{"limit":5}`, 405, "method not allowed: POST /v1/providers/keep; it allows DELETE, GET, HEAD, PUT", ""},
+		{"PATCH", "PATCH", "keep", nil, `{"limit":5}`, 405, "method not allowed: PATCH", ""},
+		{"PUT on instances", "PUT", "keep/instances", nil, `{"limit":5}`, 405, "it allows GET, HEAD", ""},
 	}
 	before := snapshot(t, cli)
 	for _, tc := range cases {
