@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -189,7 +190,7 @@ func (a *api) handlePut(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	ifRev, err := preconditions(r)
+	pre, err := preconditions(r)
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -208,9 +209,13 @@ func (a *api) handlePut(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	ch, err := a.store.put(r.Context(), cfg, ifRev, actor(r))
-	if err != nil {
+	if pre, err = a.resolve(r.Context(), name, pre); err != nil {
 		a.fail(w, err)
+		return
+	}
+	ch, err := a.store.put(r.Context(), cfg, pre.ifRev, actor(r))
+	if err != nil {
+		a.fail(w, pre.explain(err))
 		return
 	}
 	if ch.Changed {
@@ -220,14 +225,18 @@ func (a *api) handlePut(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
-	ifRev, err := preconditions(r)
+	pre, err := preconditions(r)
 	if err != nil {
 		a.fail(w, err)
 		return
 	}
-	ch, err := a.store.remove(r.Context(), r.PathValue("name"), ifRev, actor(r))
-	if err != nil {
+	if pre, err = a.resolve(r.Context(), r.PathValue("name"), pre); err != nil {
 		a.fail(w, err)
+		return
+	}
+	ch, err := a.store.remove(r.Context(), r.PathValue("name"), pre.ifRev, actor(r))
+	if err != nil {
+		a.fail(w, pre.explain(err))
 		return
 	}
 	a.log.Info("provider deleted", "provider", r.PathValue("name"), "revision", ch.Revision, "who", actor(r))
@@ -265,28 +274,166 @@ func (a *api) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "leader": a.leader()})
 }
 
-// preconditions turns If-Match / If-None-Match into an expected revision:
-// If-Match: "42" → 42; If-None-Match: * → 0 (create only); neither →
-// anyRevision.
-func preconditions(r *http.Request) (int64, error) {
-	// If-Match is evaluated first (RFC 9110 13.2.2): a write that names the
-	// revision it read must find it, whatever else it says.
-	if v := r.Header.Get("If-Match"); v == "" || strings.TrimSpace(v) == "*" {
-		if v := r.Header.Get("If-None-Match"); v != "" {
-			if strings.TrimSpace(v) != "*" {
-				return 0, &schema.ValidationError{Field: "If-None-Match", Value: schema.QuoteValue(v), Err: errors.New(`If-None-Match supports only "*"`)}
-			}
-			return 0, nil
+// precondition is a write's If-Match and If-None-Match (RFC 9110 13.1) as
+// the store's ifRev: anyRevision (neither), 0 (If-None-Match: *), a
+// revision (If-Match: "R"), mustExist (If-Match: *) or neverMatches.
+type precondition struct {
+	ifRev int64
+	// revs, when If-Match lists several revisions: the write needs the
+	// current one to be among them (resolve turns that into an ifRev).
+	revs []int64
+	// why says, for neverMatches, why nothing can match.
+	why string
+}
+
+// explain adds to a failed precondition why it could never hold.
+func (p precondition) explain(err error) error {
+	if p.why != "" && errors.Is(err, ErrPreconditionFailed) {
+		return fmt.Errorf("%w: %s", err, p.why)
+	}
+	return err
+}
+
+// resolve returns p with its ifRev for provider name: when If-Match
+// listed several revisions, the current one if it is among them. The store
+// then writes only at that revision, so a change in between fails the
+// write.
+func (a *api) resolve(ctx context.Context, name string, p precondition) (precondition, error) {
+	if len(p.revs) == 0 {
+		return p, nil
+	}
+	if err := schema.ValidateName(name); err != nil {
+		return p, err
+	}
+	cur, err := a.store.revision(ctx, name)
+	if err != nil {
+		return p, err
+	}
+	if cur == 0 || !slices.Contains(p.revs, cur) {
+		return precondition{ifRev: neverMatches, why: "none of the revisions If-Match lists is the current one"}, nil
+	}
+	return precondition{ifRev: cur}, nil
+}
+
+// preconditions reads If-Match and If-None-Match (RFC 9110 13.1.1, 13.1.2)
+// into a precondition. configd's ETags are strong, the config's revision
+// in quotes ("42"), so an If-Match tag matches only when it is exactly
+// such a revision: a weak tag never does (If-Match compares strongly), nor
+// one that is not a revision configd gives (the server evaluates, RFC
+// 9110 13.2.2; the answer is 412, not 400). Headers that are not "*" or a
+// list of entity tags are 400. If-None-Match supports only "*" (create
+// only).
+func preconditions(r *http.Request) (precondition, error) {
+	im, hasIM := headerList(r, "If-Match")
+	inm, hasINM := headerList(r, "If-None-Match")
+	if hasINM {
+		if star, _, ok := parseEntityTags(inm); !ok || !star {
+			return precondition{}, &schema.ValidationError{Field: "If-None-Match", Value: schema.QuoteValue(inm), Err: errors.New(`If-None-Match supports only "*" (create only)`)}
 		}
-		return anyRevision, nil
 	}
-	v := r.Header.Get("If-Match")
-	s := strings.Trim(strings.TrimPrefix(strings.TrimSpace(v), "W/"), `"`)
-	rev, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || rev < 0 {
-		return 0, &schema.ValidationError{Field: "If-Match", Value: schema.QuoteValue(v), Err: errors.New("If-Match must be a revision such as \"42\" (from GET's ETag)")}
+	if !hasIM {
+		if hasINM {
+			return precondition{ifRev: 0}, nil
+		}
+		return precondition{ifRev: anyRevision}, nil
 	}
-	return rev, nil
+	star, tags, ok := parseEntityTags(im)
+	if !ok {
+		return precondition{}, &schema.ValidationError{Field: "If-Match", Value: schema.QuoteValue(im), Err: errors.New(`If-Match must be "*" or entity tags such as "42", the ETag from GET`)}
+	}
+	if hasINM {
+		// If-Match holds only if the provider exists, If-None-Match: *
+		// only if it does not.
+		return precondition{ifRev: neverMatches, why: "If-Match and If-None-Match: * never hold together"}, nil
+	}
+	if star {
+		return precondition{ifRev: mustExist}, nil
+	}
+	var revs []int64
+	seen := make(map[int64]bool)
+	weak := 0
+	for _, t := range tags {
+		if t.weak {
+			weak++
+			continue
+		}
+		if rev, ok := revisionTag(t.opaque); ok && !seen[rev] {
+			seen[rev] = true
+			revs = append(revs, rev)
+		}
+	}
+	switch {
+	case len(revs) == 1:
+		return precondition{ifRev: revs[0]}, nil
+	case len(revs) > 1:
+		return precondition{ifRev: anyRevision, revs: revs}, nil
+	case weak == len(tags):
+		return precondition{ifRev: neverMatches, why: `a weak entity tag (W/"...") never matches If-Match, which compares strongly; send the ETag from GET as it is, such as "42"`}, nil
+	}
+	return precondition{ifRev: neverMatches, why: `If-Match names no revision; configd's ETags are revisions such as "42" (from GET), and weak tags (W/"...") never match`}, nil
+}
+
+// headerList returns the field lines of name joined into one list, and
+// whether there was a non-empty one.
+func headerList(r *http.Request, name string) (string, bool) {
+	v := strings.Trim(strings.Join(r.Header.Values(name), ", "), " \t")
+	return v, v != ""
+}
+
+// entityTag is one element of an If-Match or If-None-Match list.
+type entityTag struct {
+	weak   bool
+	opaque string // between the quotes
+}
+
+// parseEntityTags parses a field value that is "*" or a comma-separated
+// list of entity tags (RFC 9110 8.8.3: [W/] DQUOTE *etagc DQUOTE, empty
+// list elements allowed). ok is false when it is neither.
+func parseEntityTags(v string) (star bool, tags []entityTag, ok bool) {
+	s := strings.Trim(v, " \t")
+	if s == "*" {
+		return true, nil, true
+	}
+	for {
+		s = strings.TrimLeft(s, " \t")
+		if s == "" {
+			return false, tags, len(tags) > 0
+		}
+		if s[0] == ',' {
+			s = s[1:]
+			continue
+		}
+		var t entityTag
+		if rest, found := strings.CutPrefix(s, "W/"); found {
+			t.weak, s = true, rest
+		}
+		if s == "" || s[0] != '"' {
+			return false, nil, false
+		}
+		end := strings.IndexByte(s[1:], '"')
+		if end < 0 {
+			return false, nil, false
+		}
+		t.opaque = s[1 : 1+end]
+		for i := 0; i < len(t.opaque); i++ {
+			if c := t.opaque[i]; c < 0x21 || c == 0x7f { // etagc: %x21 / %x23-7E / obs-text
+				return false, nil, false
+			}
+		}
+		tags = append(tags, t)
+		s = strings.TrimLeft(s[2+end:], " \t")
+		if s != "" && s[0] != ',' {
+			return false, nil, false
+		}
+	}
+}
+
+// revisionTag returns the revision an opaque tag stands for, if it is one
+// configd could have sent: a positive decimal in canonical form (the
+// strong comparison is byte for byte, so "042" is not "42").
+func revisionTag(opaque string) (int64, bool) {
+	rev, err := strconv.ParseInt(opaque, 10, 64)
+	return rev, err == nil && rev > 0 && strconv.FormatInt(rev, 10) == opaque
 }
 
 // actor returns who to record for a write: the X-Sluice-Actor header (made
@@ -317,6 +464,8 @@ func (a *api) fail(w http.ResponseWriter, err error) {
 		status = http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrNotFound):
 		status = http.StatusNotFound
+	case errors.Is(err, ErrPreconditionFailed):
+		status = http.StatusPreconditionFailed
 	case errors.Is(err, ErrConflict):
 		status = http.StatusConflict
 	case errors.Is(err, ErrMalformedStored):

@@ -80,8 +80,8 @@ func TestAPIBadInput(t *testing.T) {
 		{"not JSON", "PUT", "p", `limit=5`, nil, 400, "malformed JSON"},
 		{"empty body", "PUT", "p", ``, nil, 400, "empty"},
 		{"2 MiB body", "PUT", "p", `{"limit":5,"name":"` + strings.Repeat("a", 2<<20) + `"}`, nil, 413, "larger than 1048576 bytes"},
-		{"bad If-Match", "PUT", "p", `{"limit":5}`, map[string]string{"If-Match": "yesterday"}, 400, "If-Match must be a revision"},
-		{"stale If-Match", "PUT", "p", `{"limit":5}`, map[string]string{"If-Match": `"12345"`}, 409, "conflict"},
+		{"bad If-Match", "PUT", "p", `{"limit":5}`, map[string]string{"If-Match": "yesterday"}, 400, `If-Match must be "*" or entity tags`},
+		{"stale If-Match", "PUT", "p", `{"limit":5}`, map[string]string{"If-Match": `"12345"`}, 412, "conflict"},
 		{"bad If-None-Match", "PUT", "p", `{"limit":5}`, map[string]string{"If-None-Match": `"3"`}, 400, "If-None-Match"},
 		{"get missing", "GET", "nope", "", nil, 404, "not found"},
 		{"get bad name", "GET", "NOPE", "", nil, 400, "name must match"},
@@ -114,8 +114,8 @@ func TestAPIBadInput(t *testing.T) {
 	if status != 200 {
 		t.Fatalf("create: %d %s", status, body)
 	}
-	if status, body = do(t, "PUT", base+"p", map[string]string{"If-None-Match": "*"}, `{"limit":6}`); status != 409 {
-		t.Fatalf("second create-only PUT: %d %s, want 409", status, body)
+	if status, body = do(t, "PUT", base+"p", map[string]string{"If-None-Match": "*"}, `{"limit":6}`); status != 412 {
+		t.Fatalf("second create-only PUT: %d %s, want 412", status, body)
 	}
 	req, _ := http.NewRequest("GET", base+"p", nil)
 	getResp, err := http.DefaultClient.Do(req)

@@ -60,6 +60,10 @@ func (e *remoteError) Is(target error) bool {
 		return target == ErrNotFound
 	case http.StatusConflict:
 		return target == ErrConflict
+	case http.StatusPreconditionFailed:
+		// The CLI sends only revisions (--if-revision): a stale one is
+		// the conflict the direct mode reports.
+		return target == ErrPreconditionFailed || target == ErrConflict
 	case http.StatusUnauthorized:
 		return target == ErrUnauthorized
 	case http.StatusForbidden:

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -19,14 +20,16 @@ import (
 )
 
 // FuzzPreconditions feeds arbitrary If-Match and If-None-Match values to
-// the API's precondition parsing: it must not panic, a refusal must be a
-// one-line *schema.ValidationError, an acceptance a revision ≥ -1 (0 only
-// for If-None-Match: *). And what the CLI's client sends for a revision
-// (writeHeaders) must parse back to that revision.
+// the API's precondition parsing: it must not panic; a refusal must be a
+// one-line *schema.ValidationError; an acceptance a precondition the store
+// knows (0 only for If-None-Match: * alone, neverMatches with a reason, a
+// list only of two or more positive revisions). And what the CLI's client
+// sends for a revision (writeHeaders) must parse back to that revision.
 func FuzzPreconditions(f *testing.F) {
 	for _, s := range [][2]string{
 		{`"42"`, ""}, {`W/"42"`, ""}, {"*", ""}, {"", "*"}, {`"1", "2"`, ""}, {`""`, ""},
 		{`"-1"`, ""}, {"99999999999999999999", ""}, {"", `"*"`}, {`"5"`, "*"}, {" \t*\t ", ""}, {"\"\xff\"", ""},
+		{`W/"1", "2", , "2"`, ""}, {`"a,b"`, ""}, {`*, "1"`, ""}, {`"1" "2"`, ""}, {`"042"`, ""},
 	} {
 		f.Add(s[0], s[1], int64(42))
 	}
@@ -41,22 +44,38 @@ func FuzzPreconditions(f *testing.F) {
 			r.Header["If-None-Match"] = []string{ifNoneMatch}
 		}
 		got, err := preconditions(r)
+		hasIM, hasINM := strings.Trim(ifMatch, " \t") != "", strings.Trim(ifNoneMatch, " \t") != ""
 		switch {
 		case err != nil:
 			var ve *schema.ValidationError
 			if !errors.As(err, &ve) || !errors.Is(err, schema.ErrInvalid) {
 				t.Fatalf("If-Match %q If-None-Match %q: error %v is not a schema.ValidationError", ifMatch, ifNoneMatch, err)
 			}
-			if msg := err.Error(); strings.ContainsAny(msg, "\r\n") || !strings.Contains(msg, "If-") {
-				t.Fatalf("error %q: want one line naming the header", msg)
+			if msg := err.Error(); strings.ContainsAny(msg, "\r\n") || !strings.Contains(msg, "If-") || len(msg) > 512 {
+				t.Fatalf("error %q: want one short line naming the header", msg)
 			}
-		case strings.TrimSpace(ifNoneMatch) == "*" && (ifMatch == "" || strings.TrimSpace(ifMatch) == "*"):
-			// If-Match, when it names a revision, is evaluated first.
-			if got != 0 {
-				t.Fatalf("If-None-Match * gave revision %d, want 0", got)
+		case hasIM && hasINM:
+			if got.ifRev != neverMatches || got.why == "" {
+				t.Fatalf("If-Match %q with If-None-Match %q gave %+v, want neverMatches", ifMatch, ifNoneMatch, got)
 			}
-		case got < anyRevision:
-			t.Fatalf("If-Match %q gave revision %d", ifMatch, got)
+		case hasINM:
+			if got.ifRev != 0 || got.revs != nil {
+				t.Fatalf("If-None-Match %q gave %+v, want revision 0", ifNoneMatch, got)
+			}
+		case !hasIM:
+			if got.ifRev != anyRevision || got.revs != nil {
+				t.Fatalf("no precondition gave %+v", got)
+			}
+		case got.revs != nil:
+			if got.ifRev != anyRevision || len(got.revs) < 2 || slices.ContainsFunc(got.revs, func(r int64) bool { return r <= 0 }) {
+				t.Fatalf("If-Match %q gave %+v", ifMatch, got)
+			}
+		case got.ifRev == neverMatches:
+			if got.why == "" {
+				t.Fatalf("If-Match %q never matches, without a reason", ifMatch)
+			}
+		case got.ifRev == 0 || got.ifRev < mustExist:
+			t.Fatalf("If-Match %q gave %+v", ifMatch, got)
 		}
 
 		// Client and server agree on every revision the CLI can send.
@@ -64,8 +83,8 @@ func FuzzPreconditions(f *testing.F) {
 			return
 		}
 		back, err := preconditions(&http.Request{Header: writeHeaders(rev, "who")})
-		if err != nil || back != rev {
-			t.Fatalf("writeHeaders(%d) parses back as %d, %v", rev, back, err)
+		if err != nil || back.ifRev != rev || back.revs != nil {
+			t.Fatalf("writeHeaders(%d) parses back as %+v, %v", rev, back, err)
 		}
 	})
 }
@@ -142,7 +161,7 @@ func FuzzAdminRequest(f *testing.F) {
 
 		status := rec.Code
 		switch status {
-		case 200, 400, 404, 405, 409, 413:
+		case 200, 400, 404, 405, 409, 412, 413:
 		case 301, 307, 308:
 			if !raw && !strings.Contains(seg, "%") {
 				t.Logf("redirect for %q", seg)

@@ -23,6 +23,11 @@ var (
 	ErrNotFound = errors.New("configd: provider not found")
 	// ErrConflict: the provider changed since the revision the caller read.
 	ErrConflict = errors.New("configd: conflict: the provider was changed by someone else since it was read")
+	// ErrPreconditionFailed: a conditional write (If-Match, If-None-Match,
+	// --if-revision) found the provider in a state its condition excludes;
+	// nothing was written. The API answers it with 412. A stale revision
+	// is also an ErrConflict, as the CLI has always reported it.
+	ErrPreconditionFailed = errors.New("configd: precondition failed")
 	// ErrUnauthorized: a write without a bearer token.
 	ErrUnauthorized = errors.New("configd: a bearer token is required for writes (--token-file)")
 	// ErrForbidden: a write with a wrong bearer token.
@@ -38,10 +43,31 @@ var (
 // etcdError wraps an etcd client error with ErrEtcd.
 func etcdError(err error) error { return fmt.Errorf("%w: %w", ErrEtcd, err) }
 
-// anyRevision as ifRev means "whatever is there now" (last writer wins,
-// though still without losing a concurrent write between our read and our
-// write); 0 means "must not exist yet".
-const anyRevision = -1
+// What a write requires of the provider's config revision (ifRev): a
+// revision R > 0 means "exactly R", 0 means "must not exist yet", and:
+const (
+	// anyRevision: whatever is there now (last writer wins, though still
+	// without losing a concurrent write between our read and our write).
+	anyRevision = -1
+	// mustExist: any revision, but the provider must exist (If-Match: *).
+	mustExist = -2
+	// neverMatches: a condition no state satisfies, such as an If-Match
+	// with only weak entity tags; a write with it writes nothing.
+	neverMatches = -3
+)
+
+// satisfied reports whether a config at revision cur (0: none) meets ifRev.
+func satisfied(ifRev, cur int64) bool {
+	switch ifRev {
+	case anyRevision:
+		return true
+	case mustExist:
+		return cur != 0
+	case neverMatches:
+		return false
+	}
+	return ifRev == cur
+}
 
 // maxPutAttempts bounds the read-modify-write retries of an unconditional
 // write that keeps losing races.
@@ -269,11 +295,14 @@ func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderC
 				s.malformed(key, cur, err)
 			}
 		}
-		if ifRev != anyRevision && ifRev != cur {
-			return changeView{}, conflict(name, ifRev, cur)
-		}
+		// Deleting what does not exist is 404 whatever the condition (RFC
+		// 9110 13.2.1: conditions are ignored when the answer without them
+		// would be neither 2xx nor 412).
 		if newCfg == nil && len(resp.Kvs) == 0 {
 			return changeView{}, fmt.Errorf("%w: %q", ErrNotFound, name)
+		}
+		if !satisfied(ifRev, cur) {
+			return changeView{}, unsatisfied(name, ifRev, cur)
 		}
 		if newCfg != nil && old != nil && *old == *newCfg {
 			return changeView{Old: old, New: newCfg, Revision: cur}, nil
@@ -299,20 +328,63 @@ func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderC
 		if tresp.Succeeded {
 			return changeView{Old: old, New: newCfg, Revision: tresp.Header.Revision, Changed: true}, nil
 		}
-		if ifRev != anyRevision || attempt >= maxPutAttempts {
+		// The config changed between our read and our write. Read again,
+		// unless the condition named the revision we read: then it no
+		// longer holds.
+		if ifRev >= 0 {
+			return changeView{}, &preconditionError{conflict(name, cur, -1)}
+		}
+		if attempt >= maxPutAttempts {
 			return changeView{}, conflict(name, cur, -1)
 		}
 	}
 }
 
-func conflict(name string, want, now int64) error {
-	if now < 0 {
-		return fmt.Errorf("%w: %q changed after revision %d; read it again and retry", ErrConflict, name, want)
+// unsatisfied says why a config at revision cur (0: none) does not meet
+// ifRev.
+func unsatisfied(name string, ifRev, cur int64) error {
+	switch {
+	case ifRev == mustExist:
+		return fmt.Errorf("%w: %q does not exist, and If-Match: * writes only a provider that exists", ErrPreconditionFailed, name)
+	case ifRev == neverMatches && cur == 0:
+		return fmt.Errorf("%w: %q does not exist", ErrPreconditionFailed, name)
+	case ifRev == neverMatches:
+		return fmt.Errorf("%w: %q is at revision %d", ErrPreconditionFailed, name, cur)
 	}
-	if now == 0 {
+	return &preconditionError{conflict(name, ifRev, cur)}
+}
+
+func conflict(name string, want, now int64) error {
+	switch {
+	case now < 0:
+		return fmt.Errorf("%w: %q changed after revision %d; read it again and retry", ErrConflict, name, want)
+	case want == 0:
+		return fmt.Errorf("%w: %q was expected not to exist, but it is at revision %d", ErrConflict, name, now)
+	case now == 0:
 		return fmt.Errorf("%w: %q expected at revision %d, but it does not exist", ErrConflict, name, want)
 	}
 	return fmt.Errorf("%w: %q expected at revision %d, but it is at revision %d; read it again and retry", ErrConflict, name, want, now)
+}
+
+// preconditionError is a conditional write that found another revision
+// than the one it named: an ErrConflict, as the CLI's --if-revision
+// reports it, and an ErrPreconditionFailed, which the API answers with
+// 412. Its message is the conflict's.
+type preconditionError struct{ conflict error }
+
+func (e *preconditionError) Error() string   { return e.conflict.Error() }
+func (e *preconditionError) Unwrap() []error { return []error{e.conflict, ErrPreconditionFailed} }
+
+// revision returns the revision of name's config, 0 when it has none.
+func (s *store) revision(ctx context.Context, name string) (int64, error) {
+	resp, err := s.cli.Get(ctx, s.keys.Config(name), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, etcdError(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, nil
+	}
+	return resp.Kvs[0].ModRevision, nil
 }
 
 // status reads a provider's config, shares and instances in one consistent
