@@ -6,12 +6,199 @@ package main
 // admin token file.
 
 import (
+	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
 )
+
+// hostRequest sends one request with the given Host header (and bearer
+// token, if any) and returns status, header and body.
+func hostRequest(t *testing.T, method, url, host, token, body string) (int, http.Header, string) {
+	t.Helper()
+	hdr := http.Header{}
+	if token != "" {
+		hdr.Set("Authorization", "Bearer "+token)
+	}
+	req, err := http.NewRequestWithContext(ctxT(t), method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = hdr
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// TestAdminAPIHostCheck: without an admin token, the API answers only
+// requests whose Host names loopback (localhost, an IP address) or a name
+// given with --allowed-host; any other name — what a browser sends after a
+// DNS-rebinding attack — gets 421 Misdirected Request, for reads and writes,
+// and a refused write writes nothing. With a token the Host is not checked
+// (the token guards writes), unless --allowed-host asks for the check.
+func TestAdminAPIHostCheck(t *testing.T) {
+	const token = "host-check-token-0123456789"
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	tokenFile := writeFile(t, "token", token)
+	open := startReplica(t, srv, "open", "--allowed-host", "configd.test")
+	tok := startReplica(t, srv, "tok", "--admin-token-file", tokenFile)
+	tokHosts := startReplica(t, srv, "tok-hosts", "--admin-token-file", tokenFile, "--allowed-host", "Configd.Test")
+	port := func(r *replica) string { return r.addr[strings.LastIndex(r.addr, ":"):] }
+
+	cases := []struct {
+		name         string
+		r            *replica
+		method, path string
+		host         string // with the replica's port appended when it ends in ":"
+		token        string
+		want         int
+	}{
+		{"listen address", open, "GET", "/v1/providers", "127.0.0.1:", "", 200},
+		{"localhost", open, "GET", "/v1/providers", "localhost:", "", 200},
+		{"localhost, any case", open, "GET", "/v1/providers", "LocalHost:", "", 200},
+		{"localhost without a port", open, "GET", "/healthz", "localhost", "", 200},
+		{"IPv6 loopback", open, "GET", "/healthz", "[::1]:", "", 200},
+		{"another IP address", open, "GET", "/healthz", "10.1.2.3:7070", "", 200},
+		{"--allowed-host", open, "GET", "/v1/providers", "configd.test:", "", 200},
+		{"--allowed-host, any case", open, "PUT", "/v1/providers/allowed", "CONFIGD.TEST:", "", 200},
+		{"rebinding name", open, "GET", "/v1/providers", "evil.example:", "", 421},
+		{"rebinding name, no port", open, "GET", "/v1/providers", "evil.example", "", 421},
+		{"rebinding name, PUT", open, "PUT", "/v1/providers/rebound", "evil.example:", "", 421},
+		{"rebinding name, DELETE", open, "DELETE", "/v1/providers/allowed", "evil.example:", "", 421},
+		{"rebinding name, metrics", open, "GET", "/metrics", "evil.example:", "", 421},
+		{"rebinding name, unknown path", open, "GET", "/nothing", "evil.example:", "", 421},
+		{"name ending in localhost", open, "GET", "/healthz", "evil.localhost.example:", "", 421},
+		{"subdomain of an allowed name", open, "GET", "/healthz", "x.configd.test:", "", 421},
+		{"name that looks like an IP", open, "GET", "/healthz", "127.0.0.1.nip.io:", "", 421},
+		{"token: any host reads", tok, "GET", "/v1/providers", "evil.example:", "", 200},
+		{"token: any host writes with the token", tok, "PUT", "/v1/providers/tokened", "evil.example:", token, 200},
+		{"token: no token, no write", tok, "PUT", "/v1/providers/untokened", "evil.example:", "", 401},
+		{"token and --allowed-host: checked", tokHosts, "GET", "/v1/providers", "evil.example:", "", 421},
+		{"token and --allowed-host: checked, with the token", tokHosts, "PUT", "/v1/providers/rebound", "evil.example:", token, 421},
+		{"token and --allowed-host: allowed", tokHosts, "GET", "/v1/providers", "configd.test:", "", 200},
+		{"token and --allowed-host: localhost", tokHosts, "GET", "/v1/providers", "localhost:", "", 200},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			host := tc.host
+			if strings.HasSuffix(host, ":") {
+				host = strings.TrimSuffix(host, ":") + port(tc.r)
+			}
+			status, _, body := hostRequest(t, tc.method, tc.r.url()+tc.path, host, tc.token, `{"limit":5}`)
+			if status != tc.want {
+				t.Fatalf("%s %s with Host %q: %d %.300s, want %d", tc.method, tc.path, host, status, body, tc.want)
+			}
+			if status == http.StatusMisdirectedRequest {
+				msg := errorOf(t, body)
+				for _, want := range []string{"Host", strings.TrimSuffix(host, port(tc.r)), "--allowed-host"} {
+					if !strings.Contains(msg, want) {
+						t.Errorf("421 error %q does not name %q", msg, want)
+					}
+				}
+			}
+		})
+	}
+	for _, name := range []string{"rebound", "untokened"} {
+		if configKeyExists(t, cli, name) {
+			t.Errorf("a refused write created %q", name)
+		}
+	}
+	if !configKeyExists(t, cli, "allowed") {
+		t.Errorf("the refused DELETE of %q deleted it (or the allowed PUT did not create it)", "allowed")
+	}
+}
+
+// TestHostPolicy: which Host headers the DNS-rebinding check lets
+// through, for an API listening on a name with one --allowed-host.
+func TestHostPolicy(t *testing.T) {
+	p := newHostPolicy("configd-1.lan:7070", []string{"Configd.Internal."})
+	cases := []struct {
+		host string
+		want bool
+	}{
+		{"localhost", true},
+		{"localhost:7070", true},
+		{"LOCALHOST:1", true},
+		{"localhost.:7070", true},
+		{"127.0.0.1:7070", true},
+		{"127.0.0.1", true},
+		{"[::1]:7070", true},
+		{"[::1]", true},
+		{"10.0.0.9:80", true},
+		{"[fe80::1%25eth0]:7070", true},
+		{"configd-1.lan:7070", true},
+		{"configd-1.lan:9999", true},
+		{"configd.internal", true},
+		{"CONFIGD.INTERNAL.:7070", true},
+		{"", false},
+		{":7070", false},
+		{"[]:7070", false},
+		{"evil.example", false},
+		{"evil.example:7070", false},
+		{"localhost.evil.example", false},
+		{"evil.localhost", false},
+		{"configd.internal.evil.example", false},
+		{"127.0.0.1.nip.io:7070", false},
+		{"0x7f000001", false},
+		{"127.1", false},
+		{"[evil.example]:80", false},
+		{"localhost:7070:80", false},
+	}
+	for _, tc := range cases {
+		if got := p.allows(tc.host); got != tc.want {
+			t.Errorf("Host %q: allowed %v, want %v", tc.host, got, tc.want)
+		}
+	}
+}
+
+// TestAllowedHostFlag: --allowed-host takes host names and IP addresses;
+// anything else (a URL, a port, a wildcard, an empty or malformed name) is
+// a usage error naming the flag.
+func TestAllowedHostFlag(t *testing.T) {
+	cases := []struct {
+		value string
+		ok    bool
+	}{
+		{"configd.internal", true},
+		{"configd", true},
+		{"Configd-1.example.", true},
+		{"10.0.0.1", true},
+		{"::1", true},
+		{"", false},
+		{"http://configd.internal", false},
+		{"configd.internal:7070", false},
+		{"*.example", false},
+		{"a..b", false},
+		{"-a.example", false},
+		{"a b", false},
+		{"configd/api", false},
+		{strings.Repeat("a", 64) + ".example", false},
+	}
+	for _, tc := range cases {
+		c := DefaultConfig()
+		c.AllowedHosts = []string{"localhost", tc.value}
+		err := c.Validate()
+		var ce *ConfigError
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("--allowed-host %q: %v", tc.value, err)
+		case !tc.ok && (!errors.As(err, &ce) || ce.Field != "allowed-host" || exitCode(err) != 2):
+			t.Errorf("--allowed-host %q: %v, want a usage error for --allowed-host", tc.value, err)
+		}
+	}
+}
 
 // TestAdminAPIMethodNotAllowed: a known path with a method it does not
 // serve gets 405 with an Allow header listing the methods it does (RFC 9110

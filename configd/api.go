@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,7 +31,8 @@ const actorHeader = "X-Sluice-Actor"
 // the bearer token when one is configured.
 type api struct {
 	store   *store
-	token   []byte // empty: writes are open
+	token   []byte      // empty: writes are open
+	hosts   *hostPolicy // the Host names it answers; nil: any
 	log     *slog.Logger
 	metrics *metrics
 	ready   func(ctx context.Context) error // nil error: ready
@@ -116,7 +118,11 @@ func (a *api) instrument(next http.Handler) http.Handler {
 		r = r.WithContext(ctx)
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		start := time.Now()
-		next.ServeHTTP(rec, r)
+		if a.hosts != nil && !a.hosts.allows(r.Host) {
+			writeError(rec, http.StatusMisdirectedRequest, misdirected(r.Host))
+		} else {
+			next.ServeHTTP(rec, r)
+		}
 		route := r.Pattern
 		if route == "" || route == "/" {
 			route = "other"
@@ -137,6 +143,103 @@ type statusRecorder struct {
 func (r *statusRecorder) WriteHeader(code int) {
 	r.status = code
 	r.ResponseWriter.WriteHeader(code)
+}
+
+// ErrMisdirected: a request whose Host names a server configd does not
+// take itself to be (see hostPolicy).
+var ErrMisdirected = errors.New("configd: request for another host")
+
+func misdirected(host string) error {
+	return fmt.Errorf("%w: Host %s; the admin API answers only requests for localhost, an IP address, "+
+		"its --listen host or a name given with --allowed-host (a defence against DNS rebinding)", ErrMisdirected, strconv.Quote(host))
+}
+
+// hostPolicy is the admin API's defence against DNS rebinding: a web page
+// on evil.example that points evil.example at 127.0.0.1 can make the
+// browser send requests to configd as same-origin requests — reads and
+// writes, with no CORS preflight to stop them — but they carry
+// "Host: evil.example". So the API answers only requests whose Host is
+//
+//   - localhost, or an IP address: a browser sends an IP address only for
+//     a page loaded from that address, and a page from elsewhere sending
+//     to it is cross-origin, where the preflight of PUT and DELETE (and
+//     the unreadable answers of GET) stop it; no DNS answer is involved;
+//   - the host of --listen, when it is a name;
+//   - a name given with --allowed-host (say, behind a proxy or a DNS name
+//     of its own).
+//
+// Ports are not compared: rebinding changes the name, never makes it one
+// of these. Names compare case-insensitively, a trailing dot ignored.
+//
+// Another Host gets 421 Misdirected Request: RFC 9110 15.5.20 has it for a
+// request whose target "does not match an origin for which the server has
+// been configured" — exactly this case — where 403 would say the resource
+// exists but the client may not have it, and the same request to the
+// right name succeeds.
+//
+// serve checks Host when no --admin-token-file is set (writes are then
+// open to whoever reaches the API, a rebinding page included) and when
+// --allowed-host is given. With a token and no --allowed-host it does not:
+// the token guards writes, a browser has no token, and replicas reached
+// by many names (load balancers, service names) need no list. Reads stay
+// open by design either way.
+type hostPolicy struct {
+	names map[string]bool // lower case, no trailing dot
+}
+
+// newHostPolicy returns the policy for an API listening on listen
+// (host:port) with the extra names allowed.
+func newHostPolicy(listen string, allowed []string) *hostPolicy {
+	p := &hostPolicy{names: map[string]bool{"localhost": true}}
+	if host, _, err := net.SplitHostPort(listen); err == nil && host != "" {
+		p.names[normalHost(host)] = true
+	}
+	for _, n := range allowed {
+		p.names[normalHost(n)] = true
+	}
+	return p
+}
+
+// allows reports whether a request with this Host header may be answered.
+func (p *hostPolicy) allows(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		host = host[1 : len(host)-1]
+	}
+	if host == "" {
+		return false
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	return p.names[normalHost(host)]
+}
+
+func normalHost(h string) string { return strings.ToLower(strings.TrimSuffix(h, ".")) }
+
+// validHostName reports whether s can be an --allowed-host: a DNS name (or
+// an IP address), without scheme, port, path or wildcard.
+func validHostName(s string) bool {
+	if _, err := netip.ParseAddr(s); err == nil {
+		return true
+	}
+	name := strings.TrimSuffix(s, ".")
+	if name == "" || len(name) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(name, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range []byte(label) {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // authorized wraps a write handler with the bearer-token check: 401 with no

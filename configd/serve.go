@@ -46,7 +46,10 @@ older ones.
 
 Writes through the API need 'Authorization: Bearer TOKEN' when
 --admin-token-file is set. serve refuses to listen on a non-loopback address
-without a token, unless --insecure.
+without a token, unless --insecure. Without a token (or with --allowed-host),
+the API answers only requests whose Host is localhost, an IP address, the
+--listen host or an --allowed-host name: 421 to others, against DNS
+rebinding.
 
 The first SIGINT/SIGTERM shuts down gracefully (drains requests, resigns
 leadership); a second one aborts.
@@ -66,6 +69,7 @@ type Config struct {
 	Listen            string        // admin API address
 	AdminTokenFile    string        // bearer token for writes; empty: writes open
 	Insecure          bool          // allow a non-loopback Listen without a token
+	AllowedHosts      []string      // Host names the API answers besides localhost, IP addresses and Listen's host
 	Etcd              etcdFlags     // external etcd; no endpoints: embedded
 	DataDir           string        // embedded etcd's data
 	EmbeddedClientURL string        // embedded etcd's client URL
@@ -118,6 +122,11 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "admin API address (host:port)")
 	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding the bearer token required for writes")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow listening beyond loopback without --admin-token-file")
+	fs.Func("allowed-host", "a host name the admin API answers besides localhost, IP addresses and the --listen host "+
+		"(checked against DNS rebinding without --admin-token-file, or whenever this is given); repeat for several", func(v string) error {
+		c.AllowedHosts = append(c.AllowedHosts, v)
+		return nil
+	})
 	c.Etcd.register(fs)
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "embedded etcd's data directory (without --etcd-endpoints)")
 	fs.StringVar(&c.EmbeddedClientURL, "embedded-client-url", c.EmbeddedClientURL, "embedded etcd's client URL")
@@ -168,6 +177,11 @@ func (c Config) Validate() error {
 	}
 	if !isLoopback(host) && c.AdminTokenFile == "" && !c.Insecure {
 		return &ConfigError{"listen", c.Listen, errors.New("refusing to listen beyond loopback without --admin-token-file (or pass --insecure)")}
+	}
+	for _, h := range c.AllowedHosts {
+		if !validHostName(h) {
+			return &ConfigError{"allowed-host", h, errors.New("must be a host name such as configd.internal: no scheme, port, path or wildcard")}
+		}
 	}
 	if c.Etcd.given() {
 		if _, err := c.Etcd.config(); err != nil {
@@ -351,8 +365,12 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 			replica: cfg.ReplicaID, historyKeep: cfg.HistoryKeep, now: time.Now, clock: clk.now, uncertainty: clk.uncertainty,
 		},
 	}
+	var hosts *hostPolicy
+	if len(token) == 0 || len(cfg.AllowedHosts) > 0 {
+		hosts = newHostPolicy(cfg.Listen, cfg.AllowedHosts)
+	}
 	a := &api{
-		store: st, token: token, log: log, metrics: m, leader: el.leading.Load, publishError: el.pub.publishError,
+		store: st, token: token, hosts: hosts, log: log, metrics: m, leader: el.leading.Load, publishError: el.pub.publishError,
 		ready: func(ctx context.Context) error {
 			_, err := cli.Get(ctx, keys.Election(), clientv3.WithCountOnly())
 			return err
@@ -377,7 +395,7 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- srv.Serve(ln) })
 	log.Info("configd serving", "listen", ln.Addr().String(), "replica", cfg.ReplicaID,
-		"writes_need_token", len(token) > 0, "prefix", keys.Prefix())
+		"writes_need_token", len(token) > 0, "checks_host", hosts != nil, "prefix", keys.Prefix())
 
 	var runErr error
 	select {
