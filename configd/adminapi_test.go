@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
 )
@@ -333,5 +334,87 @@ func TestAdminAPIPreconditions(t *testing.T) {
 	}
 	if configKeyExists(t, cli, "ghost") {
 		t.Errorf("a failed precondition created ghost")
+	}
+}
+
+// TestAdminAPIRefusedRequestLogIsBounded: a refused request's path, method
+// and Host are logged cut to a bounded length, marked as cut: 20 requests
+// with 900 KB names grow the log by kilobytes, not the 18 MB of issue 16.
+// The error answers are bounded too.
+func TestAdminAPIRefusedRequestLogIsBounded(t *testing.T) {
+	const token = "bounded-log-token-0123456789"
+	srv := etcdtest.Start(t)
+	open := startReplica(t, srv, "open")
+	tok := startReplica(t, srv, "tok", "--admin-token-file", writeFile(t, "token", token))
+	huge := strings.Repeat("a", 900<<10)
+	const (
+		requests  = 20
+		maxGrowth = requests * 2 << 10 // 2 KiB a line is generous
+	)
+	cases := []struct {
+		name         string
+		r            *replica
+		method, path string
+		host         string
+		want         int
+	}{
+		{"unauthenticated PUT", tok, "PUT", "/v1/providers/" + huge, "", 401},
+		{"bad name", open, "PUT", "/v1/providers/" + huge, "", 400},
+		{"wrong method", open, "POST", "/v1/providers/" + huge, "", 405},
+		{"long method", open, strings.Repeat("M", 900<<10), "/v1/providers/p", "", 405},
+		{"misdirected, long path", open, "GET", "/v1/providers/" + huge, "evil.example", 421},
+		{"misdirected, long Host", open, "GET", "/v1/providers", huge + ".example", 421},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			mark := tc.r.log.Len()
+			host := tc.host
+			if host == "" {
+				host = tc.r.addr
+			}
+			for range requests {
+				status, _, body := hostRequest(t, tc.method, tc.r.url()+tc.path, host, "", `{"limit":5}`)
+				if status != tc.want {
+					t.Fatalf("status %d, want %d: %.300s", status, tc.want, body)
+				}
+				if len(body) > 4<<10 {
+					t.Fatalf("the %d answer is %d bytes: it echoes the input unshortened", status, len(body))
+				}
+			}
+			logged := tc.r.log.From(mark)
+			if n := len(logged); n > maxGrowth {
+				t.Fatalf("%d refused requests grew the log by %d bytes, want at most %d:\n%.600s", requests, n, maxGrowth, logged)
+			}
+			if c := strings.Count(logged, "admin request refused"); c != requests {
+				t.Errorf("%d of %d refused requests logged:\n%.600s", c, requests, logged)
+			}
+			if !strings.Contains(logged, "bytes, cut") {
+				t.Errorf("the log does not say what it cut:\n%.600s", logged)
+			}
+		})
+	}
+}
+
+// TestClip: strings from a request are cut to maxLogged bytes on a UTF-8
+// boundary, saying how long they were; short ones are left alone.
+func TestClip(t *testing.T) {
+	cases := []struct {
+		in, want string
+	}{
+		{"", ""},
+		{"/v1/providers/p", "/v1/providers/p"},
+		{strings.Repeat("a", maxLogged), strings.Repeat("a", maxLogged)},
+		{strings.Repeat("a", maxLogged+1), strings.Repeat("a", maxLogged) + "...[257 bytes, cut]"},
+		{strings.Repeat("a", maxLogged-1) + "é", strings.Repeat("a", maxLogged-1) + "...[257 bytes, cut]"},
+		{strings.Repeat("€", 1000), strings.Repeat("€", maxLogged/3) + "...[3000 bytes, cut]"},
+	}
+	for _, tc := range cases {
+		got := clip(tc.in)
+		if got != tc.want {
+			t.Errorf("clip(%.20q... %d bytes) = %.40q... (%d bytes), want %.40q... (%d bytes)", tc.in, len(tc.in), got, len(got), tc.want, len(tc.want))
+		}
+		if !utf8.ValidString(got) {
+			t.Errorf("clip(%d bytes) is not valid UTF-8", len(tc.in))
+		}
 	}
 }

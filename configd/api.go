@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -73,10 +74,10 @@ func (a *api) handler(reg *prometheus.Registry) http.Handler {
 		if allow := allowedMethods(mux, r); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
 			writeError(w, http.StatusMethodNotAllowed, fmt.Errorf("%w: %s %s; it allows %s",
-				ErrMethodNotAllowed, r.Method, r.URL.Path, strings.Join(allow, ", ")))
+				ErrMethodNotAllowed, clip(r.Method), clip(r.URL.Path), strings.Join(allow, ", ")))
 			return
 		}
-		writeError(w, http.StatusNotFound, fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Errorf("no such endpoint: %s %s", clip(r.Method), clip(r.URL.Path)))
 	})
 	return a.instrument(mux)
 }
@@ -129,10 +130,29 @@ func (a *api) instrument(next http.Handler) http.Handler {
 		}
 		a.metrics.httpRequests.WithLabelValues(route, strconv.Itoa(rec.status)).Inc()
 		if rec.status >= 400 && rec.status != http.StatusNotFound {
-			a.log.Info("admin request refused", "method", r.Method, "path", r.URL.Path, "status", rec.status,
-				"remote", r.RemoteAddr, "duration", time.Since(start))
+			a.log.Info("admin request refused", "method", clip(r.Method), "path", clip(r.URL.Path), "host", clip(r.Host),
+				"status", rec.status, "remote", r.RemoteAddr, "duration", time.Since(start))
 		}
 	})
+}
+
+// maxLogged bounds each string a request chooses (method, path, Host) in
+// a log line or an error answer: a path can be nearly a megabyte
+// (http.DefaultMaxHeaderBytes), and refused requests cost an attacker
+// nothing.
+const maxLogged = 256
+
+// clip returns s cut to at most maxLogged bytes, on a UTF-8 boundary, and
+// says how long it was: "aaa...[921614 bytes, cut]".
+func clip(s string) string {
+	if len(s) <= maxLogged {
+		return s
+	}
+	n := maxLogged
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "...[" + strconv.Itoa(len(s)) + " bytes, cut]"
 }
 
 type statusRecorder struct {
@@ -151,7 +171,7 @@ var ErrMisdirected = errors.New("configd: request for another host")
 
 func misdirected(host string) error {
 	return fmt.Errorf("%w: Host %s; the admin API answers only requests for localhost, an IP address, "+
-		"its --listen host or a name given with --allowed-host (a defence against DNS rebinding)", ErrMisdirected, strconv.Quote(host))
+		"its --listen host or a name given with --allowed-host (a defence against DNS rebinding)", ErrMisdirected, strconv.Quote(clip(host)))
 }
 
 // hostPolicy is the admin API's defence against DNS rebinding: a web page

@@ -349,14 +349,6 @@ func (e *elector) remove(ctx context.Context, f foreignKey, found map[string]int
 	return nil
 }
 
-// clip shortens a value read from etcd for a log line.
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
-}
-
 // electionShown bounds how many election keys status checks and lists.
 const electionShown = 16
 
