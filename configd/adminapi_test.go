@@ -6,14 +6,19 @@ package main
 // admin token file.
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/logbuf"
 )
 
 // hostRequest sends one request with the given Host header (and bearer
@@ -416,5 +421,128 @@ func TestClip(t *testing.T) {
 		if !utf8.ValidString(got) {
 			t.Errorf("clip(%d bytes) is not valid UTF-8", len(tc.in))
 		}
+	}
+}
+
+// TestModeExposure: which permission bits of the admin token file refuse
+// it (others read or write, group write), and which only warn (a group
+// that is not configd's can read it).
+func TestModeExposure(t *testing.T) {
+	cases := []struct {
+		perm         os.FileMode
+		groupOurs    bool
+		exposed      string
+		foreignGroup bool
+	}{
+		{0o600, false, "", false},
+		{0o400, false, "", false},
+		{0o700, false, "", false},
+		{0o640, true, "", false},
+		{0o640, false, "", true},
+		{0o440, false, "", true},
+		{0o650, true, "", false},
+		{0o601, true, "", false},
+		{0o644, true, "others can read it", false},
+		{0o602, true, "others can write it", false},
+		{0o620, true, "its group can write it", false},
+		{0o660, false, "its group can write it", true},
+		{0o666, true, "others can read it, others can write it, its group can write it", false},
+		{0o777, false, "others can read it, others can write it, its group can write it", true},
+	}
+	for _, tc := range cases {
+		exposed, foreign := modeExposure(tc.perm, tc.groupOurs)
+		if got := strings.Join(exposed, ", "); got != tc.exposed || foreign != tc.foreignGroup {
+			t.Errorf("mode %04o, group ours %v: exposed %q, foreign group %v; want %q, %v",
+				tc.perm, tc.groupOurs, got, foreign, tc.exposed, tc.foreignGroup)
+		}
+	}
+}
+
+// TestServeTokenFilePermissions: an admin token file that others can read
+// or write, or that its group can write, stops serve before it listens,
+// with one line naming the file, its mode and the fix (exit code 2);
+// --insecure-token-file accepts it with a warning. A file that its group
+// — configd's — can only read (root:configd 0640, a common way to hand a
+// secret to a service) starts quietly, as 0600 and 0400 do.
+// TestModeExposure covers a group configd is not in.
+func TestServeTokenFilePermissions(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cases := []struct {
+		name    string
+		mode    os.FileMode
+		extra   []string
+		starts  bool
+		logWant string // in the log (started) or the error (refused)
+	}{
+		{"owner only", 0o600, nil, true, ""},
+		{"owner read only", 0o400, nil, true, ""},
+		{"group read, configd's group", 0o640, nil, true, ""},
+		{"others read", 0o644, nil, false, "mode 0644"},
+		{"others read only", 0o604, nil, false, "others can read it"},
+		{"others write", 0o602, nil, false, "others can write it"},
+		{"group write", 0o620, nil, false, "its group can write it"},
+		{"group read write", 0o660, nil, false, "its group can write it"},
+		{"everyone", 0o666, nil, false, "chmod 600"},
+		{"others read, accepted", 0o644, []string{"--insecure-token-file"}, true, "admin token file is open to other users"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			file := writeFile(t, "token", "a-token-of-sixteen-or-more\n")
+			if err := os.Chmod(file, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			var logs logbuf.Buffer
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			args := append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-token-file", file,
+				"--etcd-endpoints", srv.Endpoints()[0], "--replica-id", "perm"}, tc.extra...)
+			done := make(chan error, 1)
+			go func() { done <- run(ctx, args, &logs, &logs) }()
+			var err error
+			started := false
+			waitFor(t, 20*time.Second, "serve to start or stop", func() bool {
+				select {
+				case err = <-done:
+					return true
+				default:
+				}
+				started = strings.Contains(logs.String(), "configd serving")
+				return started
+			})
+			if started {
+				cancel()
+				err = <-done
+			}
+			if started != tc.starts {
+				t.Fatalf("mode %04o: started %v, want %v (error %v)\n%s", tc.mode, started, tc.starts, err, logs.String())
+			}
+			if !tc.starts {
+				secOneLine(t, "serve with token file mode "+tc.mode.String(), err, 2, "--admin-token-file")
+				if !errors.Is(err, ErrTokenFileExposed) {
+					t.Errorf("error %v does not wrap ErrTokenFileExposed", err)
+				}
+				for _, want := range []string{file, tc.logWant} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error %q does not contain %q", err, want)
+					}
+				}
+				if strings.Contains(err.Error(), "a-token-of") {
+					t.Errorf("the error shows the token: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+			warned := slices.ContainsFunc(strings.Split(logs.String(), "\n"), func(l string) bool {
+				return strings.Contains(l, "level=WARN") && strings.Contains(l, "token file")
+			})
+			if tc.logWant == "" && warned {
+				t.Errorf("mode %04o: a warning about the token file:\n%s", tc.mode, logs.String())
+			}
+			if tc.logWant != "" && (!warned || !strings.Contains(logs.String(), tc.logWant)) {
+				t.Errorf("mode %04o: no warning %q:\n%s", tc.mode, tc.logWant, logs.String())
+			}
+		})
 	}
 }

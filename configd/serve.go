@@ -45,11 +45,12 @@ keeps the last --history-keep history entries per provider and deletes
 older ones.
 
 Writes through the API need 'Authorization: Bearer TOKEN' when
---admin-token-file is set. serve refuses to listen on a non-loopback address
-without a token, unless --insecure. Without a token (or with --allowed-host),
-the API answers only requests whose Host is localhost, an IP address, the
---listen host or an --allowed-host name: 421 to others, against DNS
-rebinding.
+--admin-token-file is set; serve refuses a token file other users can read
+or write, unless --insecure-token-file. serve refuses to listen on a
+non-loopback address without a token, unless --insecure. Without a token
+(or with --allowed-host), the API answers only requests whose Host is
+localhost, an IP address, the --listen host or an --allowed-host name, and
+421 to others, against DNS rebinding.
 
 The first SIGINT/SIGTERM shuts down gracefully (drains requests, resigns
 leadership); a second one aborts.
@@ -70,6 +71,7 @@ type Config struct {
 	AdminTokenFile    string        // bearer token for writes; empty: writes open
 	Insecure          bool          // allow a non-loopback Listen without a token
 	AllowedHosts      []string      // Host names the API answers besides localhost, IP addresses and Listen's host
+	InsecureTokenFile bool          // accept an AdminTokenFile other users can read or write
 	Etcd              etcdFlags     // external etcd; no endpoints: embedded
 	DataDir           string        // embedded etcd's data
 	EmbeddedClientURL string        // embedded etcd's client URL
@@ -122,6 +124,8 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "admin API address (host:port)")
 	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding the bearer token required for writes")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow listening beyond loopback without --admin-token-file")
+	fs.BoolVar(&c.InsecureTokenFile, "insecure-token-file", c.InsecureTokenFile,
+		"accept an --admin-token-file that other users can read or write (with a warning) instead of refusing it")
 	fs.Func("allowed-host", "a host name the admin API answers besides localhost, IP addresses and the --listen host "+
 		"(checked against DNS rebinding without --admin-token-file, or whenever this is given); repeat for several", func(v string) error {
 		c.AllowedHosts = append(c.AllowedHosts, v)
@@ -308,13 +312,9 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 	log := newLogger(logOut, cfg)
 	var token []byte
 	if cfg.AdminTokenFile != "" {
-		b, err := os.ReadFile(cfg.AdminTokenFile)
-		if err != nil {
-			return fmt.Errorf("--admin-token-file: %w", err)
-		}
-		token = []byte(strings.TrimSpace(string(b)))
-		if len(token) < 16 {
-			return &ConfigError{"admin-token-file", cfg.AdminTokenFile, errors.New("the token must be at least 16 characters")}
+		var err error
+		if token, err = readTokenFile(cfg.AdminTokenFile, cfg.InsecureTokenFile, log); err != nil {
+			return err
 		}
 	}
 	keys, _ := schema.NewKeys(cfg.Prefix)
