@@ -671,7 +671,7 @@ func TestForgedSharesNeverAboveTheLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put(t, cli, keys.Election()+"/694d7a", "configd-test", clientv3.WithLease(lease.ID))
+	putLeader(t, cli, lease.ID)
 	a := join(t, cli, "api", "a")
 	record := func(gen, total, share int64) string {
 		sh := schema.Shares{Version: 1, Provider: "api", Generation: gen, EffectiveFrom: time.Now().Truncate(w).UnixNano(),
