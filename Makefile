@@ -50,6 +50,7 @@ FUZZ_TARGETS = \
 	./internal/schema:FuzzDecodeProviderConfigInput \
 	./internal/schema:FuzzDecodeInstanceRecord \
 	./internal/schema:FuzzDecodeShares \
+	./internal/schema:FuzzDecodeShareRecord \
 	./internal/schema:FuzzDecodeHistoryEntry \
 	./internal/schema:FuzzKeysParse \
 	./configd:FuzzPreconditions \

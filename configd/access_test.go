@@ -54,7 +54,7 @@ func TestEmbeddedEtcdIsClosed(t *testing.T) {
 
 	// No credentials: nothing.
 	anon := embeddedClient(t, clientURL, dir, "")
-	if _, err := anon.Put(ctx, keys.Shares("pay"), "{}"); !errors.Is(err, rpctypes.ErrUserEmpty) {
+	if _, err := anon.Put(ctx, keys.Share("pay", "x"), "{}"); !errors.Is(err, rpctypes.ErrUserEmpty) {
 		t.Errorf("unauthenticated write: %v, want %v", err, rpctypes.ErrUserEmpty)
 	}
 	if _, err := anon.Get(ctx, keys.Prefix(), clientv3.WithPrefix()); !errors.Is(err, rpctypes.ErrUserEmpty) {
@@ -95,16 +95,20 @@ func TestEmbeddedEtcdIsClosed(t *testing.T) {
 		return st.Source == "shares" && st.Share == 40
 	})
 	denied := map[string]string{
-		"config":                       keys.Config("pay"),
-		"shares":                       keys.Shares("pay"),
-		"history":                      keys.HistoryEntry("pay", 1),
-		"election":                     keys.Election() + "/forged",
-		"another provider's instances": keys.Instance("other", "x"),
+		"config":                        keys.Config("pay"),
+		"shares":                        keys.Share("pay", "x"),
+		"another provider's even marks": keys.EvenMark("other", "x"),
+		"history":                       keys.HistoryEntry("pay", 1),
+		"election":                      keys.Election() + "/forged",
+		"another provider's instances":  keys.Instance("other", "x"),
 	}
 	for what, key := range denied {
 		if _, err := inst.Put(ctx, key, "{}"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
 			t.Errorf("instance writing %s (%s): %v, want %v", what, key, err, rpctypes.ErrPermissionDenied)
 		}
+	}
+	if _, err := inst.Put(ctx, keys.EvenMark("pay", "x"), "{}"); err != nil {
+		t.Errorf("instance writing an even-split mark of its provider: %v", err)
 	}
 	if _, err := inst.Delete(ctx, keys.Instance("pay", "a")); err != nil {
 		t.Errorf("instance deleting an instance record of its provider: %v", err)

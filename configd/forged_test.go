@@ -49,25 +49,27 @@ func TestForgedRecordsNeverAboveTheLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	forgedShares := func(gen, total int64, shares map[string]int64) string {
+	forged := func(id string, gen, total, share int64) string {
 		b, err := json.Marshal(map[string]any{
-			"version": 1, "provider": "api", "generation": gen, "window": itWindow.String(),
+			"version": 1, "provider": "api", "instance": id, "generation": gen, "window": itWindow.String(),
 			"effective_from": time.Now().Truncate(itWindow).UnixNano(), "total": total,
-			"instances": len(shares), "shares": shares, "config_revision": 1,
+			"share": share, "granted": share, "config_revision": 1,
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return string(b)
 	}
-	sharesKey := itKeys.Shares("api")
+	shareA, shareB := itKeys.Share("api", "a"), itKeys.Share("api", "b")
 	for _, f := range []struct{ name, key, value string }{
-		{"shares: generation 2^63−1, a share of 10^12", sharesKey, forgedShares(math.MaxInt64, 1_000_000_000_000, map[string]int64{"a": 1_000_000_000_000})},
-		{"shares: total over the limit", sharesKey, forgedShares(7, 1_000_000_000_000, map[string]int64{"a": 1_000_000_000_000, "b": 0})},
-		{"shares: a share over the total", sharesKey, forgedShares(7, limit, map[string]int64{"a": limit + 1, "b": 0})},
-		{"shares: within the limit, generation 2^52", sharesKey, forgedShares(1<<52, limit, map[string]int64{"a": limit, "b": 0})},
-		{"shares: within the limit, generation 1", sharesKey, forgedShares(1, limit, map[string]int64{"a": 0, "b": limit})},
-		{"shares: not JSON", sharesKey, "{"},
+		{"shares: generation 2^63−1, a share of 10^12", shareA, forged("a", math.MaxInt64, 1_000_000_000_000, 1_000_000_000_000)},
+		{"shares: total over the limit", shareA, forged("a", 7, 1_000_000_000_000, 1_000_000_000_000)},
+		{"shares: a share over the total", shareA, forged("a", 7, limit, limit+1)},
+		{"shares: within the limit, generation 2^52", shareA, forged("a", 1<<52, limit, limit)},
+		{"shares: within the limit, generation 1", shareB, forged("b", 1, limit, limit)},
+		{"shares: another instance's record", shareA, forged("b", 9, limit, limit)},
+		{"shares: a record for an instance that is not there", itKeys.Share("api", "ghost"), forged("ghost", 9, limit, limit)},
+		{"shares: not JSON", shareA, "{"},
 		{"config: a limit beyond the maximum", itKeys.Config("api"), `{"version":1,"name":"api","limit":1000000000000000,"window":"100ms","mode":"enforce","algorithm":"even"}`},
 		{"config: another provider's name", itKeys.Config("api"), `{"version":1,"name":"other","limit":5000,"window":"100ms","mode":"enforce","algorithm":"even"}`},
 		{"instance: absurd demand, a generation never published", itKeys.Instance("api", "b"), `{"version":1,"id":"b","demand":1000000000000,"applied_generation":9000000000000000,"applied_from":1}`},
@@ -86,10 +88,10 @@ func TestForgedRecordsNeverAboveTheLimit(t *testing.T) {
 	// Deleted and created again with a forged record in between: the
 	// members get shares again.
 	itCLI(t, "delete", "api", "--server="+r.url())
-	put(sharesKey, forgedShares(1<<40, limit, map[string]int64{"a": limit}))
+	put(shareA, forged("a", 1<<40, limit, limit))
 	itCLI(t, "set", "api", "--limit", "1000", "--window", itWindow.String(), "--server="+r.url())
 	itSettle(t, cli, "api", "after delete and create: configd's even split again", even, members...)
-	if !strings.Contains(r.log.String(), "shares record written by someone else") {
+	if !strings.Contains(r.log.String(), "share record written by someone else") {
 		t.Error("configd did not say it published over a record written by someone else")
 	}
 }

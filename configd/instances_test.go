@@ -46,22 +46,23 @@ type sim struct {
 
 	mu   sync.Mutex // held across the writes, so silence/resume are synchronous
 	inst map[string]*simInstance
-	gen  int64         // the newest generation seen; 0: none
-	pubs []publication // every well-formed shares record seen, in revision order
+	set  *schema.ShareSet // the share records as the instances see them
+	pubs []publication    // the view after every generation seen, in revision order
 }
 
 type simInstance struct {
 	lease   clientv3.LeaseID
 	demand  int64
 	started time.Time
-	applied int64 // the generation its record acknowledges
+	applied int64 // the generation its record acknowledges: its own share record's
 	silent  bool  // does not acknowledge new generations
 	gone    bool  // its lease is gone
 	leaving bool  // its record says it is leaving (a graceful exit)
 	acks    []ack // every record written, in revision order
 }
 
-// publication is a shares record and the revision it was written at.
+// publication is the view of the share records after a generation, and
+// the revision it was written at.
 type publication struct {
 	rev int64
 	sh  schema.Shares
@@ -92,18 +93,19 @@ func instancesOf(t testing.TB, cli *clientv3.Client, provider string) *sim {
 	}
 	s := &sim{t: t, cli: cli, provider: provider, inst: map[string]*simInstance{}, done: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	resp, err := cli.Get(ctxT(t), keys.Shares(provider))
+	s.set = schema.NewShareSet(keys, provider)
+	resp, err := cli.Get(ctxT(t), keys.Shares(provider), clientv3.WithPrefix())
 	if err != nil {
 		s.cancel()
 		t.Fatal(err)
 	}
 	for _, kv := range resp.Kvs {
-		if sh, err := schema.DecodeShares(kv.Value); err == nil {
-			s.pubs = append(s.pubs, publication{kv.ModRevision, sh})
-			s.gen = sh.Generation
-		}
+		s.set.Apply(string(kv.Key), kv.Value, false) // a malformed record: an instance ignores it
 	}
-	wch := cli.Watch(s.ctx, keys.Shares(provider), clientv3.WithRev(resp.Header.Revision+1))
+	if sh, ok := s.set.View(); ok {
+		s.pubs = append(s.pubs, publication{resp.Header.Revision, sh})
+	}
+	wch := cli.Watch(s.ctx, keys.Shares(provider), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	go s.run(wch)
 	sims.m[k] = s
 	t.Cleanup(func() {
@@ -125,36 +127,52 @@ func (s *sim) run(wch clientv3.WatchChan) {
 			}
 			return
 		}
+		s.mu.Lock()
 		for _, ev := range wr.Events {
-			if ev.Type != clientv3.EventTypePut {
-				continue
-			}
-			sh, err := schema.DecodeShares(ev.Kv.Value)
-			if err != nil {
-				continue // malformed: an instance ignores it
-			}
-			s.published(ev.Kv.ModRevision, sh)
+			s.set.Apply(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete) // a malformed record: an instance ignores it
+		}
+		s.mu.Unlock()
+		if len(wr.Events) > 0 {
+			s.published(wr.Header.Revision)
 		}
 	}
 }
 
-// published acknowledges generation sh.Generation for every instance that
-// is not silent, as an instance does once it has applied it.
-func (s *sim) published(rev int64, sh schema.Shares) {
+// published records the view of the share records written at rev and
+// makes every instance that is not silent acknowledge its own record's
+// generation, as an instance does once it has applied it.
+func (s *sim) published(rev int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.pubs = append(s.pubs, publication{rev, sh})
-	s.gen = max(s.gen, sh.Generation)
+	sh, ok := s.set.View()
+	if !ok {
+		return
+	}
+	// One view per generation: a publish's deletions of held records may
+	// come in a response of their own.
+	if n := len(s.pubs); n > 0 && s.pubs[n-1].sh.Generation == sh.Generation {
+		s.pubs[n-1] = publication{rev, sh}
+	} else {
+		s.pubs = append(s.pubs, publication{rev, sh})
+	}
 	for _, id := range slices.Sorted(maps.Keys(s.inst)) {
 		in := s.inst[id]
-		if in.silent || in.gone || in.applied >= s.gen {
+		gen := s.ownGeneration(id)
+		if in.silent || in.gone || in.applied >= gen {
 			continue
 		}
-		in.applied = s.gen
+		in.applied = gen
 		if err := s.write(s.ctx, id, in); err != nil && s.ctx.Err() == nil {
-			s.t.Errorf("sim of %s: acknowledging generation %d for %s: %v", s.provider, s.gen, id, err)
+			s.t.Errorf("sim of %s: acknowledging generation %d for %s: %v", s.provider, gen, id, err)
 		}
 	}
+}
+
+// ownGeneration returns the generation of id's share record (0: none);
+// s.mu is held.
+func (s *sim) ownGeneration(id string) int64 {
+	r, _ := s.set.Record(id)
+	return r.Generation
 }
 
 // write puts in's record on its lease; s.mu is held. A lease that is gone
@@ -197,7 +215,7 @@ func (s *sim) put(id string, lease clientv3.LeaseID, demand int64) {
 	if in.lease != lease || in.gone {
 		in.lease, in.gone = lease, false
 		if !in.silent {
-			in.applied = s.gen
+			in.applied = s.ownGeneration(id)
 		}
 	}
 	in.demand = demand
@@ -241,7 +259,7 @@ func (s *sim) silence(id string) {
 }
 
 // resume makes id acknowledge again, at once: its record is rewritten with
-// the newest generation, which is returned.
+// its own share record's generation, which is returned.
 func (s *sim) resume(id string) int64 {
 	s.t.Helper()
 	s.mu.Lock()
@@ -250,11 +268,11 @@ func (s *sim) resume(id string) int64 {
 	if in == nil {
 		s.t.Fatalf("resume: no simulated instance %s", id)
 	}
-	in.silent, in.applied = false, s.gen
+	in.silent, in.applied = false, s.ownGeneration(id)
 	if err := s.write(ctxT(s.t), id, in); err != nil {
-		s.t.Fatalf("acknowledging generation %d for %s: %v", s.gen, id, err)
+		s.t.Fatalf("acknowledging generation %d for %s: %v", in.applied, id, err)
 	}
-	return s.gen
+	return in.applied
 }
 
 // acked returns the generation id's record acknowledges.
@@ -307,8 +325,8 @@ func (s *sim) settled(t testing.TB) schema.Shares {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		for _, in := range s.inst {
-			if !in.silent && !in.gone && in.applied < sh.Generation {
+		for id, in := range s.inst {
+			if _, named := sh.Granted[id]; named && !in.silent && !in.gone && in.applied < sh.GenerationOf(id) {
 				return false
 			}
 		}

@@ -31,6 +31,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter/cluster"
@@ -226,29 +227,22 @@ func itJoin(t *testing.T, srv *etcdtest.Server, provider string, ids ...string) 
 	return members
 }
 
-// itShares reads the provider's published shares.
+// itShares reads the view of the provider's share records.
 func itShares(t *testing.T, cli *clientv3.Client, provider string) (schema.Shares, bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
 	defer cancel()
-	resp, err := cli.Get(ctx, itKeys.Shares(provider))
+	sh, _, ok, err := harness.ReadShares(ctx, cli, provider)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.Kvs) == 0 {
-		return schema.Shares{}, false
-	}
-	sh, err := schema.DecodeShares(resp.Kvs[0].Value)
-	if err != nil {
-		return schema.Shares{}, false // not configd's: a test forged it (configd's always decode)
-	}
-	return sh, true
+	return sh, ok
 }
 
 // itSettle waits until the shares published for provider satisfy cond
-// and every member has applied them: it holds the newest generation with
-// the share that generation gives it, has acknowledged it in its instance
-// record, and (once the generation's boundary has passed) its limiter
+// and every member has applied them: it holds its own share record's
+// generation with the share it gives, has acknowledged it in its instance
+// record, and (once the record's boundary has passed) its limiter
 // enforces that share. The newest record is read again on every poll, so a
 // republish while waiting (an instance's demand moved, say) is followed.
 // It returns the record the members settled on.
@@ -271,8 +265,8 @@ func itSettle(t *testing.T, cli *clientv3.Client, provider, what string, cond fu
 			ls := m.Limiter().Stats()
 			why := fmt.Sprintf("%s; %s: status generation %d share %d source %s, limiter quota %d window start %d",
 				why, m.ID(), st.Generation, st.Share, st.Source, ls.Quota, ls.WindowStart.UnixNano())
-			if st.Generation != sh.Generation || st.Share != want || st.Source != "shares" ||
-				ls.Quota != want || ls.WindowStart.UnixNano() < sh.EffectiveFrom {
+			if st.Generation != sh.GenerationOf(m.ID()) || st.Share != want || st.Source != "shares" ||
+				ls.Quota != want || ls.WindowStart.UnixNano() < sh.EffectiveFromOf(m.ID()) {
 				return false, why
 			}
 		}
@@ -289,7 +283,7 @@ func itSettle(t *testing.T, cli *clientv3.Client, provider, what string, cond fu
 			}
 		}
 		for _, m := range members {
-			if acked[m.ID()] != sh.Generation {
+			if acked[m.ID()] != sh.GenerationOf(m.ID()) {
 				return false, fmt.Sprintf("%s; applied generations acknowledged in etcd: %v", why, acked)
 			}
 		}
@@ -345,26 +339,33 @@ func itRecord(t *testing.T, cli *clientv3.Client, provider string) *itRecorder {
 	// The watch must be in place before anything is published.
 	wctx, wcancel := context.WithTimeout(ctx, itTimeout)
 	defer wcancel()
-	resp, err := cli.Get(wctx, itKeys.Shares(provider))
+	resp, err := cli.Get(wctx, itKeys.Shares(provider), clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(resp.Kvs) != 0 {
 		t.Fatalf("shares already published for %s", provider)
 	}
-	wch := cli.Watch(ctx, itKeys.Shares(provider), clientv3.WithRev(resp.Header.Revision+1))
+	wch := cli.Watch(ctx, itKeys.Shares(provider), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	r.wg.Go(func() {
+		set := schema.NewShareSet(itKeys, provider)
 		for wr := range wch {
 			for _, ev := range wr.Events {
-				if ev.Type != clientv3.EventTypePut {
-					continue
-				}
-				if sh, err := schema.DecodeShares(ev.Kv.Value); err == nil {
-					r.mu.Lock()
-					r.gens = append(r.gens, sh)
-					r.mu.Unlock()
-				}
+				set.Apply(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
 			}
+			sh, ok := set.View()
+			if !ok {
+				continue
+			}
+			// One view per generation: a publish's deletions of held
+			// records may come in a response of their own.
+			r.mu.Lock()
+			if n := len(r.gens); n > 0 && r.gens[n-1].Generation == sh.Generation {
+				r.gens[n-1] = sh
+			} else {
+				r.gens = append(r.gens, sh)
+			}
+			r.mu.Unlock()
 		}
 	})
 	r.wg.Go(func() {
@@ -584,7 +585,7 @@ func TestIntegrationSharesRetuneLeave(t *testing.T) {
 	}
 	retuned := sh.Generation
 	for _, m := range members {
-		if st := m.Status(); st.Total != 600 || st.Instances != 4 || !st.Connected {
+		if st := m.Status(); st.Total != 600 || st.Source != "shares" || !st.Connected {
 			t.Errorf("%s status after the retune: %+v", m.ID(), st)
 		}
 	}

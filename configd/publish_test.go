@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -195,6 +196,7 @@ func TestFencedPublish(t *testing.T) {
 	}
 	f := fence{key: leaderKey, rev: put.Header.Revision}
 	writeHistory(t, cli, "pay", 1, 3)
+	addInstance(t, cli, "pay", "i-1") // share records are written for live instances only
 	// Deposed: the session's lease is gone, so is the key; another replica
 	// may have created a key of its own.
 	if _, err := cli.Revoke(ctx, lease.ID); err != nil {
@@ -310,7 +312,7 @@ func TestMalformedRecords(t *testing.T) {
 	// Malformed shares written by hand are replaced by the leader with a
 	// higher generation.
 	before, _ := readShares(t, cli, "pay")
-	if _, err := cli.Put(ctx, keys.Shares("pay"), `{"provider":"pay","total":1}`); err != nil {
+	if _, err := cli.Put(ctx, keys.Share("pay", slices.Min(slices.Collect(maps.Keys(before.Shares)))), `{"provider":"pay","total":1}`); err != nil {
 		t.Fatal(err)
 	}
 	after := waitShares(t, cli, "pay", "shares repaired", func(s schema.Shares) bool { return s.Total == 90 && s.Generation > before.Generation })
@@ -327,6 +329,7 @@ func TestServeEmbedded(t *testing.T) {
 	args := []string{"--data-dir", dir, "--embedded-client-url", clientURL, "--embedded-peer-url", peerURL}
 	r := startReplica(t, nil, "solo", args...)
 	cliOK(t, "set", "pay", "--limit", "42", "--server", r.url())
+	addInstance(t, embeddedClient(t, clientURL, dir, rootUser), "pay", "i-1") // share records are written for live instances only
 	waitFor(t, 10*time.Second, "shares from the embedded leader", func() bool {
 		out, err := cliRun(t, "status", "pay", "--etcd-endpoints", clientURL,
 			"--etcd-username", readerUser, "--etcd-password-file", credentialsFile(dir, readerUser))

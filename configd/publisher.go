@@ -16,7 +16,6 @@ import (
 
 	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/schema"
-	"github.com/sluice-go/sluice/internal/share"
 )
 
 // errNotLeader: a fenced write found that this replica no longer holds the
@@ -95,6 +94,10 @@ type publisher struct {
 	// counted, plus one for every entry created since: never less than
 	// the true count, so it says when to count again and prune.
 	history map[string]int64
+	// loadRev is the revision the state was last read at (0 while it is
+	// read): a share record written after it at a revision this replica
+	// did not write is someone else's.
+	loadRev int64
 
 	// failing is, per provider, why its last publish failed; read by the
 	// admin API (publishError), so guarded by failMu.
@@ -168,11 +171,8 @@ type providerState struct {
 	// instances by ID; a malformed record keeps the last good one, or an
 	// empty record: the key (the lease) alone makes an instance live.
 	instances map[string]schema.InstanceRecord
-	shares    *schema.Shares   // the shares record in etcd, decoded; nil: none or malformed
-	published time.Time        // when shares were published (clamped to when this replica saw them)
-	sharesKey bool             // a shares key exists (maybe malformed)
-	sharesBad bool             // the shares key holds a malformed record; shares is the last good one
-	ownRev    int64            // the revision this replica last wrote the shares key at
+	shares    shareState       // the share records in etcd (shares.go)
+	published time.Time        // when shares were last published (clamped to when this replica saw them)
 	maxGen    int64            // highest generation known for this provider
 	due       time.Time        // a damped change to look at again then; zero: none
 	target    map[string]int64 // the split a handover is moving toward; nil: none chosen yet
@@ -212,7 +212,7 @@ const recordSkew = time.Minute
 const replacedScan = 64
 
 func (st *providerState) empty() bool {
-	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.sharesKey
+	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.shares.any()
 }
 
 // config returns the provider's config, or an empty one (every default)
@@ -269,14 +269,9 @@ func (st *providerState) holdFor(rec *schema.InstanceRecord, written time.Time) 
 	return st.config().HoldAfter(d)
 }
 
-// enforcing returns the most the published shares leave id enforcing
-// (schema.Shares.Enforcing); 0 without shares.
-func (st *providerState) enforcing(id string) int64 {
-	if st.shares == nil {
-		return 0
-	}
-	return st.shares.Enforcing(id)
-}
+// enforcing returns the most id's share record leaves it enforcing
+// (schema.ShareRecord.Enforcing); 0 without one.
+func (st *providerState) enforcing(id string) int64 { return st.shares.enforcing(id) }
 
 // holdable reports whether the published shares leave id permits it may
 // still be enforcing.
@@ -287,10 +282,7 @@ func (st *providerState) holdable(id string) bool { return st.enforcing(id) > 0 
 // that starts (or reloads) cannot know when they left, nor whether they
 // left gracefully.
 func (st *providerState) holdMissing(now time.Time) {
-	if st.shares == nil {
-		return
-	}
-	for _, id := range st.shares.Named() {
+	for _, id := range slices.Sorted(maps.Keys(st.shares.records)) {
 		if _, live := st.instances[id]; live || !st.holdable(id) {
 			continue
 		}
@@ -325,7 +317,7 @@ func (st *providerState) heldGrants(now time.Time) (held map[string]int64, next 
 // reloads everything after a broken watch.
 func (p *publisher) run(ctx context.Context, f fence) error {
 	for _, st := range p.providers {
-		st.ownRev = 0 // another replica may have published since this one last led
+		clear(st.shares.own) // another replica may have published since this one last led
 	}
 	for {
 		rev, err := p.load(ctx)
@@ -351,6 +343,7 @@ func (p *publisher) run(ctx context.Context, f fence) error {
 // replaced) and rebuilds the state; it returns the revision read at.
 func (p *publisher) load(ctx context.Context) (int64, error) {
 	old, oldMalformed, oldDirty, oldHistory := p.providers, p.malformed, p.dirty, p.history
+	p.loadRev = 0
 	p.providers = map[string]*providerState{}
 	p.malformed = map[string]string{}
 	p.dirty = map[string]bool{}
@@ -387,6 +380,7 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 		p.providers, p.malformed, p.dirty, p.history = old, oldMalformed, oldDirty, oldHistory
 		return 0, err
 	}
+	p.loadRev = rev
 	// Keep last good configs and instance records across a reload.
 	for name, st := range p.providers {
 		if o := old[name]; o != nil {
@@ -396,16 +390,24 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			if o.maxGen > st.maxGen {
 				st.maxGen = o.maxGen
 			}
-			st.ownRev = o.ownRev // this term's own writes stay its own
+			st.shares.own = o.shares.own // this term's own writes stay its own
 			for _, r := range o.replaced {
 				if !slices.Contains(st.replaced, r) { // read again from history
 					st.replaced = append(st.replaced, r)
 				}
 			}
 			st.noteFailStatic(o.cfg, p.wall())
-			if st.shares == nil && st.sharesBad && o.shares != nil {
-				// Its grants still bound what the instances may enforce.
-				st.shares, st.published = o.shares, o.published
+			if st.shares.bad() {
+				// The last good records of the ones now malformed: their
+				// grants still bound what the instances may enforce.
+				for id, e := range o.shares.records {
+					if _, ok := st.shares.records[id]; !ok {
+						st.shares.records[id] = e
+					}
+				}
+			}
+			if o.published.After(st.published) {
+				st.published = o.published
 			}
 			for id, until := range o.held {
 				if _, live := st.instances[id]; !live {
@@ -474,7 +476,8 @@ func (p *publisher) nextDue() (time.Time, bool) {
 func (p *publisher) state(name string) *providerState {
 	st := p.providers[name]
 	if st == nil {
-		st = &providerState{instances: map[string]schema.InstanceRecord{}, held: map[string]time.Time{}, written: map[string]time.Time{}}
+		st = &providerState{instances: map[string]schema.InstanceRecord{}, held: map[string]time.Time{}, written: map[string]time.Time{},
+			shares: newShareState()}
 		p.providers[name] = st
 	}
 	return st
@@ -491,6 +494,9 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 		return
 	}
 	put := typ == mvccpb.PUT
+	if k.Kind == schema.KindEven {
+		return // the instances' own business, while no configd leads
+	}
 	if k.Kind == schema.KindHistory {
 		if put && kv.Version == 1 { // created
 			p.history[k.Provider]++
@@ -526,6 +532,7 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 			written := st.written[k.Instance]
 			delete(st.instances, k.Instance)
 			delete(st.written, k.Instance)
+			delete(st.shares.registered, k.Instance)
 			if was && !rec.Leaving && st.holdable(k.Instance) {
 				hold := st.holdFor(&rec, written)
 				until := p.now().Add(hold)
@@ -536,6 +543,7 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 			break
 		}
 		delete(st.held, k.Instance)
+		st.shares.registered[k.Instance] = kv.CreateRevision
 		rec, err := schema.DecodeInstanceRecord(kv.Value)
 		if err == nil && rec.ID != k.Instance {
 			err = fmt.Errorf("record id %q does not match its key", rec.ID)
@@ -561,87 +569,12 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 			st.written[k.Instance] = now
 		}
 	case schema.KindShares:
-		p.applyShares(st, k.Provider, key, put, kv)
+		p.applyShare(st, k.Provider, k.Instance, put, kv)
 	}
 	if st.empty() {
 		delete(p.providers, k.Provider)
 		p.metrics.forget(k.Provider)
 	}
-}
-
-// applyShares folds a write (or the deletion) of provider name's shares
-// key into st. Only this replica writes the key while it leads, and etcd
-// orders the writes: one at a revision no later than its own last write is
-// the echo of a publish of its own. Any other record is checked like an
-// instance checks it, and one that is not this replica's own, once it has
-// published, was written by someone else: all are counted as records the
-// instances may enforce, and published over.
-func (p *publisher) applyShares(st *providerState, name, key string, put bool, kv *mvccpb.KeyValue) {
-	st.sharesKey = put
-	if !put {
-		st.shares, st.sharesBad = nil, false
-		return
-	}
-	if st.shares != nil && st.ownRev != 0 && kv.ModRevision <= st.ownRev {
-		return // the echo of a publish of ours
-	}
-	st.maxGen = max(st.maxGen, min(kv.Version, schema.MaxGeneration)) // survives a malformed record
-	sh, err := schema.DecodeShares(kv.Value)
-	if err == nil && sh.Provider != name {
-		err = fmt.Errorf("shares record names provider %q", sh.Provider)
-	}
-	if err != nil {
-		// Keep the last good record: its grants still bound what the
-		// instances may enforce (they refuse this one too). Publishing
-		// rewrites the bad one — unless this replica wrote it: rewriting
-		// its own output would write the same again, in a loop.
-		st.sharesBad = kv.ModRevision != st.ownRev
-		p.bad(key, kv.ModRevision, err)
-		return
-	}
-	published := sh.Published
-	if now := p.wall(); now.Before(published) {
-		published = now // a replica whose clock is ahead must not hold publishing back
-	}
-	switch {
-	case st.ownRev != 0 && kv.ModRevision != st.ownRev:
-		// Written by someone else while this replica leads: a forgery,
-		// or a hand edit. Instances that accept it may enforce it until
-		// this replica's next publish, so its shares count as grants
-		// beside ours; its generation is not ours to continue from.
-		p.metrics.foreignShares.WithLabelValues(name).Inc()
-		p.log.Warn("shares record written by someone else while this replica leads; publishing over it",
-			"provider", name, "revision", kv.ModRevision, "generation", sh.Generation)
-		st.shares, st.sharesBad = withGrantsOf(st.shares, &sh), true
-	case st.cfg != nil && sh.CheckAgainst(*st.cfg, st.cfgRev) != nil:
-		// Inconsistent with the config: instances refuse it, but may
-		// have applied it under an earlier config. Its grants count;
-		// it is published over.
-		p.bad(key, kv.ModRevision, sh.CheckAgainst(*st.cfg, st.cfgRev))
-		st.shares, st.published, st.sharesBad = &sh, published, true
-		st.maxGen = max(st.maxGen, sh.Generation)
-	default:
-		st.shares, st.published, st.sharesBad = &sh, published, false
-		st.maxGen = max(st.maxGen, sh.Generation)
-	}
-}
-
-// withGrantsOf returns a copy of ours whose grants also cover what other may
-// have each instance enforce, counted into ours' window; other itself when
-// there is no ours.
-func withGrantsOf(ours, other *schema.Shares) *schema.Shares {
-	if ours == nil {
-		return other
-	}
-	merged := *ours
-	merged.Granted = make(map[string]int64, len(ours.Granted))
-	for _, id := range ours.Named() {
-		merged.Granted[id] = ours.Enforcing(id)
-	}
-	for _, id := range other.Named() {
-		merged.Granted[id] = max(merged.Granted[id], share.In(other.Enforcing(id), other.Window.D(), ours.Window.D()))
-	}
-	return &merged
 }
 
 func (p *publisher) bad(key string, rev int64, err error) {
@@ -696,27 +629,28 @@ func (p *publisher) publishAll(ctx context.Context, f fence) error {
 	return nil
 }
 
-// publish writes the provider's Shares record if the split changed and is
+// publish writes the provider's share records if the split changed and is
 // not damped, fenced on leadership and on the config revision it was
 // computed from.
 func (p *publisher) publish(ctx context.Context, f fence, name string, st *providerState) error {
 	st.due = time.Time{}
-	cfgKey, sharesKey := p.keys.Config(name), p.keys.Shares(name)
+	cfgKey := p.keys.Config(name)
 	if st.cfg == nil {
-		if st.keyRev != 0 || !st.sharesKey {
+		if st.keyRev != 0 || !st.shares.any() {
 			return nil // malformed config and nothing good known: keep what is published
 		}
-		// Provider deleted. Its shares record stays while an instance it
-		// names may still enforce its grant — live (it may not have seen
+		// Provider deleted. Its share records stay while an instance they
+		// name may still enforce its grant — live (it may not have seen
 		// the deletion yet) or held after its lease went — so that a
 		// provider created again starts from those grants, not from
-		// nothing; then it goes.
+		// nothing; then they go.
 		held, holdEnds := st.heldGrants(p.now())
 		if len(st.instances) > 0 || len(held) > 0 {
 			st.due = p.onWall(holdEnds)
 			return nil
 		}
-		return p.commit(ctx, f, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", 0), clientv3.OpDelete(sharesKey))
+		_, _, err := p.writeRecords(ctx, f, name, st, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", 0), nil)
+		return err
 	}
 	cfg := *st.cfg
 	ids := slices.Sorted(maps.Keys(st.instances))
@@ -739,8 +673,8 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 		Margin:         p.margin + p.clockUncertainty(),
 		Target:         split,
 		Acked:          acked(st.instances),
-		Cur:            published(st.shares, st.published),
-		Rewrite:        st.sharesBad,
+		Cur:            st.shares.published(name, st.published),
+		Rewrite:        st.shares.bad() || st.shares.stale() || st.shares.legacy,
 		Moving:         st.target,
 		Held:           held,
 		Now:            now,
@@ -756,46 +690,33 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	if !d.Publish {
 		return nil // unchanged, damped, or waiting for acknowledgements
 	}
+	var sum int64
+	for _, v := range d.Shares {
+		sum += v
+	}
+	if sum > cfg.Limit {
+		return fmt.Errorf("allocation refused: shares add up to %d, more than the limit %d", sum, cfg.Limit)
+	}
 	gen := st.maxGen + 1
 	if gen > schema.MaxGeneration {
 		// Only a forged record can have brought the count here. Instances
-		// follow the newest record whatever its generation, and an
+		// follow their newest record whatever its generation, and an
 		// acknowledgement counts only for the very generation published.
 		p.log.Warn("shares generations used up (a forged record?); counting again from 1", "provider", name)
 		gen = 1
 	}
-	sh := schema.Shares{
-		Version:        schema.Version,
-		Provider:       name,
-		Generation:     gen,
-		EffectiveFrom:  d.EffectiveFrom.UnixNano(),
-		Window:         cfg.Window,
-		Total:          cfg.Limit,
-		Instances:      len(d.Shares),
-		Shares:         d.Shares,
-		Granted:        d.Granted,
-		Before:         transitionRecord(d.Before, gen),
-		ConfigRevision: st.cfgRev,
-		Published:      now.UTC(),
-		Leader:         p.replica,
+	want := p.records(name, cfg, st.cfgRev, d, gen, now)
+	written, ok, err := p.writeRecords(ctx, f, name, st, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", st.keyRev), want)
+	if written > 0 {
+		st.published, st.maxGen = now, gen
+		p.metrics.publishes.WithLabelValues(name).Inc()
+		p.metrics.generation.WithLabelValues(name).Set(float64(gen))
+		p.log.Info("shares published", "provider", name, "generation", gen, "total", cfg.Limit,
+			"instances", len(d.Shares), "records_written", written, "effective_from", d.EffectiveFrom.UTC())
 	}
-	val, err := schema.Encode(sh) // validates: the shares add up to at most the limit
-	if err != nil {
-		return fmt.Errorf("allocation refused: %w", err)
+	if err != nil || !ok {
+		return err // !ok: the config changed meanwhile, and the watch brings it
 	}
-	rev, err := p.commitRev(ctx, f, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", st.keyRev), clientv3.OpPut(sharesKey, string(val)))
-	if err != nil {
-		return err
-	}
-	if rev == 0 {
-		return nil // the config changed meanwhile: the watch brings it
-	}
-	st.ownRev = rev
-	st.shares, st.published, st.sharesKey, st.sharesBad, st.maxGen = &sh, now, true, false, sh.Generation
-	p.metrics.publishes.WithLabelValues(name).Inc()
-	p.metrics.generation.WithLabelValues(name).Set(float64(sh.Generation))
-	p.log.Info("shares published", "provider", name, "generation", sh.Generation, "total", sh.Total,
-		"instances", sh.Instances, "effective_from", sh.EffectiveTime().UTC())
 	return nil
 }
 
@@ -859,10 +780,10 @@ func (p *publisher) commit(ctx context.Context, f fence, cond clientv3.Cmp, op c
 	return err
 }
 
-// commitRev is commit, and returns the revision op was written at (0 when
-// cond did not hold).
-func (p *publisher) commitRev(ctx context.Context, f fence, cond clientv3.Cmp, op clientv3.Op) (int64, error) {
-	resp, err := p.cli.Txn(ctx).If(f.cmp(), cond).Then(op).Else(clientv3.OpGet(f.key)).Commit()
+// commitRev is commit of ops, and returns the revision they were written
+// at (0 when cond did not hold).
+func (p *publisher) commitRev(ctx context.Context, f fence, cond clientv3.Cmp, ops ...clientv3.Op) (int64, error) {
+	resp, err := p.cli.Txn(ctx).If(f.cmp(), cond).Then(ops...).Else(clientv3.OpGet(f.key)).Commit()
 	if err != nil {
 		return 0, etcdError(err)
 	}
@@ -874,42 +795,6 @@ func (p *publisher) commitRev(ctx context.Context, f fence, cond clientv3.Cmp, o
 		return 0, errNotLeader
 	}
 	return 0, nil
-}
-
-// transitionRecord is the record of a shortening of the window; one that
-// starts now starts with generation gen.
-func transitionRecord(t *plan.Transition, gen int64) *schema.Transition {
-	if t == nil {
-		return nil
-	}
-	since := t.Since
-	if since == 0 {
-		since = gen
-	}
-	return &schema.Transition{Window: schema.Duration(t.Window), Since: since, Granted: t.Granted}
-}
-
-// published is the last publish as package plan sees it; nil for none.
-// at is when it was published (clamped to this replica's clock).
-func published(sh *schema.Shares, at time.Time) *plan.Published {
-	if sh == nil {
-		return nil
-	}
-	var before *plan.Transition
-	if b := sh.Before; b != nil {
-		before = &plan.Transition{Window: b.Window.D(), Since: b.Since, Granted: b.Granted}
-	}
-	return &plan.Published{
-		Before:         before,
-		Generation:     sh.Generation,
-		EffectiveFrom:  sh.EffectiveTime(),
-		Total:          sh.Total,
-		Window:         sh.Window.D(),
-		ConfigRevision: sh.ConfigRevision,
-		Shares:         sh.Shares,
-		Granted:        sh.Granted,
-		At:             at,
-	}
 }
 
 // acked returns what each live instance acknowledged.

@@ -356,7 +356,8 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 // TestLeastPrivilegeRoles (issue 16): with an external etcd, the roles
 // docs/security.md gives each party are enough for it, and no more:
 // configd reads and writes the prefix; an instance of provider pay reads
-// pay's keys and the leader keys and writes only pay's instance records;
+// pay's keys and the leader keys and writes only pay's instance records
+// and even-split confirmations;
 // an operator's reader reads everything and writes nothing.
 func TestLeastPrivilegeRoles(t *testing.T) {
 	const rootPW, configdPW, instancePW, readerPW = "root-pw-1a2b3c4d", "configd-pw-5e6f7g8h", "pay-pw-9i0j1k2l", "reader-pw-3m4n5o6p"
@@ -364,6 +365,13 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	p := schema.DefaultPrefix
 	srv.AddRole(t, "configd", configdPW, etcdtest.Perm{Key: p, Write: true})
 	srv.AddRole(t, "instance-pay", instancePW,
+		etcdtest.Perm{Key: keys.Provider("pay")},
+		etcdtest.Perm{Key: keys.Instances("pay"), Write: true},
+		etcdtest.Perm{Key: keys.Even("pay"), Write: true},
+		etcdtest.Perm{Key: keys.Election()})
+	// A role from before the even split's confirmations: its instance
+	// still registers and gets its share (it says what the role lacks).
+	srv.AddRole(t, "instance-pay-old", instancePW,
 		etcdtest.Perm{Key: keys.Provider("pay")},
 		etcdtest.Perm{Key: keys.Instances("pay"), Write: true},
 		etcdtest.Perm{Key: keys.Election()})
@@ -381,6 +389,17 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	var logs logbuf.Buffer
 	m := secJoin(t, mcfg, "pay", "inst-a", &logs)
 	secHasShare(t, srv.Client(t), "pay", m, 60)
+	oldcfg := srv.Config(t)
+	oldcfg.Username, oldcfg.Password = "instance-pay-old", instancePW
+	var oldLogs logbuf.Buffer
+	old := secJoin(t, oldcfg, "pay", "inst-old", &oldLogs)
+	secHasShare(t, srv.Client(t), "pay", old, 30)
+	if !strings.Contains(oldLogs.String(), "may not write the even-split confirmation") {
+		t.Errorf("a member whose role may not write its confirmation did not say so; log:\n%s", oldLogs.String())
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	inst, err := clientv3.New(mcfg)
 	if err != nil {
@@ -389,7 +408,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	defer inst.Close()
 	ctx := ctxT(t)
 	for what, key := range map[string]string{
-		"pay's config": keys.Config("pay"), "pay's shares": keys.Shares("pay"), "a leader key": keys.Election() + "/x",
+		"pay's config": keys.Config("pay"), "pay's shares": keys.Share("pay", "x"), "a leader key": keys.Election() + "/x",
 		"another provider's instance record": keys.Instance("other", "x"), "a history entry": keys.HistoryEntry("pay", 1),
 	} {
 		if _, err := inst.Put(ctx, key, "{}"); !errors.Is(err, rpctypes.ErrPermissionDenied) {

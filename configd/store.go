@@ -395,7 +395,7 @@ func (s *store) status(ctx context.Context, name string) (statusView, error) {
 	}
 	tresp, err := s.cli.Txn(ctx).Then(
 		clientv3.OpGet(s.keys.Config(name)),
-		clientv3.OpGet(s.keys.Shares(name)),
+		clientv3.OpGet(s.keys.Shares(name), clientv3.WithPrefix()),
 		clientv3.OpGet(s.keys.Instances(name), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
@@ -417,16 +417,26 @@ func (s *store) status(ctx context.Context, name string) (statusView, error) {
 			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
 		}
 	}
-	if len(sharesKVs) > 0 {
-		kv := sharesKVs[0]
-		if sh, err := schema.DecodeShares(kv.Value); err == nil && sh.Provider == name {
-			out.Shares = &sh
-		} else {
-			if err == nil {
-				err = fmt.Errorf("shares record names provider %q", sh.Provider)
-			}
-			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
+	var recs []schema.ShareRecord
+	for _, kv := range sharesKVs {
+		k, err := s.keys.Parse(string(kv.Key))
+		if err != nil || k.Kind != schema.KindShares {
+			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, fmt.Errorf("unexpected key under shares/: %w", err)))
+			continue
 		}
+		r, err := schema.DecodeShareRecord(kv.Value)
+		if err == nil && (r.Provider != name || r.Instance != k.Instance) {
+			err = fmt.Errorf("share record names provider %q, instance %q", r.Provider, r.Instance)
+		}
+		if err != nil {
+			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
+			continue
+		}
+		recs = append(recs, r)
+	}
+	if len(recs) > 0 {
+		sh := schema.AssembleShares(name, recs)
+		out.Shares = &sh
 	}
 	for _, kv := range instKVs {
 		k, err := s.keys.Parse(string(kv.Key))

@@ -295,7 +295,10 @@ func TestTwoProcessesShareOneDistributedLimit(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	provider := "kafka-shared"
-	pc := schema.ProviderConfig{Name: provider, Limit: limit, Window: schema.Duration(window)}.WithDefaults()
+	// A short fail_static: the even split holds a newcomer at nothing for
+	// a hold (fail_static, the clock bound, a report interval) after it
+	// registers, and the test runs for a few seconds.
+	pc := schema.ProviderConfig{Name: provider, Limit: limit, Window: schema.Duration(window), FailStatic: schema.Duration(500 * time.Millisecond)}.WithDefaults()
 	if err := pc.Validate(); err != nil {
 		t.Fatal(err)
 	}

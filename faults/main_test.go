@@ -527,16 +527,18 @@ func (tl tally) series(from, to int64) string {
 
 // ---- etcd ----
 
-// sharesEvent is one write of the provider's shares key, as watched.
+// sharesEvent is the view of the provider's share records after a watch
+// response that changed them (a publish, or a record's deletion).
 type sharesEvent struct {
 	seen time.Time
 	rev  int64
 	sh   schema.Shares
 }
 
-// watcher follows a provider's shares key and instance keys in etcd. hook,
-// if set, runs in the watch goroutine for every shares record, before it is
-// recorded: a test injects a fault the moment a publish is seen.
+// watcher follows a provider's share records and instance keys in etcd.
+// hook, if set, runs in the watch goroutine for every change of the share
+// records, before it is recorded: a test injects a fault the moment a
+// publish is seen.
 type watcher struct {
 	mu        sync.Mutex
 	events    []sharesEvent
@@ -544,11 +546,12 @@ type watcher struct {
 	deletes   map[string]time.Time // instance id → when its key was last deleted
 	rewatches int                  // watches started again after one ended
 	hook      func(prev *schema.Shares, ev sharesEvent)
+	set       *schema.ShareSet // the share records; the watch goroutine's
 }
 
 func newWatcher(t *testing.T, cli *clientv3.Client, provider string) *watcher {
-	w := &watcher{changed: make(chan struct{}), deletes: map[string]time.Time{}}
 	keys := schema.DefaultKeys()
+	w := &watcher{changed: make(chan struct{}), deletes: map[string]time.Time{}, set: schema.NewShareSet(keys, provider)}
 	ctx, cancel := context.WithCancel(context.Background())
 	wch := cli.Watch(ctx, keys.Provider(provider), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	created := <-wch
@@ -587,33 +590,17 @@ func newWatcher(t *testing.T, cli *clientv3.Client, provider string) *watcher {
 
 func (w *watcher) apply(keys schema.Keys, evs []*clientv3.Event) {
 	now := time.Now()
+	var rev int64 // the last share record written in evs; 0: none
 	for _, ev := range evs {
 		k, err := keys.Parse(string(ev.Kv.Key))
 		if err != nil {
 			continue
 		}
 		switch {
-		case k.Kind == schema.KindShares && ev.Type == clientv3.EventTypePut:
-			sh, err := schema.DecodeShares(ev.Kv.Value)
-			if err != nil {
-				continue
+		case k.Kind == schema.KindShares:
+			if ok, _ := w.set.Apply(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete); ok {
+				rev = ev.Kv.ModRevision
 			}
-			se := sharesEvent{seen: now, rev: ev.Kv.ModRevision, sh: sh}
-			w.mu.Lock()
-			var prev *schema.Shares
-			if n := len(w.events); n > 0 {
-				prev = &w.events[n-1].sh
-			}
-			hook := w.hook
-			w.mu.Unlock()
-			if hook != nil {
-				hook(prev, se)
-			}
-			w.mu.Lock()
-			w.events = append(w.events, se)
-			close(w.changed)
-			w.changed = make(chan struct{})
-			w.mu.Unlock()
 		case k.Kind == schema.KindInstance && ev.Type == clientv3.EventTypeDelete:
 			w.mu.Lock()
 			w.deletes[k.Instance] = now
@@ -622,6 +609,33 @@ func (w *watcher) apply(keys schema.Keys, evs []*clientv3.Event) {
 			w.mu.Unlock()
 		}
 	}
+	sh, ok := w.set.View()
+	if rev == 0 || !ok {
+		return
+	}
+	// One event per publish: its records come in one watch response.
+	se := sharesEvent{seen: now, rev: rev, sh: sh}
+	w.mu.Lock()
+	var prev *schema.Shares
+	if n := len(w.events); n > 0 {
+		prev = &w.events[n-1].sh
+	}
+	hook := w.hook
+	w.mu.Unlock()
+	if hook != nil {
+		hook(prev, se)
+	}
+	w.mu.Lock()
+	if n := len(w.events); n > 0 && w.events[n-1].sh.Generation == sh.Generation {
+		// The same publish: a held record's deletion, or a publish
+		// written in several transactions.
+		w.events[n-1] = se
+	} else {
+		w.events = append(w.events, se)
+	}
+	close(w.changed)
+	w.changed = make(chan struct{})
+	w.mu.Unlock()
 }
 
 func (w *watcher) setHook(h func(prev *schema.Shares, ev sharesEvent)) {
@@ -828,7 +842,7 @@ func (r *rig) settle(t *testing.T, n int, timeout time.Duration, cond func(schem
 		}
 		ok := true
 		for _, in := range insts {
-			if _, err := in.waitApplied(ev.sh.Generation, time.Until(deadline)); err != nil {
+			if _, err := in.waitApplied(ev.sh.GenerationOf(in.id), time.Until(deadline)); err != nil {
 				t.Fatal(err)
 			}
 		}

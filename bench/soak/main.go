@@ -252,16 +252,12 @@ func read(ctx context.Context, cli *clientv3.Client, clientURL string, procs []*
 	}
 	s.rev, s.size, s.inUse = st.Header.Revision, st.DbSize, st.DbSizeInUse
 	keys := schema.DefaultKeys()
-	resp, err := cli.Get(rctx, keys.Shares(provider))
+	sh, _, _, err := harness.ReadShares(rctx, cli, provider)
 	if err != nil {
 		return s, err
 	}
-	if len(resp.Kvs) > 0 {
-		if sh, err := schema.DecodeShares(resp.Kvs[0].Value); err == nil {
-			s.gen = sh.Generation
-		}
-	}
-	resp, err = cli.Get(rctx, keys.Instances(provider), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	s.gen = sh.Generation
+	resp, err := cli.Get(rctx, keys.Instances(provider), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return s, err
 	}
@@ -398,13 +394,9 @@ func fields(line string) map[string]int64 {
 // waitShares waits until configd has published shares naming n instances.
 func waitShares(ctx context.Context, cli *clientv3.Client, n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	keys := schema.DefaultKeys()
 	for {
-		resp, err := cli.Get(ctx, keys.Shares(provider))
-		if err == nil && len(resp.Kvs) > 0 {
-			if sh, err := schema.DecodeShares(resp.Kvs[0].Value); err == nil && sh.Instances == n {
-				return nil
-			}
+		if sh, _, _, err := harness.ReadShares(ctx, cli, provider); err == nil && sh.Instances == n {
+			return nil
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("no shares for %d instances within %v", n, timeout)

@@ -63,10 +63,12 @@ const (
 // unchanged is damp's answer when the target is what is published.
 const unchanged = "unchanged"
 
-// Published is the shares record last published, as the leader knows it.
+// Published is the shares last published, as the leader knows them: every
+// instance's record (schema.ShareRecord), each rewritten only when it
+// changes, and so each of its own generation and boundary.
 type Published struct {
-	Generation     int64
-	EffectiveFrom  time.Time // its first window begins then
+	Generation     int64     // the newest record's
+	EffectiveFrom  time.Time // the latest boundary of any record (boundaries never go back)
 	Total          int64     // the limit it divides
 	Window         time.Duration
 	ConfigRevision int64            // the revision of the config it was computed under
@@ -77,9 +79,30 @@ type Published struct {
 	Granted map[string]int64
 	// Before is the change of limit or window under way; nil: none.
 	Before *Transition
+	// Generations and From are, per instance ID, the generation and
+	// boundary (Unix ns) of its own record; an ID missing from them has
+	// Generation and EffectiveFrom.
+	Generations map[string]int64
+	From        map[string]int64
 	// At is when it was published, no later than the Input's Now (a leader
 	// whose clock is ahead must not hold publishing back).
 	At time.Time
+}
+
+// generationOf returns the generation of id's record.
+func (p *Published) generationOf(id string) int64 {
+	if g, ok := p.Generations[id]; ok {
+		return g
+	}
+	return p.Generation
+}
+
+// fromOf returns the boundary (Unix ns) of id's record.
+func (p *Published) fromOf(id string) int64 {
+	if f, ok := p.From[id]; ok {
+		return f
+	}
+	return p.EffectiveFrom.UnixNano()
 }
 
 // Input is what one decision is made from. Nothing in it is modified.
@@ -125,6 +148,10 @@ type Transition struct {
 	Window  time.Duration
 	Since   int64 // 0 in a Decision that starts it: the publisher's next generation
 	Granted map[string]int64
+	// Total is the old regime's limit per window of Window; 0 when not
+	// known, as for a change made before the last one finished (two old
+	// regimes kept as one).
+	Total int64
 }
 
 // Ack is what an instance acknowledged: the generation it applied, and
@@ -335,9 +362,9 @@ func transition(cur *Published, in Input, bounds map[string]int64) *Transition {
 	if in.Window == cur.Window && in.Total == cur.Total {
 		return b
 	}
-	t := &Transition{Window: cur.Window, Granted: maps.Clone(bounds)}
+	t := &Transition{Window: cur.Window, Granted: maps.Clone(bounds), Total: cur.Total}
 	if b != nil {
-		t.Window = max(b.Window, cur.Window)
+		t.Window, t.Total = max(b.Window, cur.Window), 0
 		for id, v := range bounds {
 			t.Granted[id] = share.In(v, cur.Window, t.Window)
 		}
@@ -369,10 +396,10 @@ func switchDue(cur *Published, in Input) time.Time {
 	for id := range cur.Before.Granted {
 		ack := in.Acked[id]
 		from := ack.From
-		if from == 0 && ack.Generation == cur.Generation {
-			from = cur.EffectiveFrom.UnixNano()
+		if from == 0 && ack.Generation == cur.generationOf(id) {
+			from = cur.fromOf(id)
 		}
-		if ack.Generation >= cur.Before.Since && ack.Generation <= cur.Generation && from > in.Now.UnixNano() && (due == 0 || from < due) {
+		if ack.Generation >= cur.Before.Since && ack.Generation <= cur.generationOf(id) && from > in.Now.UnixNano() && (due == 0 || from < due) {
 			due = from
 		}
 	}
@@ -396,10 +423,11 @@ func onOld(b *Transition, cur *Published, in Input, id string) bool {
 	}
 	ack := in.Acked[id]
 	from := ack.From
-	if from == 0 && ack.Generation == cur.Generation {
-		from = cur.EffectiveFrom.UnixNano() // an instance from before AppliedFrom
+	gen := cur.generationOf(id)
+	if from == 0 && ack.Generation == gen {
+		from = cur.fromOf(id) // an instance from before AppliedFrom
 	}
-	return ack.Generation < b.Since || ack.Generation > cur.Generation || from == 0 || in.Now.UnixNano() < from
+	return ack.Generation < b.Since || ack.Generation > gen || from == 0 || in.Now.UnixNano() < from
 }
 
 // lcm returns the least common multiple of two window lengths; every
@@ -444,8 +472,10 @@ func inForce(cur *Published, acked map[string]Ack) time.Time {
 	}
 	at := cur.EffectiveFrom.UnixNano()
 	for id := range cur.Shares {
-		if a := acked[id]; a.Generation == cur.Generation {
-			at = max(at, a.From)
+		// The records of the newest publish: unchanged ones were in
+		// force before it.
+		if g := cur.generationOf(id); g == cur.Generation && acked[id].Generation == g {
+			at = max(at, acked[id].From)
 		}
 	}
 	return time.Unix(0, at)
@@ -515,8 +545,8 @@ func bounds(cur *Published, live map[string]int64, acked map[string]Ack, now tim
 	}
 	for id := range live {
 		ack := acked[id]
-		from := cur.EffectiveFrom.UnixNano()
-		if ack.Generation == cur.Generation {
+		from, gen := cur.fromOf(id), cur.generationOf(id)
+		if ack.Generation == gen {
 			from = share.InForce(from, ack.From)
 		}
 		sh, named := cur.Shares[id]
@@ -528,7 +558,7 @@ func bounds(cur *Published, live map[string]int64, acked map[string]Ack, now tim
 			Share:    sh,
 			Grant:    grant,
 			Named:    named || granted,
-			Acked:    ack.Generation == cur.Generation,
+			Acked:    ack.Generation == gen,
 			InEffect: now.UnixNano() >= from,
 		})
 	}

@@ -10,9 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/sluice-go/sluice/examples/internal/stub"
+	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -256,44 +255,16 @@ func sum(m map[string]int64) (s int64) {
 
 // watchShares follows the shares configd publishes for the provider.
 func (d *demo) watchShares(ctx context.Context) {
-	key := schema.DefaultKeys().Shares(provider)
-	wch := d.cli.Watch(ctx, key)
-	if resp, err := d.cli.Get(ctx, key); err == nil && len(resp.Kvs) > 0 {
-		if sh, err := schema.DecodeShares(resp.Kvs[0].Value); err == nil {
-			d.mu.Lock()
+	go harness.FollowShares(ctx, d.cli, provider, func(sh schema.Shares) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if sh.Generation >= d.shares.Generation {
 			d.shares = sh
-			d.mu.Unlock()
 		}
-	}
-	go func() {
-		for {
-			wr, ok := <-wch
-			if !ok {
-				return // ctx ended
-			}
-			if wr.CompactRevision != 0 {
-				// Fell behind the embedded etcd's compaction, which ends
-				// the watch: go on from the oldest revision it keeps.
-				wch = d.cli.Watch(ctx, key, clientv3.WithRev(wr.CompactRevision))
-				continue
-			}
-			for _, ev := range wr.Events {
-				if ev.Type != clientv3.EventTypePut {
-					continue
-				}
-				if sh, err := schema.DecodeShares(ev.Kv.Value); err == nil {
-					d.mu.Lock()
-					if sh.Generation > d.shares.Generation {
-						d.shares = sh
-					}
-					for _, v := range sh.Shares {
-						d.maxShare = max(d.maxShare, v)
-					}
-					d.mu.Unlock()
-				}
-			}
+		for _, v := range sh.Shares {
+			d.maxShare = max(d.maxShare, v)
 		}
-	}()
+	}, nil)
 }
 
 // sampler reads every live instance's metrics each sampleEvery, checks the

@@ -254,6 +254,7 @@ func (e *etcdBackend) status(ctx context.Context, name string) (view, error) {
 	if err != nil {
 		return v, err
 	}
+	set := schema.NewShareSet(e.keys, name)
 	for _, kv := range resp.Kvs {
 		k, err := e.keys.Parse(string(kv.Key))
 		if err != nil {
@@ -265,9 +266,7 @@ func (e *etcdBackend) status(ctx context.Context, name string) (view, error) {
 				v.Config, v.ConfigRevision = &c, kv.ModRevision
 			}
 		case schema.KindShares:
-			if s, err := schema.DecodeShares(kv.Value); err == nil {
-				v.Shares = &s
-			}
+			set.Apply(string(kv.Key), kv.Value, false) // a malformed record is left out
 		case schema.KindInstance:
 			in := instanceView{ID: k.Instance}
 			if r, err := schema.DecodeInstanceRecord(kv.Value); err == nil {
@@ -275,6 +274,9 @@ func (e *etcdBackend) status(ctx context.Context, name string) (view, error) {
 			}
 			v.Instances = append(v.Instances, in)
 		}
+	}
+	if sh, ok := set.View(); ok {
+		v.Shares = &sh
 	}
 	for i := range v.Instances {
 		if v.Shares != nil {

@@ -11,55 +11,97 @@ import (
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
-// Watcher follows a provider's shares record and instance keys in etcd.
+// Watcher follows a provider's share records and instance keys in etcd.
 type Watcher struct {
 	mu      sync.Mutex
-	shares  []schema.Shares
+	shares  []schema.Shares      // the view after every change, oldest first
 	deletes map[string]time.Time // instance id → when its key was deleted
 }
 
-// NewWatcher watches provider's keys (default prefix) until ctx ends.
+// ReadShares reads provider's share records (default prefix) and returns
+// their view, the revision read at, and whether there are any.
+func ReadShares(ctx context.Context, cli *clientv3.Client, provider string) (schema.Shares, int64, bool, error) {
+	set, rev, err := readShareSet(ctx, cli, schema.DefaultKeys(), provider)
+	if err != nil {
+		return schema.Shares{}, 0, false, err
+	}
+	v, ok := set.View()
+	return v, rev, ok, nil
+}
+
+func readShareSet(ctx context.Context, cli *clientv3.Client, keys schema.Keys, provider string) (*schema.ShareSet, int64, error) {
+	resp, err := cli.Get(ctx, keys.Shares(provider), clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s's share records: %w", provider, err)
+	}
+	set := schema.NewShareSet(keys, provider)
+	for _, kv := range resp.Kvs {
+		set.Apply(string(kv.Key), kv.Value, false) // a malformed record is left out
+	}
+	return set, resp.Header.Revision, nil
+}
+
+// NewWatcher watches provider's keys (default prefix) until ctx ends,
+// starting from the share records there now.
 func NewWatcher(ctx context.Context, cli *clientv3.Client, provider string) *Watcher {
 	w := &Watcher{deletes: map[string]time.Time{}}
-	keys := schema.DefaultKeys()
-	prefix := keys.Provider(provider)
-	wch := cli.Watch(ctx, prefix, clientv3.WithPrefix())
-	go func() {
-		for {
-			wr, ok := <-wch
-			if !ok {
-				return // ctx ended
-			}
-			if wr.CompactRevision != 0 {
-				// Fell behind a compaction (etcd ends the watch): go on
-				// from the oldest revision still kept; what changed before
-				// it is lost, and the keys' values at it are read again.
-				wch = cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(wr.CompactRevision))
-				continue
-			}
-			now := time.Now()
-			for _, ev := range wr.Events {
-				k, err := keys.Parse(string(ev.Kv.Key))
-				if err != nil {
-					continue
-				}
-				w.mu.Lock()
-				switch {
-				case k.Kind == schema.KindShares && ev.Type == clientv3.EventTypePut:
-					if sh, err := schema.DecodeShares(ev.Kv.Value); err == nil {
-						w.shares = append(w.shares, sh)
-					}
-				case k.Kind == schema.KindInstance && ev.Type == clientv3.EventTypeDelete:
-					w.deletes[k.Instance] = now
-				}
-				w.mu.Unlock()
-			}
-		}
-	}()
+	go FollowShares(ctx, cli, provider, w.record, func(id string, at time.Time) {
+		w.mu.Lock()
+		w.deletes[id] = at
+		w.mu.Unlock()
+	})
 	return w
 }
 
-// Latest returns the newest shares record seen.
+// FollowShares calls onShares with the view of provider's share records
+// (default prefix) as they are now, if there are any, and again after
+// every watch response that changes them, and onDeleted (if not nil) for
+// every instance key deleted, until ctx ends. After a compaction ends the
+// watch, it reads the records again and goes on from there.
+func FollowShares(ctx context.Context, cli *clientv3.Client, provider string, onShares func(schema.Shares), onDeleted func(id string, at time.Time)) {
+	keys := schema.DefaultKeys()
+	for ctx.Err() == nil {
+		set, rev, err := readShareSet(ctx, cli, keys, provider)
+		if err != nil { // etcd not reachable yet, or ctx ended
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		if v, ok := set.View(); ok {
+			onShares(v)
+		}
+		wch := cli.Watch(ctx, keys.Provider(provider), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for wr := range wch {
+			if wr.CompactRevision != 0 || wr.Err() != nil {
+				break
+			}
+			now, changed := time.Now(), false
+			for _, ev := range wr.Events {
+				del := ev.Type == clientv3.EventTypeDelete
+				if ok, _ := set.Apply(string(ev.Kv.Key), ev.Kv.Value, del); ok {
+					changed = true
+				}
+				if k, err := keys.Parse(string(ev.Kv.Key)); err == nil && k.Kind == schema.KindInstance && del && onDeleted != nil {
+					onDeleted(k.Instance, now)
+				}
+			}
+			if v, ok := set.View(); changed && ok {
+				onShares(v)
+			}
+		}
+	}
+}
+
+// record appends a view of the share records.
+func (w *Watcher) record(v schema.Shares) {
+	w.mu.Lock()
+	w.shares = append(w.shares, v)
+	w.mu.Unlock()
+}
+
+// Latest returns the newest view of the share records.
 func (w *Watcher) Latest() (schema.Shares, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -69,7 +111,7 @@ func (w *Watcher) Latest() (schema.Shares, bool) {
 	return w.shares[len(w.shares)-1], true
 }
 
-// All returns every shares record seen, oldest first.
+// All returns the view after every change seen, oldest first.
 func (w *Watcher) All() []schema.Shares {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -84,7 +126,7 @@ func (w *Watcher) Deleted(id string) (time.Time, bool) {
 	return t, ok
 }
 
-// WaitShares waits until the newest shares record satisfies cond.
+// WaitShares waits until the newest view of the share records satisfies cond.
 func (w *Watcher) WaitShares(timeout time.Duration, cond func(schema.Shares) bool) (schema.Shares, error) {
 	deadline := time.Now().Add(timeout)
 	for {

@@ -299,6 +299,19 @@ func DecodeShares(b []byte) (Shares, error) {
 	return s, nil
 }
 
+// DecodeShareRecord decodes and validates a ShareRecord.
+func DecodeShareRecord(b []byte) (ShareRecord, error) {
+	var r ShareRecord
+	if err := decode(b, &r); err != nil {
+		return ShareRecord{}, err
+	}
+	if err := r.Validate(); err != nil {
+		return ShareRecord{}, err
+	}
+	r.Version = Version
+	return r, nil
+}
+
 // DecodeHistoryEntry decodes and validates a HistoryEntry.
 func DecodeHistoryEntry(b []byte) (HistoryEntry, error) {
 	var h HistoryEntry
@@ -335,6 +348,12 @@ func Encode(v any) ([]byte, error) {
 		}
 		v = r
 	case Shares:
+		r.Version = Version
+		if err := r.Validate(); err != nil {
+			return nil, err
+		}
+		v = r
+	case ShareRecord:
 		r.Version = Version
 		if err := r.Validate(); err != nil {
 			return nil, err

@@ -114,6 +114,32 @@ func FuzzDecodeShares(f *testing.F) {
 	})
 }
 
+func FuzzDecodeShareRecord(f *testing.F) {
+	for _, s := range []string{
+		`{"version":1,"provider":"p","instance":"a","generation":3,"effective_from":1000000000000,"window":"1s","total":10,"share":4,"granted":6,"config_revision":5,"published":"2026-01-02T03:04:05Z","leader":"r1"}`,
+		`{"provider":"p","instance":"a","generation":4,"window":"1s","total":10,"share":1,"granted":1,"before":{"window":"10s","since":3,"granted":60}}`,
+		`{"provider":"p","instance":"a","generation":4,"window":"1s","total":10,"share":0,"granted":7,"held":true}`,
+		`{"provider":"p","instance":"a","generation":9223372036854775807,"window":"1s","total":10,"share":1,"granted":1}`,
+		`{"provider":"p","instance":"a","generation":1,"window":"1s","total":10,"share":11,"granted":11}`,
+		`{"provider":"p","instance":"a","generation":1,"window":"1s","total":10,"share":3,"granted":2}`,
+		`{"provider":"p","instance":"a","generation":1,"window":"1s","total":10,"share":3,"granted":3,"held":true}`,
+		`{"provider":"p","instance":"a","generation":1,"window":"1s","total":10,"share":3,"granted":3,"share":4}`,
+		`{"provider":"p","instance":"a b","generation":1,"window":"1s","total":10,"share":3,"granted":3}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeShareRecord(b)
+		if err != nil {
+			return
+		}
+		if r.Share > r.Total || r.Granted < r.Share || r.Generation > MaxGeneration {
+			t.Fatalf("accepted share %d of total %d, granted %d, generation %d", r.Share, r.Total, r.Granted, r.Generation)
+		}
+		stable(t, r, func(b []byte) (any, error) { return DecodeShareRecord(b) })
+	})
+}
+
 func FuzzDecodeHistoryEntry(f *testing.F) {
 	for _, s := range []string{
 		`{"version":1,"provider":"p","who":"ops@h","when":"2026-01-02T03:04:05Z","old":null,"new":{"version":1,"name":"p","limit":5,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}}`,

@@ -15,8 +15,10 @@ const DefaultPrefix = "/sluice/"
 const (
 	providersDir = "providers/"
 	configLeaf   = "config"
-	sharesLeaf   = "shares"
+	sharesLeaf   = "shares" // an older configd's one record of every share
+	sharesDir    = "shares/"
 	instancesDir = "instances/"
+	evenDir      = "even/"
 	historyDir   = "history/"
 	electionDir  = "configd/leader"
 )
@@ -90,8 +92,18 @@ func (k Keys) Provider(name string) string { return k.Providers() + name + "/" }
 // Config returns the key of a provider's ProviderConfig.
 func (k Keys) Config(name string) string { return k.Provider(name) + configLeaf }
 
-// Shares returns the key of a provider's published Shares.
-func (k Keys) Shares(name string) string { return k.Provider(name) + sharesLeaf }
+// Shares returns the prefix of a provider's share records (ends with '/'):
+// one ShareRecord per instance configd's leader hands a share or a grant,
+// under Share.
+func (k Keys) Shares(name string) string { return k.Provider(name) + sharesDir }
+
+// Share returns the key of one instance's ShareRecord, written by
+// configd's leader. An instance watches its own, and nothing of the others.
+func (k Keys) Share(name, id string) string { return k.Shares(name) + id }
+
+// LegacyShares returns the key where an older configd kept one record of
+// every share; configd deletes it.
+func (k Keys) LegacyShares(name string) string { return k.Provider(name) + sharesLeaf }
 
 // Instances returns the prefix of a provider's instance keys (ends with '/');
 // the number of keys under it is the number of live instances.
@@ -100,6 +112,15 @@ func (k Keys) Instances(name string) string { return k.Provider(name) + instance
 // Instance returns the key of one instance's InstanceRecord. Write it with
 // the instance's lease.
 func (k Keys) Instance(name, id string) string { return k.Instances(name) + id }
+
+// Even returns the prefix of a provider's even-split confirmations (ends
+// with '/'): with no configd alive, each instance that enforces the even
+// split says so with a key here, on its lease. Instances count them; none
+// reads another's.
+func (k Keys) Even(name string) string { return k.Provider(name) + evenDir }
+
+// EvenMark returns the key of one instance's even-split confirmation.
+func (k Keys) EvenMark(name, id string) string { return k.Even(name) + id }
 
 // History returns the prefix of a provider's audit records (ends with '/').
 func (k Keys) History(name string) string { return k.Provider(name) + historyDir }
@@ -165,9 +186,10 @@ type KeyKind int
 const (
 	KindUnknown  KeyKind = iota // not a sluice key, or malformed
 	KindConfig                  // <prefix>providers/<name>/config
-	KindShares                  // <prefix>providers/<name>/shares
+	KindShares                  // <prefix>providers/<name>/shares/<id> (Instance ""): an older configd's <prefix>providers/<name>/shares)
 	KindInstance                // <prefix>providers/<name>/instances/<id>
 	KindHistory                 // <prefix>providers/<name>/history/<seq>
+	KindEven                    // <prefix>providers/<name>/even/<id>
 )
 
 // String returns the kind's name.
@@ -181,6 +203,8 @@ func (k KeyKind) String() string {
 		return "instance"
 	case KindHistory:
 		return "history"
+	case KindEven:
+		return "even"
 	}
 	return "unknown"
 }
@@ -189,7 +213,7 @@ func (k KeyKind) String() string {
 type Key struct {
 	Kind     KeyKind
 	Provider string // provider name
-	Instance string // instance ID, for KindInstance
+	Instance string // instance ID, for KindInstance, KindShares and KindEven
 	Seq      int64  // sequence number, for KindHistory
 }
 
@@ -213,12 +237,24 @@ func (k Keys) Parse(key string) (Key, error) {
 		return Key{Kind: KindConfig, Provider: name}, nil
 	case leaf == sharesLeaf:
 		return Key{Kind: KindShares, Provider: name}, nil
+	case strings.HasPrefix(leaf, sharesDir):
+		id := leaf[len(sharesDir):]
+		if ValidateInstanceID(id) != nil {
+			return bad()
+		}
+		return Key{Kind: KindShares, Provider: name, Instance: id}, nil
 	case strings.HasPrefix(leaf, instancesDir):
 		id := leaf[len(instancesDir):]
 		if ValidateInstanceID(id) != nil {
 			return bad()
 		}
 		return Key{Kind: KindInstance, Provider: name, Instance: id}, nil
+	case strings.HasPrefix(leaf, evenDir):
+		id := leaf[len(evenDir):]
+		if ValidateInstanceID(id) != nil {
+			return bad()
+		}
+		return Key{Kind: KindEven, Provider: name, Instance: id}, nil
 	case strings.HasPrefix(leaf, historyDir):
 		seq, err := strconv.ParseInt(leaf[len(historyDir):], 10, 64)
 		if err != nil || seq < 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"sort"
 	"strconv"
 	"strings"
@@ -293,9 +294,184 @@ func (r InstanceRecord) Validate() error {
 	return nil
 }
 
-// Shares is what the configd leader publishes for a provider at
-// Keys.Shares(name): each live instance's quota, in force from the window
-// starting at EffectiveFrom. The sum of Shares never exceeds Total.
+// ShareRecord is one instance's share, as configd's leader publishes it at
+// Keys.Share(provider, instance): its quota per window, in force from the
+// window starting at EffectiveFrom, and the most it may still be enforcing.
+// The leader writes an instance's record only when it changes, so an
+// instance receives its own share and nothing of the others', and an
+// acknowledgement of a record stays good while it is not rewritten. A
+// record of an instance that went (Held) keeps its grant reserved until
+// the instance can no longer be enforcing it, then is deleted.
+type ShareRecord struct {
+	Version  int    `json:"version"`
+	Provider string `json:"provider"`
+	Instance string `json:"instance"`
+	// Generation is the publish that wrote this record: the leader counts
+	// one per publish, across leaders, and an instance acknowledges its
+	// record by it.
+	Generation int64 `json:"generation"`
+	// EffectiveFrom is the start (Unix nanoseconds, a multiple of Window) of
+	// the first window Share applies to.
+	EffectiveFrom int64    `json:"effective_from"`
+	Window        Duration `json:"window"`
+	Total         int64    `json:"total"` // the provider's limit the shares split
+	Share         int64    `json:"share"` // permits per window
+	// Granted is the most permits per window the instance may still be
+	// enforcing under records of this regime: its share, or a larger one it
+	// had and has not yet acknowledged giving up. The grants of a provider
+	// add up to at most Total (the handover's invariant) except right after
+	// the total is lowered; a new leader resumes from them.
+	Granted int64 `json:"granted"`
+	// Held says the instance is gone (its lease expired) and Granted stays
+	// reserved for it: it may be cut off from etcd and enforcing it still.
+	Held bool `json:"held,omitempty"`
+	// Before is present while the limit or the window changes, until every
+	// instance enforces the new regime: see ShareTransition.
+	Before *ShareTransition `json:"before,omitempty"`
+	// ConfigRevision is the etcd ModRevision of the ProviderConfig used.
+	ConfigRevision int64     `json:"config_revision"`
+	Published      time.Time `json:"published"`
+	Leader         string    `json:"leader,omitempty"` // the configd replica that published
+}
+
+// ShareTransition is what a share record keeps of the regime (limit and
+// window) in force before the one it belongs to: the old window length, the
+// first generation of the new regime, and the most the instance may admit
+// in one window of the old length while it may not have switched yet.
+type ShareTransition struct {
+	Window  Duration `json:"window"`
+	Since   int64    `json:"since"`
+	Granted int64    `json:"granted"`
+	// Total is the old regime's limit per window of Window, omitted when
+	// not known (two old regimes kept as one).
+	Total int64 `json:"total,omitempty"`
+}
+
+// Validate checks the record on its own.
+func (r ShareRecord) Validate() error {
+	if err := validateVersion(r.Version); err != nil {
+		return err
+	}
+	if err := ValidateName(r.Provider); err != nil {
+		return &ValidationError{Field: "provider", Value: err.(*ValidationError).Value, Err: ErrInvalidName}
+	}
+	if err := ValidateInstanceID(r.Instance); err != nil {
+		return &ValidationError{Field: "instance", Value: r.Instance, Err: ErrInvalidInstanceID}
+	}
+	if r.Generation < 1 || r.Generation > MaxGeneration {
+		return invalid("generation", r.Generation, fmt.Errorf("%w: generation must be from 1 to %d", ErrInvalidField, int64(MaxGeneration)))
+	}
+	if err := ValidateWindow(r.Window.D()); err != nil {
+		return err
+	}
+	switch {
+	case r.EffectiveFrom < 0 || r.EffectiveFrom%int64(r.Window) != 0:
+		return invalid("effective_from", r.EffectiveFrom, fmt.Errorf("%w: effective_from must be a window start (a multiple of the window)", ErrInvalidShares))
+	case r.Total < 0 || r.Total > MaxLimit:
+		return invalid("total", r.Total, ErrInvalidLimit)
+	case r.Share < 0 || r.Share > r.Total:
+		return invalid("share", r.Share, fmt.Errorf("%w: share must be from 0 to the total %d", ErrInvalidShares, r.Total))
+	case r.Granted < r.Share || r.Granted > MaxLimit:
+		return invalid("granted", r.Granted, fmt.Errorf("%w: granted must be from the share %d to %d", ErrInvalidShares, r.Share, int64(MaxLimit)))
+	case r.Held && r.Share != 0:
+		return invalid("share", r.Share, fmt.Errorf("%w: a held record's share must be 0", ErrInvalidShares))
+	case r.ConfigRevision < 0:
+		return invalid("config_revision", r.ConfigRevision, ErrInvalidField)
+	}
+	if b := r.Before; b != nil {
+		if err := ValidateWindow(b.Window.D()); err != nil {
+			return invalid("before.window", b.Window, ErrInvalidWindow)
+		}
+		if b.Since < 1 || b.Since > r.Generation {
+			return invalid("before.since", b.Since, fmt.Errorf("%w: before.since must be a generation from 1 to %d", ErrInvalidShares, r.Generation))
+		}
+		if b.Granted < 0 || b.Granted > MaxLimit {
+			return invalid("before.granted", b.Granted, fmt.Errorf("%w: before.granted must be from 0 to %d", ErrInvalidShares, int64(MaxLimit)))
+		}
+		if b.Total < 0 || b.Total > MaxLimit {
+			return invalid("before.total", b.Total, fmt.Errorf("%w: before.total must be from 0 to %d", ErrInvalidShares, int64(MaxLimit)))
+		}
+	}
+	return nil
+}
+
+// CheckAgainst checks r against the config it must have been computed
+// under, cfg at revision cfgRev, as Shares.CheckAgainst does: same
+// provider, no config revision from the future, a total within the limit
+// counted into the record's window (so the share is, too).
+func (r ShareRecord) CheckAgainst(cfg ProviderConfig, cfgRev int64) error {
+	return Shares{Provider: r.Provider, Window: r.Window, Total: r.Total, ConfigRevision: r.ConfigRevision}.CheckAgainst(cfg, cfgRev)
+}
+
+// Enforcing returns the most r leaves its instance enforcing, per window of
+// r: its share, its grant, or its grant of the old regime counted into
+// this length, whichever is largest.
+func (r ShareRecord) Enforcing() int64 {
+	e := max(r.Share, r.Granted)
+	if b := r.Before; b != nil {
+		e = max(e, share.In(b.Granted, b.Window.D(), r.Window.D()))
+	}
+	return e
+}
+
+// GrantPer returns the most permits per window of length w that keep the
+// instance within its grant of r's regime in every window of r's length
+// (share.Within) — scaled down by the limit where the provider's limit
+// (limit per window of w) is now below r's total, so that what the
+// instances take on their own authority still adds up to at most the
+// limit: the cap of the even split while others may still follow
+// configd's shares. Not the old regime's grant (Before): that one bounds
+// windows of the old length, and taken per window of another length it
+// can admit the old rate several times over.
+func (r ShareRecord) GrantPer(w time.Duration, limit int64) int64 {
+	g := min(max(r.Share, r.Granted), r.Total)
+	if lim := share.In(limit, w, r.Window.D()); lim < r.Total {
+		hi, lo := bits.Mul64(uint64(g), uint64(max(lim, 0)))
+		q, _ := bits.Div64(hi, lo, uint64(r.Total)) // hi < Total: g ≤ Total, lim < 2^63
+		g = int64(q)
+	}
+	return share.Within(g, w, r.Window.D())
+}
+
+// AssembleShares returns the provider view of recs, the share records of
+// one provider (in any order): the newest generation, regime and boundary
+// among them, every instance's share (held ones only granted), grant,
+// generation and boundary, and the change of regime under way, if any.
+func AssembleShares(provider string, recs []ShareRecord) Shares {
+	s := Shares{Version: Version, Provider: provider, Shares: map[string]int64{}, Granted: map[string]int64{},
+		Generations: map[string]int64{}, From: map[string]int64{}}
+	var newest ShareRecord
+	for _, r := range recs {
+		if r.Generation > newest.Generation || (r.Generation == newest.Generation && r.Published.After(newest.Published)) {
+			newest = r
+		}
+		s.EffectiveFrom = max(s.EffectiveFrom, r.EffectiveFrom)
+		if !r.Held {
+			s.Shares[r.Instance] = r.Share
+		}
+		s.Granted[r.Instance] = r.Granted
+		s.Generations[r.Instance], s.From[r.Instance] = r.Generation, r.EffectiveFrom
+		if b := r.Before; b != nil {
+			if s.Before == nil {
+				s.Before = &Transition{Window: b.Window, Since: b.Since, Granted: map[string]int64{}, Total: b.Total}
+			}
+			if b.Window != s.Before.Window || b.Total != s.Before.Total {
+				s.Before.Total = 0 // records of different old regimes: not known
+			}
+			s.Before.Window = max(s.Before.Window, b.Window)
+			s.Before.Since = max(s.Before.Since, b.Since)
+			s.Before.Granted[r.Instance] = b.Granted
+		}
+	}
+	s.Generation, s.Window, s.Total = newest.Generation, newest.Window, newest.Total
+	s.ConfigRevision, s.Published, s.Leader = newest.ConfigRevision, newest.Published, newest.Leader
+	s.Instances = len(s.Shares)
+	return s
+}
+
+// Shares is the view of a provider's share records (AssembleShares): each
+// live instance's quota, and each instance's grant. The records configd
+// writes keep the sum of Shares within Total.
 type Shares struct {
 	Version    int    `json:"version"`
 	Provider   string `json:"provider"`
@@ -323,6 +499,29 @@ type Shares struct {
 	ConfigRevision int64     `json:"config_revision"`
 	Published      time.Time `json:"published"`
 	Leader         string    `json:"leader,omitempty"` // the configd replica that published
+	// Generations and From are, per instance, the generation and boundary
+	// of its own record (a record is rewritten only when it changes); nil
+	// in a view of one record.
+	Generations map[string]int64 `json:"generations,omitempty"`
+	From        map[string]int64 `json:"effective_froms,omitempty"`
+}
+
+// GenerationOf returns the generation of id's record: its own, or the
+// view's.
+func (s Shares) GenerationOf(id string) int64 {
+	if g, ok := s.Generations[id]; ok {
+		return g
+	}
+	return s.Generation
+}
+
+// EffectiveFromOf returns the boundary of id's record: its own, or the
+// view's.
+func (s Shares) EffectiveFromOf(id string) int64 {
+	if f, ok := s.From[id]; ok {
+		return f
+	}
+	return s.EffectiveFrom
 }
 
 // Transition is what a shares record keeps of the window length in force
@@ -340,6 +539,8 @@ type Transition struct {
 	// Granted maps instance ID to the most it may admit in one window of
 	// the old length.
 	Granted map[string]int64 `json:"granted"`
+	// Total is the old regime's limit per window of Window; 0: not known.
+	Total int64 `json:"total,omitempty"`
 }
 
 // Enforcing returns the most s leaves instance id enforcing, per window of

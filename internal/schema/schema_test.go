@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,9 @@ func TestKeysLayout(t *testing.T) {
 		{k.Providers(), "/sluice/providers/"},
 		{k.Provider("pay"), "/sluice/providers/pay/"},
 		{k.Config("pay"), "/sluice/providers/pay/config"},
-		{k.Shares("pay"), "/sluice/providers/pay/shares"},
+		{k.Shares("pay"), "/sluice/providers/pay/shares/"},
+		{k.Share("pay", "host-1:42"), "/sluice/providers/pay/shares/host-1:42"},
+		{k.LegacyShares("pay"), "/sluice/providers/pay/shares"},
 		{k.Instances("pay"), "/sluice/providers/pay/instances/"},
 		{k.Instance("pay", "host-1:42"), "/sluice/providers/pay/instances/host-1:42"},
 		{k.History("pay"), "/sluice/providers/pay/history/"},
@@ -44,7 +47,9 @@ func TestKeysParse(t *testing.T) {
 	k := DefaultKeys()
 	good := map[string]Key{
 		k.Config("a.b-c_d"):          {Kind: KindConfig, Provider: "a.b-c_d"},
-		k.Shares("p"):                {Kind: KindShares, Provider: "p"},
+		k.LegacyShares("p"):          {Kind: KindShares, Provider: "p"},
+		k.Share("p", "Host-1:99"):    {Kind: KindShares, Provider: "p", Instance: "Host-1:99"},
+		k.EvenMark("p", "Host-1:99"): {Kind: KindEven, Provider: "p", Instance: "Host-1:99"},
 		k.Instance("p", "Host-1:99"): {Kind: KindInstance, Provider: "p", Instance: "Host-1:99"},
 		k.HistoryEntry("p", 12345):   {Kind: KindHistory, Provider: "p", Seq: 12345},
 	}
@@ -57,7 +62,8 @@ func TestKeysParse(t *testing.T) {
 	for _, key := range []string{
 		"", "/sluice/", "/sluice/providers/", "/sluice/providers/p", "/sluice/providers/p/",
 		"/sluice/providers/P/config", "/sluice/providers/p/other", "/sluice/providers/p/instances/",
-		"/sluice/providers/p/instances/a/b", "/sluice/providers/p/history/x", "/other/providers/p/config",
+		"/sluice/providers/p/instances/a/b", "/sluice/providers/p/history/x", "/sluice/providers/p/shares/",
+		"/sluice/providers/p/shares/a/b", "/other/providers/p/config",
 		"/sluice/providers/p/config/x", "/sluice/configd/leader/abc",
 	} {
 		got, err := k.Parse(key)
@@ -546,5 +552,69 @@ func TestValidateReplicaID(t *testing.T) {
 		if err := ValidateReplicaID(id); !errors.Is(err, ErrInvalidReplicaID) || !errors.Is(err, ErrInvalid) {
 			t.Errorf("ValidateReplicaID(%q) = %v, want ErrInvalidReplicaID", id, err)
 		}
+	}
+}
+
+func validShareRecord() ShareRecord {
+	return ShareRecord{Provider: "p", Instance: "a", Generation: 3, EffectiveFrom: 2_000_000_000, Window: Duration(time.Second),
+		Total: 100, Share: 40, Granted: 60, ConfigRevision: 7, Published: time.Unix(5, 0).UTC(), Leader: "r1"}
+}
+
+// A share record validates on its own, round-trips through Encode and
+// DecodeShareRecord, and is refused by Encode when Decode would refuse it.
+func TestShareRecordValidate(t *testing.T) {
+	good := validShareRecord()
+	b, err := Encode(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := DecodeShareRecord(b)
+	good.Version = Version
+	if err != nil || !reflect.DeepEqual(back, good) {
+		t.Fatalf("round trip: %+v, %v; want %+v", back, err, good)
+	}
+	for _, tc := range []struct {
+		name   string
+		modify func(*ShareRecord)
+	}{
+		{"generation 0", func(r *ShareRecord) { r.Generation = 0 }},
+		{"generation beyond MaxGeneration", func(r *ShareRecord) { r.Generation = MaxGeneration + 1 }},
+		{"share over the total", func(r *ShareRecord) { r.Share, r.Granted = 101, 101 }},
+		{"grant under the share", func(r *ShareRecord) { r.Granted = 39 }},
+		{"held with a share", func(r *ShareRecord) { r.Held = true }},
+		{"unaligned boundary", func(r *ShareRecord) { r.EffectiveFrom++ }},
+		{"bad instance", func(r *ShareRecord) { r.Instance = "a b" }},
+		{"before since in the future", func(r *ShareRecord) {
+			r.Before = &ShareTransition{Window: Duration(10 * time.Second), Since: 4, Granted: 1}
+		}},
+	} {
+		r := validShareRecord()
+		tc.modify(&r)
+		if err := r.Validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: Validate() = %v, want ErrInvalid", tc.name, err)
+		}
+		if _, err := Encode(r); err == nil {
+			t.Errorf("%s: Encode wrote what Decode refuses", tc.name)
+		}
+	}
+}
+
+// AssembleShares builds the provider view from per-instance records: each
+// instance's share (a held one only granted), grant, generation and
+// boundary; the newest generation's regime; the transition under way.
+func TestAssembleShares(t *testing.T) {
+	a := validShareRecord()
+	b := validShareRecord()
+	b.Instance, b.Generation, b.EffectiveFrom, b.Share, b.Granted = "b", 5, 3_000_000_000, 20, 20
+	b.Before = &ShareTransition{Window: Duration(10 * time.Second), Since: 5, Granted: 300}
+	c := validShareRecord()
+	c.Instance, c.Share, c.Granted, c.Held = "c", 0, 15, true
+	s := AssembleShares("p", []ShareRecord{a, b, c})
+	if s.Generation != 5 || s.EffectiveFrom != 3_000_000_000 || s.Instances != 2 ||
+		!reflect.DeepEqual(s.Shares, map[string]int64{"a": 40, "b": 20}) ||
+		!reflect.DeepEqual(s.Granted, map[string]int64{"a": 60, "b": 20, "c": 15}) ||
+		s.GenerationOf("a") != 3 || s.EffectiveFromOf("a") != 2_000_000_000 ||
+		s.Before == nil || s.Before.Since != 5 || s.Before.Granted["b"] != 300 {
+		t.Fatalf("assembled %+v (before %+v)", s, s.Before)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/follow"
+	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
 	"github.com/sluice-go/sluice/limiter/skew"
 )
@@ -36,6 +37,10 @@ type instance struct {
 	shares     *sharesRec
 	leaderSeen bool
 	ap         follow.Applied
+	even       follow.Even // the even split's polls
+	marked     bool        // an even-split confirmation for its id is in etcd
+	markInc    int         // the process whose lease it is on
+	markWant   bool        // what this process's last confirmation write says
 
 	// The reporter.
 	demand    float64
@@ -69,6 +74,7 @@ func (e *engine) join(in *instance) {
 	in.backlog, in.lastAcc = 0, e.now
 	in.lastDeliver, in.lastWrite = e.now, e.now
 	in.ap = follow.Applied{}
+	in.markWant = false // this process has written no confirmation yet
 	// A new process: its limiter starts on the fallback, quota 0.
 	lim, err := limiter.New(0, e.sc.Window.D(), limiter.WithClock(clock{e, in}),
 		limiter.WithPacing(e.sc.Admissions == AdmitSpread))
@@ -84,9 +90,14 @@ func (e *engine) join(in *instance) {
 	e.m.startEnforcing(e, in, nil)
 	in.report(e, true)
 	in.shares, in.leaderSeen, in.cfg, in.cfgRev = e.rec, e.keys, e.cfg, e.cfgRev
+	in.even.Reset()
+	if !in.leaderSeen {
+		in.even.Observe(time.Unix(0, e.now), int64(e.keyed), int64(e.marks), e.hold())
+	}
 	if in.apply(e) {
 		in.report(e, true)
 	}
+	in.confirm(e)
 	inc := in.inc
 	// Report ticker, at a random phase; takes every tick on its own clock.
 	ri := int64(e.sc.ReportInterval)
@@ -95,7 +106,11 @@ func (e *engine) join(in *instance) {
 		if !in.alive || in.inc != inc {
 			return
 		}
+		if !in.leaderSeen {
+			in.even.Observe(time.Unix(0, e.now), int64(e.keyed), int64(e.marks), e.hold())
+		}
 		in.apply(e)
+		in.confirm(e)
 		in.report(e, false)
 		e.at(e.now+ri, report)
 	}
@@ -129,6 +144,9 @@ func (e *engine) crash(in *instance) {
 			e.keyed--
 			delete(e.records, in.id)
 			e.notifyLeader()
+		}
+		if in.marked && in.markInc == inc {
+			in.setMarked(e, false) // gone with the lease
 		}
 	})
 }
@@ -257,7 +275,7 @@ func (in *instance) onShares(e *engine, rec *sharesRec, deleted bool) {
 	switch {
 	case deleted:
 		in.shares = nil
-	case in.shares != nil && rec.gen < in.shares.gen:
+	case in.shares != nil && rec.gens[in.id] < in.shares.gens[in.id]:
 		return // an older publish arriving late never undoes a newer one
 	default:
 		in.shares = rec
@@ -275,15 +293,22 @@ func (in *instance) apply(e *engine) bool {
 	v := follow.View{Leader: in.leaderSeen}
 	if c := in.cfg; c != nil {
 		v.Config = &follow.Config{Limit: c.limit, Window: c.window}
-		if !in.leaderSeen {
-			v.Even = c.limit / int64(max(1, e.keyed))
-		}
 	}
 	if s := in.shares; s != nil && in.leaderSeen {
-		v.Shares = &follow.Shares{Generation: s.gen, EffectiveFrom: s.effective, Window: s.window, Share: s.shares[in.id]}
-		if in.regAt == never || s.pubTrue < in.regAt {
+		v.Shares = &follow.Shares{Generation: s.gens[in.id], EffectiveFrom: s.froms[in.id], Window: s.window, Share: s.shares[in.id]}
+		if _, ok := s.gens[in.id]; !ok {
+			v.Shares.Generation, v.Shares.EffectiveFrom = s.gen, s.effective // no record of its own yet: nothing
+		}
+		if in.regAt == never || s.pubs[in.id] < in.regAt {
 			v.Shares.Share = 0 // published before this process registered
 		}
+	}
+	if c := in.cfg; c != nil && !in.leaderSeen {
+		v.Even = in.even.Share(c.limit, in.grant(c), time.Unix(0, in.regAt), time.Unix(0, e.now), e.hold())
+		if in.regAt == never {
+			v.Even = 0 // not registered yet
+		}
+
 	}
 	next := follow.Next(v, follow.Applied{Source: follow.SourceFallback, Window: e.sc.Window.D()})
 	// The config (regime) the quota comes from: a share from the config
@@ -291,7 +316,7 @@ func (in *instance) apply(e *engine) bool {
 	var regimes []int
 	switch {
 	case next.Source == follow.SourceShares && v.Shares != nil:
-		regimes = []int{in.shares.cfgIdx}
+		regimes = []int{in.shares.idxs[in.id]}
 	case next.Source == follow.SourceEven:
 		regimes = []int{in.cfg.idx}
 	}
@@ -328,6 +353,55 @@ func (in *instance) apply(e *engine) bool {
 	return newGen && next.Generation != 0
 }
 
+// grant is the most this process's own share record lets it enforce per
+// window of c (cluster.Member.apply): 0 without one, or with one published
+// before this process registered.
+func (in *instance) grant(c *config) int64 {
+	s := in.shares
+	if s == nil || in.regAt == never || s.pubs[in.id] < in.regAt {
+		return 0
+	}
+	if _, ok := s.gens[in.id]; !ok {
+		return 0
+	}
+	r := schema.ShareRecord{Window: schema.Duration(s.window), Total: s.total, Share: s.shares[in.id], Granted: s.granted[in.id]}
+	return r.GrantPer(c.window, c.limit)
+}
+
+// confirm is cluster.Member.confirmEven: with no configd seen and a config
+// known, the instance says it follows the even split; once configd is
+// seen, it takes that back. The write reaches etcd after a delay.
+func (in *instance) confirm(e *engine) {
+	want := !in.leaderSeen && in.cfg != nil
+	if want == in.markWant || !in.keyed {
+		return
+	}
+	in.markWant = want
+	inc := in.inc
+	e.at(max(e.now+e.delay(e.sc.Ack), in.lastWrite), func() {
+		if in.alive && in.inc == inc && in.keyed {
+			in.setMarked(e, want)
+		}
+	})
+}
+
+// setMarked puts (on the current process's lease) or removes the
+// instance's confirmation in etcd.
+func (in *instance) setMarked(e *engine, on bool) {
+	if on {
+		in.markInc = in.inc
+	}
+	if in.marked == on {
+		return
+	}
+	in.marked = on
+	if on {
+		e.marks++
+	} else {
+		e.marks--
+	}
+}
+
 // report is session.report: update the demand estimate, and write the
 // record when forced or when follow.Due says so.
 func (in *instance) report(e *engine, force bool) {
@@ -359,11 +433,18 @@ func (in *instance) report(e *engine, force bool) {
 		if !in.keyed {
 			in.keyed = true
 			e.keyed++
+			// Registered with no configd alive: the key and the even-split
+			// confirmation in one transaction (cluster.Member.register).
+			if !e.keys && e.cfg != nil {
+				in.markWant = true
+				in.setMarked(e, true)
+			}
 		}
 		if in.regAt == never {
 			in.regAt = e.now
 		}
 		r := rec
+		r.regAt = in.regAt
 		e.records[in.id] = &r
 		e.tracef("%s record: demand %d, applied gen %d from %v", in.id, r.demand, r.gen, time.Duration(r.appliedFrom))
 		e.notifyLeader()

@@ -102,6 +102,7 @@ func (e *engine) publish() {
 		acked[id] = plan.Ack{Generation: e.records[id].gen, From: e.records[id].appliedFrom}
 	}
 	var cur *plan.Published
+	rewrite := false
 	if r := e.rec; r != nil {
 		cur = &plan.Published{
 			Generation:     r.gen,
@@ -112,7 +113,17 @@ func (e *engine) publish() {
 			Shares:         r.shares,
 			Granted:        r.granted,
 			Before:         r.before,
+			Generations:    r.gens,
+			From:           r.froms,
 			At:             time.Unix(0, e.published),
+		}
+		for _, id := range ids {
+			// A record written before this process registered is not its:
+			// it gives it nothing (cluster.Member.registered), so it is
+			// written again.
+			if pub, ok := r.pubs[id]; ok && pub < e.records[id].regAt {
+				rewrite = true
+			}
 		}
 	}
 	now := e.leaderClock()
@@ -124,6 +135,7 @@ func (e *engine) publish() {
 		Target:         target,
 		Acked:          acked,
 		Cur:            cur,
+		Rewrite:        rewrite,
 		Moving:         e.target,
 		Now:            time.Unix(0, now),
 	})
@@ -150,13 +162,58 @@ func (e *engine) publish() {
 		b.Since = e.maxGen
 	}
 	rec := &sharesRec{gen: e.maxGen, effective: d.EffectiveFrom.UnixNano(), window: c.window, total: c.limit,
-		shares: d.Shares, granted: d.Granted, before: d.Before, cfgRev: c.rev, cfgIdx: c.idx, published: now, pubTrue: e.now}
+		shares: d.Shares, granted: d.Granted, before: d.Before, cfgRev: c.rev, cfgIdx: c.idx, published: now,
+		gens: map[string]int64{}, froms: map[string]int64{}, pubs: map[string]int64{}, idxs: map[string]int{}}
+	// Only the records that change are written; the others keep theirs.
+	changed := map[string]bool{}
+	for id := range d.Granted {
+		prev := e.rec
+		if prev != nil && sameRecord(prev, rec, id) && prev.pubs[id] >= e.recordRegAt(id) {
+			rec.gens[id], rec.froms[id], rec.pubs[id], rec.idxs[id] = prev.gens[id], prev.froms[id], prev.pubs[id], prev.idxs[id]
+			continue
+		}
+		changed[id] = true
+		rec.gens[id], rec.froms[id], rec.pubs[id], rec.idxs[id] = rec.gen, rec.effective, e.now, c.idx
+	}
 	e.rec, e.published = rec, now
 	e.m.publishes++
-	e.tracef("leader (clock %v) publishes gen %d from %v: shares %v granted %v", time.Duration(now), rec.gen, time.Duration(rec.effective), rec.shares, rec.granted)
+	e.tracef("leader (clock %v) publishes gen %d from %v: shares %v granted %v (records written: %d)",
+		time.Duration(now), rec.gen, time.Duration(rec.effective), rec.shares, rec.granted, len(changed))
+	if b := rec.before; b != nil {
+		e.tracef("  before: window %v since %d granted %v; acks %v; target %v", b.Window, b.Since, b.Granted, acked, target)
+	} else {
+		e.tracef("  no transition; acks %v; target %v", acked, target)
+	}
 	for _, in := range e.inst {
-		if in.alive {
+		if in.alive && changed[in.id] {
 			e.deliver(in, func() { in.onShares(e, rec, false) })
 		}
 	}
+}
+
+// recordRegAt is when the process whose instance record etcd holds for id
+// registered (never: none).
+func (e *engine) recordRegAt(id string) int64 {
+	if r := e.records[id]; r != nil {
+		return r.regAt
+	}
+	return never
+}
+
+// sameRecord reports whether id's record would be written alike in prev
+// and next: the same share (or the same absence), grant, regime and
+// transition.
+func sameRecord(prev, next *sharesRec, id string) bool {
+	ps, pok := prev.shares[id]
+	ns, nok := next.shares[id]
+	pg, pgok := prev.granted[id]
+	ng, ngok := next.granted[id]
+	if ps != ns || pok != nok || pg != ng || pgok != ngok || prev.window != next.window || prev.total != next.total ||
+		prev.cfgRev != next.cfgRev || (prev.before == nil) != (next.before == nil) {
+		return false
+	}
+	if pb, nb := prev.before, next.before; pb != nil {
+		return pb.Window == nb.Window && pb.Since == nb.Since && pb.Granted[id] == nb.Granted[id]
+	}
+	return true
 }

@@ -1,9 +1,11 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -16,9 +18,10 @@ import (
 // delays, losses and reordering, and a sequence of events — demand moves,
 // joins, crashes, restarts with the same ids, limit and window changes (up
 // and down), the provider deleted and created again, leader failovers, and
-// steps of the leader's clock (up to ±1 h). Not drawn: a full configd
-// outage, whose even split the simulator models only as limit/N, not by
-// the members' own rule (limiter/cluster, even.go).
+// steps of the leader's clock (up to ±1 h), and configd outages of up to
+// 40 s, through which the instances follow the even split by the members'
+// own rule (follow.Even); with an outage, shares are delivered within the
+// change margin, the switch between sources' assumption.
 func Draw(seed uint64) Scenario {
 	r := rand.New(rand.NewPCG(seed, seed^0xd1ce))
 	sc := DefaultScenario()
@@ -75,8 +78,10 @@ func Draw(seed uint64) Scenario {
 			events = append(events, Event{At: ev.At, Kind: EventDelete},
 				Event{At: ev.At + down, Kind: EventCreate, Limit: 20 + r.Int64N(3000)})
 			continue
-		case k < 88:
+		case k < 85:
 			ev = Event{At: ev.At, Kind: EventFailover, Down: Duration(r.Int64N(int64(5*time.Second))) + 1}
+		case k < 92:
+			ev = Event{At: ev.At, Kind: EventOutage, Down: Duration(r.Int64N(int64(40*time.Second))) + 1}
 		default:
 			ev = Event{At: ev.At, Kind: EventClock, Offset: Duration(randomOffset(r))}
 		}
@@ -85,7 +90,14 @@ func Draw(seed uint64) Scenario {
 	for i := range events {
 		events[i].At = min(events[i].At, sc.Duration)
 	}
-	sc.Events = events
+	sc.Events = apart(events)
+	if slices.ContainsFunc(events, func(ev Event) bool { return ev.Kind == EventOutage }) {
+		// Switching between configd's shares and the even split assumes
+		// every instance sees the switch within the change margin
+		// (docs/architecture.md, degraded modes): with an outage, shares
+		// reach the instances within it.
+		sc.Publish = Delay{Min: Duration(time.Millisecond), Max: max(Duration(time.Millisecond), sc.Margin)}
+	}
 
 	// Clock errors only with the clock cut: an instance that does not
 	// know its clock's error is not protected by anything.
@@ -107,6 +119,26 @@ func Draw(seed uint64) Scenario {
 		sc.Groups = append(sc.Groups, grp)
 	}
 	return sc
+}
+
+// apart drops the failovers and outages that begin while another is under
+// way: the simulator's leader is down or up, and two overlapping spells
+// would bring it back while the other says it is gone.
+func apart(events []Event) []Event {
+	sorted := slices.Clone(events)
+	slices.SortStableFunc(sorted, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
+	var out []Event
+	var busy Duration // the end of the spell under way
+	for _, ev := range sorted {
+		if ev.Kind == EventFailover || ev.Kind == EventOutage {
+			if ev.At < busy {
+				continue
+			}
+			busy = ev.At + ev.Down
+		}
+		out = append(out, ev)
+	}
+	return out
 }
 
 func randomDelay(r *rand.Rand) Delay {

@@ -57,6 +57,7 @@ import (
 	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/follow"
+	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/internal/share"
 )
 
@@ -94,20 +95,27 @@ type config struct {
 	idx    int   // which of the run's configs (regimes) it is
 }
 
-// sharesRec is a published Shares record (schema.Shares, the fields that
-// matter here).
+// sharesRec is the provider's share records as etcd holds them after a
+// publish (schema.ShareRecord, one per instance, the fields that matter
+// here): each instance's record keeps the generation, boundary, regime and
+// write time of the publish that last changed it.
 type sharesRec struct {
 	gen       int64
-	effective int64 // EffectiveFrom, ns
+	effective int64 // the newest publish's EffectiveFrom, ns
 	window    time.Duration
 	total     int64
 	shares    map[string]int64
 	granted   map[string]int64
 	cfgRev    int64
-	cfgIdx    int // the config it was computed under
+	cfgIdx    int // the config the newest publish was computed under
 	before    *plan.Transition
 	published int64 // on the leader's clock
-	pubTrue   int64 // in true time: the order etcd gives it among writes
+
+	// Per instance ID: its record's generation, boundary (ns), the config
+	// it was computed under, and when it was written in true time (the
+	// order etcd gives it among writes).
+	gens, froms, pubs map[string]int64
+	idxs              map[string]int
 }
 
 // record is an instance record as etcd holds it (schema.InstanceRecord).
@@ -116,6 +124,7 @@ type record struct {
 	gen         int64 // AppliedGeneration
 	appliedFrom int64 // AppliedFrom: when that generation governs whole windows
 	inc         int   // the process (incarnation) that wrote it
+	regAt       int64 // when that process registered (its key's creation), true time
 }
 
 func (r record) follow() follow.Record { return follow.Record{Demand: r.demand, Generation: r.gen} }
@@ -139,6 +148,7 @@ type engine struct {
 	inst   []*instance
 	groups map[string][]*instance
 	keyed  int // instances with a record (lease) in etcd
+	marks  int // of them, even-split confirmations in etcd
 
 	// etcd
 	rec     *sharesRec
@@ -410,10 +420,20 @@ func (e *engine) setKeys(on bool) {
 		if in.alive {
 			e.deliver(in, func() {
 				in.leaderSeen = on
+				if on {
+					in.even.Reset()
+				}
 				in.apply(e) // the session does not acknowledge on a leader change
+				in.confirm(e)
 			})
 		}
 	}
+}
+
+// hold is the even split's hold (cluster's holdFor): the default
+// fail_static, the clock bound and a report interval.
+func (e *engine) hold() time.Duration {
+	return schema.ProviderConfig{Window: schema.Duration(e.sc.Window.D()), MaxClockOffset: schema.Duration(e.sc.ClockBound.D())}.HoldAfter(0) + e.sc.ReportInterval.D()
 }
 
 func floorMod(a, b int64) int64 {

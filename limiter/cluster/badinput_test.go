@@ -135,149 +135,98 @@ func TestHandWrittenSharesRecords(t *testing.T) {
 	gen := int64(10)
 	goodShares := func() string {
 		gen++
-		return mustEncode(t, schema.Shares{Version: 1, Provider: "api", Generation: gen, Window: schema.Duration(w),
-			Total: 90, Instances: 2, Shares: map[string]int64{"a": 60, "b": 30}})
+		return mustEncode(t, schema.ShareRecord{Version: 1, Provider: "api", Instance: "a", Generation: gen, Window: schema.Duration(w),
+			Total: 90, Share: 60, Granted: 60})
 	}
-	put(t, cli, keys.Shares("api"), goodShares())
+	put(t, cli, keys.Share("api", "a"), goodShares())
 	enforcing(t, a, 60)
 	// GEN in a record is replaced, when the case runs, by a generation
 	// newer than any good one so far: an older one would be ignored as
 	// late, whatever it holds.
 	rec := func(fields string) string {
-		return `{"version":1,"provider":"api","generation":GEN,"effective_from":0,"window":"100ms",` + fields + `}`
+		return `{"version":1,"provider":"api","instance":"a","generation":GEN,"effective_from":0,"window":"100ms",` + fields + `}`
 	}
 	for _, tc := range []badCase{
-		{"share as string", rec(`"total":90,"instances":1,"shares":{"a":"70"}`), "shares", ""},
-		{"generation as string", `{"version":1,"provider":"api","generation":"99","window":"100ms","total":90,"instances":1,"shares":{"a":70}}`, "generation", ""},
-		{"shares as array", rec(`"total":90,"instances":1,"shares":[70]`), "shares", ""},
-		{"missing generation", `{"version":1,"provider":"api","window":"100ms","total":90,"instances":1,"shares":{"a":70}}`, "generation", ""},
-		{"missing window", `{"version":1,"provider":"api","generation":GEN,"total":90,"instances":1,"shares":{"a":70}}`, "window must be", ""},
-		{"missing provider", `{"version":1,"generation":GEN,"window":"100ms","total":90,"instances":1,"shares":{"a":70}}`, "provider", ""},
-		{"version 2", strings.Replace(rec(`"total":90,"instances":1,"shares":{"a":70}`), `"version":1`, `"version":2`, 1), "version must be 1", ""},
-		{"shares above the total", rec(`"total":90,"instances":2,"shares":{"a":70,"b":30}`), "add up to at most the total", ""},
-		{"negative share", rec(`"total":90,"instances":1,"shares":{"a":-1}`), "shares", ""},
-		{"instances mismatch", rec(`"total":90,"instances":5,"shares":{"a":70}`), "instances must equal", ""},
-		{"invalid instance id", rec(`"total":90,"instances":1,"shares":{"a b":70}`), "instance id must match", ""},
-		{"granted below share", rec(`"total":90,"instances":1,"shares":{"a":70},"granted":{"a":1}`), "granted", ""},
-		{"effective_from off a boundary", `{"version":1,"provider":"api","generation":GEN,"effective_from":7,"window":"100ms","total":90,"instances":1,"shares":{"a":70}}`, "effective_from", ""},
-		{"unknown field", rec(`"total":90,"instances":1,"shares":{"a":70},"burst":5`), "unknown field", ""},
-		{"duplicated share", rec(`"total":90,"instances":1,"shares":{"a":30,"a":70}`), `shares: duplicate key "a"`, ""},
-		{"duplicated total", rec(`"total":90,"instances":1,"shares":{"a":70},"total":70`), `duplicate key "total"`, ""},
-		{"total in another case", rec(`"total":90,"instances":1,"shares":{"a":70},"Total":70`), `unknown field "Total"`, ""},
-		{"oversized", rec(`"total":90,"instances":1,"shares":{"a":70},"leader":"` + strings.Repeat("l", 1<<20) + `"`), "larger than", ""},
+		{"share as string", rec(`"total":90,"share":"70","granted":70`), "share", ""},
+		{"generation as string", `{"version":1,"provider":"api","instance":"a","generation":"99","window":"100ms","total":90,"share":70,"granted":70}`, "generation", ""},
+		{"share as object", rec(`"total":90,"share":{"a":70},"granted":70`), "share", ""},
+		{"missing generation", `{"version":1,"provider":"api","instance":"a","window":"100ms","total":90,"share":70,"granted":70}`, "generation", ""},
+		{"missing window", `{"version":1,"provider":"api","instance":"a","generation":GEN,"total":90,"share":70,"granted":70}`, "window must be", ""},
+		{"missing provider", `{"version":1,"instance":"a","generation":GEN,"window":"100ms","total":90,"share":70,"granted":70}`, "provider", ""},
+		{"missing instance", `{"version":1,"provider":"api","generation":GEN,"window":"100ms","total":90,"share":70,"granted":70}`, "instance", ""},
+		{"version 2", strings.Replace(rec(`"total":90,"share":70,"granted":70`), `"version":1`, `"version":2`, 1), "version must be 1", ""},
+		{"share above the total", rec(`"total":90,"share":91,"granted":91`), "share must be from 0 to the total", ""},
+		{"negative share", rec(`"total":90,"share":-1,"granted":0`), "share", ""},
+		{"granted below share", rec(`"total":90,"share":70,"granted":1`), "granted", ""},
+		{"held with a share", rec(`"total":90,"share":70,"granted":70,"held":true`), "held record's share must be 0", ""},
+		{"effective_from off a boundary", `{"version":1,"provider":"api","instance":"a","generation":GEN,"effective_from":7,"window":"100ms","total":90,"share":70,"granted":70}`, "effective_from", ""},
+		{"unknown field", rec(`"total":90,"share":70,"granted":70,"burst":5`), "unknown field", ""},
+		{"duplicated share", rec(`"total":90,"share":30,"share":70,"granted":70`), `duplicate key "share"`, ""},
+		{"duplicated total", rec(`"total":90,"share":70,"granted":70,"total":70`), `duplicate key "total"`, ""},
+		{"total in another case", rec(`"total":90,"share":70,"granted":70,"Total":70`), `unknown field "Total"`, ""},
+		{"oversized", rec(`"total":90,"share":70,"granted":70,"leader":"` + strings.Repeat("l", 1<<20) + `"`), "larger than", ""},
 		{"empty", ``, "empty or truncated", ""},
 		{"binary", "\xff\x00", "malformed JSON", ""},
-		{"provider of another name", strings.Replace(rec(`"total":90,"instances":1,"shares":{"a":70}`), `"provider":"api"`, `"provider":"other"`, 1), `"other"`,
-			"a shares record under providers/api/shares naming provider \"other\" is applied (the config's name is checked, the shares' is not)"},
+		{"provider of another name", strings.Replace(rec(`"total":90,"share":70,"granted":70`), `"provider":"api"`, `"provider":"other"`, 1), `"other"`,
+			"a share record under providers/api/shares naming provider \"other\" is applied (the config's name is checked, the record's is not)"},
+		{"another instance", strings.Replace(rec(`"total":90,"share":70,"granted":70`), `"instance":"a"`, `"instance":"b"`, 1), `"b"`,
+			"a share record under shares/a naming instance \"b\" is applied"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.value = strings.ReplaceAll(tc.value, "GEN", strconv.FormatInt(gen+1, 10))
 			gen++
 			t.Cleanup(func() { // after a skip too
-				put(t, cli, keys.Shares("api"), goodShares())
+				put(t, cli, keys.Share("api", "a"), goodShares())
 				waitFor(t, "repaired", func() bool { return len(a.Status().Problems) == 0 && a.Status().Share == 60 })
 			})
-			put(t, cli, keys.Shares("api"), tc.value)
-			checkIgnored(t, a, keys.Shares("api"), 60, tc)
+			put(t, cli, keys.Share("api", "a"), tc.value)
+			checkIgnored(t, a, keys.Share("api", "a"), 60, tc)
 		})
 	}
 }
 
-// TestHandWrittenInstanceRecords: a malformed instance record is listed in
-// Status.Problems under its key, naming what was wrong, like any malformed
-// record — but, unlike the others, it is not ignored: the key is attached
-// to a lease, and the lease alone makes an instance live (configd's
-// publisher counts it too). The even split counts it, so the share is the
-// conservative one (40 / 2): a smaller share is safe, a larger one would let
-// the instances together go over the limit if it is running. A good record
-// under the key clears the problem; deleting the key clears it and the
-// count.
-func TestHandWrittenInstanceRecords(t *testing.T) {
+// TestEvenSplitCountsKeys: with no configd, a member reads no other
+// instance's record: it counts the keys under instances/, each of them a
+// live instance whatever it holds (it may be a running instance that
+// wrote a record this version does not read; a smaller share is safe),
+// and the even-split confirmations under even/. Until every counted
+// instance has confirmed, it enforces at most its last grant (here none);
+// once all have, the even split; after an instance's key goes, the count
+// is held up for the hold, then the member takes the whole limit again.
+func TestEvenSplitCountsKeys(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
-	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(100 * time.Millisecond)})
-	key := keys.Instance("api", "b")
-	// A malformed record already there when the Member starts is listed
-	// too: the initial load reads the values, not only the keys.
-	put(t, cli, key, `{"version":1,"id":"b","pid":-1}`)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(100 * time.Millisecond),
+		FailStatic: schema.Duration(300 * time.Millisecond)})
 	a := join(t, cli, "api", "a")
-	counted(t, a, key, "pid")
-	if _, err := cli.Delete(context.Background(), key); err != nil {
-		t.Fatal(err)
-	}
-	cleared(t, a, key, 40)
-
-	for _, tc := range []badCase{
-		{"garbage", "not json", "malformed JSON", ""},
-		{"id of another key", `{"version":1,"id":"zzz","started":"2026-01-01T00:00:00Z","updated":"2026-01-01T00:00:00Z","demand":1}`, `record id "zzz" does not match its key`, ""},
-		{"version 2", `{"version":2,"id":"b"}`, "version must be 1", ""},
-		{"negative demand", `{"version":1,"id":"b","demand":-5}`, "demand: value out of range, got -5", ""},
-		{"duplicated key", `{"version":1,"id":"b","demand":1,"demand":5}`, `duplicate key "demand"`, ""},
-		{"key in another case", `{"version":1,"id":"b","Demand":5}`, `unknown field "Demand"`, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Cleanup(func() {
-				if _, err := cli.Delete(context.Background(), key); err != nil {
-					t.Fatal(err)
-				}
-				cleared(t, a, key, 40)
-			})
-			put(t, cli, key, tc.value)
-			counted(t, a, key, tc.want)
-			// A good record under the same key repairs it; the instance
-			// stays counted.
-			put(t, cli, key, `{"version":1,"id":"b","demand":1}`)
-			waitFor(t, "the problem cleared by a good record", func() bool {
-				st := a.Status()
-				return len(st.Problems) == 0 && st.Share == 20 && st.Instances == 2
-			})
+	alone := func(what string) {
+		t.Helper()
+		waitFor(t, what+": a alone takes the whole limit", func() bool {
+			st := a.Status()
+			return st.Source == "even" && st.Share == 40 && st.Instances == 1
 		})
 	}
-	// Keys under instances/ that are not an instance ID are not instances.
-	for _, key := range []string{keys.Instances("api") + "bad id", keys.Instances("api") + "x/y", keys.Instances("api")} {
-		put(t, cli, key, `{"version":1,"id":"x"}`)
-		time.Sleep(100 * time.Millisecond) // nothing to wait for: the record must change nothing
-		if st := a.Status(); st.Share != 40 || st.Instances != 1 {
-			t.Errorf("after %q: share %d instances %d, want 40 and 1", key, st.Share, st.Instances)
-		}
-		if _, err := cli.Delete(context.Background(), key); err != nil {
+	alone("at start")
+	ctx := context.Background()
+	for _, value := range []string{"not json", `{"version":2,"id":"zzz"}`, `{"version":1,"id":"b","demand":1}`} {
+		put(t, cli, keys.Instance("api", "b"), value)
+		waitFor(t, "b counted, not confirmed: a enforces no more than its grant, none", func() bool {
+			st := a.Status()
+			return st.Instances == 2 && st.Share == 0 && a.Limiter().Stats().Quota == 0
+		})
+		put(t, cli, keys.EvenMark("api", "b"), "{}")
+		waitFor(t, "b confirmed: the even split", func() bool {
+			st := a.Status()
+			return st.Instances == 2 && st.Share == 20
+		})
+		if _, err := cli.Delete(ctx, keys.Instance("api", "b")); err != nil {
 			t.Fatal(err)
 		}
-	}
-}
-
-// counted waits until m lists the malformed instance record at key with a
-// problem containing want, and counts its instance: two live instances, the
-// even split of 40 is 20.
-func counted(t *testing.T, m *Member, key, want string) {
-	t.Helper()
-	var st Status
-	deadline := time.Now().Add(10 * time.Second) // a bound on a shared machine, not a measurement
-	for {
-		st = m.Status()
-		i := slices.IndexFunc(st.Problems, func(p string) bool { return strings.HasPrefix(p, key+": ") })
-		if i >= 0 && st.Share == 20 && st.Instances == 2 && st.Source == "even" {
-			if !strings.Contains(st.Problems[i], want) {
-				t.Errorf("problem %q does not say %q", st.Problems[i], want)
-			}
-			return
+		if _, err := cli.Delete(ctx, keys.EvenMark("api", "b")); err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 10s: problems %q, share %d (source %s) of %d instances; want %s listed and the share 20 of 2 instances",
-				st.Problems, st.Share, st.Source, st.Instances, key)
-		}
-		time.Sleep(5 * time.Millisecond)
+		alone("after b's key went and the hold")
 	}
-}
-
-// cleared waits until m lists no problem and enforces share alone.
-func cleared(t *testing.T, m *Member, key string, share int64) {
-	t.Helper()
-	waitFor(t, key+" deleted: no problem listed, share "+strconv.FormatInt(share, 10), func() bool {
-		st := m.Status()
-		return len(st.Problems) == 0 && st.Share == share && st.Instances == 1
-	})
-	enforcing(t, m, share)
 }
 
 // TestProblemListedAtOnce: a malformed record is in Status.Problems as soon
@@ -294,7 +243,7 @@ func TestProblemListedAtOnce(t *testing.T) {
 	m.observe(v, keys.Config("api"), []byte(good), false, 1)
 	for _, tc := range []struct{ key, value string }{
 		{keys.Config("api"), `{"version":1,"name":"api","limit":-1,"window":"100ms"}`},
-		{keys.Shares("api"), `not json`},
+		{keys.Share("api", "a"), `not json`},
 	} {
 		m.observe(v, tc.key, []byte(tc.value), false, 2)
 		if _, ok := v.problems[tc.key]; !ok {

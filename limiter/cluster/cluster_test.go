@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -83,6 +84,56 @@ func put(t *testing.T, cli *clientv3.Client, k, v string, opts ...clientv3.OpOpt
 	if _, err := cli.Put(ctx, k, v, opts...); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// putShares writes sh as configd's leader does: one share record per
+// instance it names (held ones from Granted alone), each of sh's
+// generation, boundary and regime, and deletes the records of instances it
+// does not name, in one transaction.
+func putShares(t *testing.T, cli *clientv3.Client, sh schema.Shares) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var ops []clientv3.Op
+	named := map[string]bool{}
+	for _, id := range slices.Sorted(maps.Keys(sh.Shares)) {
+		ops = append(ops, clientv3.OpPut(keys.Share(sh.Provider, id), mustEncode(t, shareRecord(sh, id))))
+		named[id] = true
+	}
+	for _, id := range slices.Sorted(maps.Keys(sh.Granted)) {
+		if !named[id] {
+			ops = append(ops, clientv3.OpPut(keys.Share(sh.Provider, id), mustEncode(t, shareRecord(sh, id))))
+			named[id] = true
+		}
+	}
+	resp, err := cli.Get(ctx, keys.Shares(sh.Provider), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		if k, err := keys.Parse(string(kv.Key)); err == nil && !named[k.Instance] {
+			ops = append(ops, clientv3.OpDelete(string(kv.Key)))
+		}
+	}
+	if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shareRecord returns instance id's record of the view sh.
+func shareRecord(sh schema.Shares, id string) schema.ShareRecord {
+	share, live := sh.Shares[id]
+	granted, ok := sh.Granted[id]
+	if !ok {
+		granted = share
+	}
+	r := schema.ShareRecord{Version: 1, Provider: sh.Provider, Instance: id, Generation: sh.Generation, EffectiveFrom: sh.EffectiveFrom,
+		Window: sh.Window, Total: sh.Total, Share: share, Granted: max(granted, share), Held: !live,
+		ConfigRevision: sh.ConfigRevision, Published: sh.Published, Leader: sh.Leader}
+	if b := sh.Before; b != nil {
+		r.Before = &schema.ShareTransition{Window: b.Window, Since: b.Since, Granted: b.Granted[id]}
+	}
+	return r
 }
 
 // waitFor polls cond until it holds: Member offers no event for tests to
@@ -186,10 +237,10 @@ func TestPublishedSharesWinAndAreAcknowledged(t *testing.T) {
 		enforcing(t, m, 0)
 	}
 	from := (time.Now().UnixNano()/int64(w) + 2) * int64(w)
-	put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+	putShares(t, cli, schema.Shares{
 		Version: 1, Provider: "api", Generation: 7, EffectiveFrom: from, Window: schema.Duration(w),
 		Total: 90, Instances: 2, Shares: map[string]int64{"a": 60, "b": 30},
-	}))
+	})
 	enforcing(t, a, 60)
 	enforcing(t, b, 30)
 	// Both acknowledged generation 7 in their records, which say the
@@ -258,10 +309,10 @@ func TestFailStaticThenRegisterAgain(t *testing.T) {
 			}
 			a := join(t, cli, "api", "a", WithLeaseTTL(tc.ttl))
 			if tc.source == "shares" { // published once a registered, as configd does
-				put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+				putShares(t, cli, schema.Shares{
 					Version: 1, Provider: "api", Generation: 1, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
 					Total: 40, Instances: 1, Shares: map[string]int64{"a": 40},
-				}))
+				})
 			}
 			enforcing(t, a, 40)
 			if st := a.Status(); st.Source != tc.source || st.AdmitsUntil.IsZero() {
@@ -486,10 +537,10 @@ func TestLapsedShareStartsFromNothing(t *testing.T) {
 	}
 	putLeader(t, cli, lease.ID)
 	shares := func(gen int64, from time.Time, s map[string]int64) {
-		put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+		putShares(t, cli, schema.Shares{
 			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: from.Truncate(w).UnixNano(), Window: schema.Duration(w),
 			Total: 40, Instances: len(s), Shares: s,
-		}))
+		})
 	}
 	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
 	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
@@ -552,10 +603,10 @@ func TestEvenSplitKeepsOutUnconfirmedGrants(t *testing.T) {
 	a := join(t, pcli, "api", "a")
 	var logs logbuf.Buffer
 	b := join(t, cli, "api", "b", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+	putShares(t, cli, schema.Shares{
 		Version: 1, Provider: "api", Generation: 7, EffectiveFrom: time.Now().Add(2 * w).Truncate(w).UnixNano(), Window: schema.Duration(w),
 		Total: 90, Instances: 2, Shares: map[string]int64{"a": 60, "b": 30}, Granted: map[string]int64{"a": 60, "b": 30},
-	}))
+	})
 	enforcing(t, a, 60)
 	enforcing(t, b, 30)
 
@@ -584,6 +635,46 @@ func TestEvenSplitKeepsOutUnconfirmedGrants(t *testing.T) {
 	}
 }
 
+// TestEvenCapIsTheGrantOfItsRegime: with configd gone, an instance is
+// capped by its own grant until every instance has switched to the even
+// split — the grant of its record's regime, per window of the config, not
+// the old regime's grant it keeps while the window changes: that one is
+// per window of the old length, and enforced per window of the new one it
+// admits the old rate several times over. Found by the protocol search
+// (internal/sim, a configd outage after a 500 ms window became 100 ms):
+// every instance took the whole limit, 4× over.
+func TestEvenCapIsTheGrantOfItsRegime(t *testing.T) {
+	const w = 100 * time.Millisecond
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(time.Second)})
+	ctx := context.Background()
+	leader, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putLeader(t, cli, leader.ID)
+	a := join(t, cli, "api", "a")
+	join(t, cli, "api", "b") // never enforces anything: it keeps a capped
+	// The window was 1 s: a may still admit 300 in a window of 1 s of the
+	// old regime; under the new one its grant is 30 per 100 ms.
+	putShares(t, cli, schema.Shares{
+		Version: 1, Provider: "api", Generation: 7, EffectiveFrom: time.Now().Add(2 * w).Truncate(w).UnixNano(), Window: schema.Duration(w),
+		Total: 90, Instances: 2, Shares: map[string]int64{"a": 30, "b": 0}, Granted: map[string]int64{"a": 30, "b": 0},
+		Before: &schema.Transition{Window: schema.Duration(time.Second), Since: 7, Granted: map[string]int64{"a": 300, "b": 0}},
+	})
+	enforcing(t, a, 30)
+	if _, err := cli.Revoke(ctx, leader.ID); err != nil {
+		t.Fatal(err)
+	}
+	// b takes the even split too; a's cap holds until the hold after
+	// configd went has passed (1 s fail_static and more).
+	waitFor(t, "a on the even split", func() bool { return a.Status().Source == "even" })
+	if st := a.Status(); st.Share > 30 {
+		t.Fatalf("a applies %d per 100 ms on the even split, over its grant of 30 (the old regime's 300 per 1 s is not a grant per 100 ms)", st.Share)
+	}
+}
+
 // TestNewProcessStartsFromNothing: a shares record written before this
 // process registered names, for its id, a previous process's share (a
 // restart with the same id), which that process may have spent in the
@@ -603,10 +694,10 @@ func TestNewProcessStartsFromNothing(t *testing.T) {
 	}
 	putLeader(t, cli, lease.ID)
 	shares := func(gen int64, s int64) {
-		put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+		putShares(t, cli, schema.Shares{
 			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
 			Total: 40, Instances: 1, Shares: map[string]int64{"a": s},
-		}))
+		})
 	}
 	shares(1, 40) // the previous process's
 	a := join(t, cli, "api", "a")
@@ -638,10 +729,10 @@ func TestClockCorrectionDoesNotExtendFailStatic(t *testing.T) {
 	}
 	putLeader(t, cli, lease.ID)
 	a := join(t, cli, "api", "a", WithLeaseTTL(ttl))
-	put(t, cli, keys.Shares("api"), mustEncode(t, schema.Shares{
+	putShares(t, cli, schema.Shares{
 		Version: 1, Provider: "api", Generation: 1, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
 		Total: 40, Instances: 1, Shares: map[string]int64{"a": 40},
-	}))
+	})
 	enforcing(t, a, 40)
 	ahead := func() time.Duration { return a.Limiter().Expiry().Sub(a.Limiter().Now()) }
 	if d := ahead(); d <= 0 || d > ttl+failStatic {
@@ -674,15 +765,15 @@ func TestForgedSharesNeverAboveTheLimit(t *testing.T) {
 	putLeader(t, cli, lease.ID)
 	a := join(t, cli, "api", "a")
 	record := func(gen, total, share int64) string {
-		sh := schema.Shares{Version: 1, Provider: "api", Generation: gen, EffectiveFrom: time.Now().Truncate(w).UnixNano(),
-			Window: schema.Duration(w), Total: total, Instances: 1, Shares: map[string]int64{"a": share}}
-		b, err := json.Marshal(sh) // not schema.Encode: it refuses what decode refuses
+		r := schema.ShareRecord{Version: 1, Provider: "api", Instance: "a", Generation: gen, EffectiveFrom: time.Now().Truncate(w).UnixNano(),
+			Window: schema.Duration(w), Total: total, Share: share, Granted: share}
+		b, err := json.Marshal(r) // not schema.Encode: it refuses what decode refuses
 		if err != nil {
 			t.Fatal(err)
 		}
 		return string(b)
 	}
-	put(t, cli, keys.Shares("api"), record(1, 40, 30))
+	put(t, cli, keys.Share("api", "a"), record(1, 40, 30))
 	enforcing(t, a, 30)
 	problem := "-"
 	for _, f := range []struct {
@@ -692,10 +783,10 @@ func TestForgedSharesNeverAboveTheLimit(t *testing.T) {
 		{"total and share over the limit", record(2, 1_000_000_000_000, 1_000_000_000_000)},
 		{"share over the total", record(2, 40, 41)},
 	} {
-		put(t, cli, keys.Shares("api"), f.value)
+		put(t, cli, keys.Share("api", "a"), f.value)
 		waitFor(t, f.name+": listed as a problem", func() bool {
 			return slices.ContainsFunc(a.Status().Problems, func(p string) bool {
-				return strings.HasPrefix(p, keys.Shares("api")+": ") && !strings.Contains(p, problem)
+				return strings.HasPrefix(p, keys.Share("api", "a")+": ") && !strings.Contains(p, problem)
 			})
 		})
 		problem = a.Status().Problems[0]
@@ -705,8 +796,8 @@ func TestForgedSharesNeverAboveTheLimit(t *testing.T) {
 	}
 	// A record within the limit is followed even with a huge generation,
 	// and so is configd's next one, with a smaller generation.
-	put(t, cli, keys.Shares("api"), record(1<<52, 40, 10))
+	put(t, cli, keys.Share("api", "a"), record(1<<52, 40, 10))
 	enforcing(t, a, 10)
-	put(t, cli, keys.Shares("api"), record(2, 40, 25))
+	put(t, cli, keys.Share("api", "a"), record(2, 40, 25))
 	enforcing(t, a, 25)
 }

@@ -58,28 +58,27 @@
 // the last shares (or on nothing) with configd gone. configd removes such
 // keys when it runs. A replica's key always counts.
 //
-// Live instances are the keys under the provider's instances/ prefix: each
-// is attached to its instance's lease. A record there that does not decode
-// or validate (written by hand, or by a newer version) is listed in
-// Status.Problems under its key, like any malformed record, but its
-// instance still counts in the even split, as configd counts it: the lease
-// says it is alive, and counting it can only make the shares smaller.
+// What a Member reads does not grow with the fleet: the provider's config,
+// its own share record (Keys.Share; configd's leader writes one per
+// instance, only when it changes), and the election prefix, watched from
+// the revision of one transaction that read them; nothing of the other
+// instances. With no configd alive it also reads two counts, each a
+// count-only request, every report interval: the keys under the
+// provider's instances/ prefix (each attached to an instance's lease:
+// whatever its record holds, the key says the instance is alive) and the
+// even-split confirmations under even/ (one per instance that follows the
+// split, on its lease, written by this package).
 //
-// The even split without configd is a degraded mode: when an instance
-// joins, the others shrink at the boundary they compute on seeing it, so
-// for at most one window plus the watch's propagation the total can exceed
-// the limit by one share. configd's handover does not have that gap. When
-// configd goes, the split also leaves room for what configd's last shares
-// may still have others enforce: an instance that has not confirmed the
-// split (a record saying applied generation 0, written after the last
-// leader went) may keep its grant — cut off from etcd, it never learns of
-// the split — and so may one whose key went without a leaving mark, for
-// the longest fail_static it may count with after. Each instance takes
-// min(total/N, total − what the others may enforce), growing from a
-// boundary ahead as they confirm (within a report interval) or their
-// holds end. The price: while no configd is alive, a live instance whose
-// record does not decode counts at its last grant, and a member that
-// (re)loads holds every instance the last shares name that is gone, for
-// fail_static, and counts the others at their grants until their records
-// are written again (within ten report intervals).
+// The even split without configd is a degraded mode. It must not overlap
+// with what configd's last shares let another instance enforce, and the
+// instances do not see each other's shares, so an instance takes at most
+// its own last grant until, for a whole hold (the provider's fail_static,
+// the clock bound and a report interval) since it saw configd go, every
+// poll found every live instance confirmed; then total/n, n the largest
+// count of the hold; a newcomer waits a hold after registering (follow.Even
+// gives the four rules and why they suffice). When an instance joins, the
+// others shrink at the boundary they compute on seeing it. The price:
+// after configd goes, the split reaches total/n a hold later, and a key
+// under instances/ with no member of this version behind it keeps the
+// others at their grants.
 package cluster

@@ -55,6 +55,12 @@ type Member struct {
 	// later session of the same process (after etcd was out of reach)
 	// keeps the first registration: the process knows what it enforced.
 	registered int64
+	// registeredAt is when, on the monotonic clock: the even split gives a
+	// newcomer nothing beyond its grant for a hold after it (follow.Even).
+	registeredAt time.Time
+	// evenMarked says this instance's even-split confirmation is written.
+	evenMarked bool
+	noMarks    sync.Once // warned that the even-split confirmation may not be written
 }
 
 // Status is a snapshot of what a Member knows and applies.
@@ -75,7 +81,10 @@ type Status struct {
 	// Share is the quota applied, in permits per window; Window its window.
 	Share  int64
 	Window time.Duration
-	// Total is the provider's limit and Instances the live instances seen.
+	// Total is the provider's limit. Instances is the live instances the
+	// even split counts (Source "even"), 0 otherwise: a member following
+	// configd's shares does not watch the others (configd status counts
+	// them).
 	Total     int64
 	Instances int
 	// Generation is the shares generation applied (0 if none).
@@ -88,8 +97,8 @@ type Status struct {
 	ClockUncertainty time.Duration
 	// Problems lists records found malformed in etcd, and foreign keys
 	// in configd's election (see the package doc), as "key: why"
-	// (ignored; the last good value is kept — but a malformed instance
-	// record's instance still counts as live, see the package doc).
+	// (ignored; the last good value is kept). A member reads no other
+	// instance's record: configd lists the malformed ones.
 	Problems []string
 	// LastError is the last etcd error seen, empty when none.
 	LastError string

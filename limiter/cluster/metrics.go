@@ -10,7 +10,7 @@ const (
 	MetricConnected        = "sluice_member_connected"                 // 1 while etcd is reachable and the view current
 	MetricShare            = "sluice_member_share_permits"             // the share enforced
 	MetricTotal            = "sluice_member_total_permits"             // the provider's limit
-	MetricInstances        = "sluice_member_instances"                 // live instances seen
+	MetricInstances        = "sluice_member_instances"                 // live instances the even split counts
 	MetricGeneration       = "sluice_member_generation"                // shares generation applied
 	MetricDemand           = "sluice_member_demand_permits"            // smoothed permits wanted per window
 	MetricClockKnown       = "sluice_member_clock_known"               // 1 while the NTP offset is known
@@ -38,7 +38,7 @@ func NewCollector(m *Member, labels prometheus.Labels) prometheus.Collector {
 		MetricConnected:        d(MetricConnected, "1 while the member has a live etcd lease and a current view; 0 while etcd is unreachable and the last share is kept (fail-static)."),
 		MetricShare:            d(MetricShare, "The share enforced, in permits per window."),
 		MetricTotal:            d(MetricTotal, "The provider's limit, in permits per window."),
-		MetricInstances:        d(MetricInstances, "Live instances of the provider seen by this member."),
+		MetricInstances:        d(MetricInstances, "Live instances of the provider the even split counts (0 while following configd's shares)."),
 		MetricGeneration:       d(MetricGeneration, "The shares generation applied (0: none)."),
 		MetricDemand:           d(MetricDemand, "Smoothed permits per window this instance asked for, as reported."),
 		MetricClockKnown:       d(MetricClockKnown, "1 while the clock offset is known from NTP, else 0."),

@@ -26,35 +26,23 @@ var errLeaseLost = errors.New("cluster: lease keep-alive ended")
 // configd replica's session has.
 var errLeaseTooLong = fmt.Errorf("cluster: configd election key's lease was granted for longer than a replica's session (%v at most)", schema.MaxSessionTTL)
 
-// view is what the Member knows of its provider: the last good record of
-// each kind, the live instances and whether a configd leader is alive.
-// Only the run goroutine touches it.
+// view is what the Member knows of its provider: its config, its own share
+// record, whether a configd leader is alive and, for the even split, the
+// counts of live and confirmed instances. It reads nothing of the other
+// instances' records: what it receives does not grow with the fleet. Only
+// the run goroutine touches it.
 type view struct {
 	config    *schema.ProviderConfig
-	configRev int64 // the etcd revision config was written at
-	shares    *schema.Shares
-	sharesRev int64 // the etcd revision shares was written at
-	instances map[string]bool
-	records   map[string]seenRecord // live instances' good records
-	held      map[string]time.Time  // gone instances' grants kept out of the even split, until
-	// leaderGone is the etcd revision at which the last configd leader
-	// key went (or, loading with none, the revision read at): a record
-	// written after it that says applied generation 0 is on the even split.
-	leaderGone int64
-	leaders    map[string]bool
-	problems   map[string]string // key → why its record was ignored
+	configRev int64               // the etcd revision config was written at
+	share     *schema.ShareRecord // this instance's record; nil: none
+	shareRev  int64               // the etcd revision share was written at
+	leaders   map[string]bool
+	even      follow.Even
+	problems  map[string]string // key → why its record was ignored
 }
 
 func newView() *view {
-	return &view{instances: map[string]bool{}, records: map[string]seenRecord{},
-		held: map[string]time.Time{}, leaders: map[string]bool{}, problems: map[string]string{}}
-}
-
-// seenRecord is an instance record and the etcd revision it was written
-// at.
-type seenRecord struct {
-	schema.InstanceRecord
-	rev int64
+	return &view{leaders: map[string]bool{}, problems: map[string]string{}}
 }
 
 // applied is what the Member last set on its limiter.
@@ -168,6 +156,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		m.log.Warn("the last share lapsed while etcd was out of reach; starting from nothing", "expired", exp.UTC())
 	}
 	rep.haveWrite = false
+	m.evenMarked = false // a confirmation is on the lease of the session that wrote it
 	if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 		return err
 	}
@@ -177,48 +166,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	kaDone := make(chan error, 1)
 	wg.Go(func() { kaDone <- m.keepAlive(sctx, lease.ID, leaseEnd, renewed) })
 
-	// One transaction, so the four reads share a revision to watch from.
-	octx, ocancel = m.opCtx(sctx)
-	resp, err := m.cli.Txn(octx).Then(
-		clientv3.OpGet(m.keys.Config(m.provider)),
-		clientv3.OpGet(m.keys.Shares(m.provider)),
-		// With values: a malformed instance record present at the start
-		// is listed in Status.Problems like one arriving later.
-		clientv3.OpGet(m.keys.Instances(m.provider), clientv3.WithPrefix()),
-		// With values: a replica's ID says the key may be a replica's.
-		clientv3.OpGet(m.keys.Election()+"/", clientv3.WithPrefix()),
-	).Commit()
-	ocancel()
+	rev, err := m.load(sctx, v)
 	if err != nil {
-		return fmt.Errorf("load provider %s: %w", m.provider, err)
-	}
-	v.config, v.shares = nil, nil
-	clear(v.instances)
-	clear(v.records)
-	clear(v.leaders)
-	// Every record is read again: a key deleted while etcd was out of
-	// reach takes its problem with it.
-	clear(v.problems)
-	for i, r := range resp.Responses {
-		for _, kv := range r.GetResponseRange().Kvs {
-			if i == 3 {
-				if err := m.leaderKey(sctx, v, kv, false); err != nil {
-					return err
-				}
-				continue
-			}
-			m.observe(v, string(kv.Key), kv.Value, false, kv.ModRevision)
-		}
-	}
-	v.holdMissing(time.Now())
-	m.listProblems(v)
-	rev := resp.Header.Revision
-	// Records read now are older than any leader's departure seen later;
-	// with no leader now, the split is confirmed by records written from
-	// here on.
-	v.leaderGone = 0
-	if len(v.leaders) == 0 {
-		v.leaderGone = rev
+		return err
 	}
 	// follow applies the view and moves the limiter's expiry with it.
 	follow := func() bool {
@@ -226,12 +176,13 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		rep.failStatic = m.arm(v, ap, leaseEnd)
 		return acked
 	}
-	// An acknowledgement, or (no leader) this instance's confirmation of
-	// the even split, is written at once.
-	if follow() || len(v.leaders) == 0 {
+	if follow() {
 		if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 			return err
 		}
+	}
+	if err := m.confirmEven(sctx, v, lease.ID); err != nil {
+		return err
 	}
 	if !*connected {
 		*connected = true
@@ -244,8 +195,11 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		close(m.ready)
 	}
 
+	// Its config, its own share record, and the leader keys: nothing of
+	// the other instances.
 	wctx := clientv3.WithRequireLeader(sctx)
-	providerEvents := m.cli.Watch(wctx, m.keys.Provider(m.provider), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	configEvents := m.cli.Watch(wctx, m.keys.Config(m.provider), clientv3.WithRev(rev+1))
+	shareEvents := m.cli.Watch(wctx, m.keys.Share(m.provider, m.id), clientv3.WithRev(rev+1))
 	leaderEvents := m.cli.Watch(wctx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	tick := time.NewTicker(m.cfg.report)
 	defer tick.Stop()
@@ -257,51 +211,167 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			rep.failStatic = m.arm(v, ap, leaseEnd)
 		case err := <-kaDone:
 			return err
-		case wr, ok := <-providerEvents:
-			if !ok {
-				return fmt.Errorf("watch provider %s: closed", m.provider)
+		case wr, ok := <-configEvents:
+			if err := watchErr(wr, ok, "config"); err != nil {
+				return err
 			}
-			if err := wr.Err(); err != nil {
-				return fmt.Errorf("watch provider %s: %w", m.provider, err)
+			if m.observeAll(v, wr, follow) {
+				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
+					return err
+				}
 			}
-			// Apply after every event, in order: several generations can
-			// arrive in one response, and each must be scheduled at its
-			// own boundary before it is acknowledged.
-			acked := false
-			for _, ev := range wr.Events {
-				m.observe(v, string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete, ev.Kv.ModRevision)
-				acked = follow() || acked
+		case wr, ok := <-shareEvents:
+			if err := watchErr(wr, ok, "share record"); err != nil {
+				return err
 			}
-			if acked {
+			if m.observeAll(v, wr, follow) {
 				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 					return err
 				}
 			}
 		case wr, ok := <-leaderEvents:
-			if !ok {
-				return errors.New("watch configd leader: closed")
+			if err := watchErr(wr, ok, "configd leader"); err != nil {
+				return err
 			}
-			if err := wr.Err(); err != nil {
-				return fmt.Errorf("watch configd leader: %w", err)
-			}
-			wasLed := len(v.leaders) > 0
 			for _, ev := range wr.Events {
 				if err := m.leaderKey(sctx, v, ev.Kv, ev.Type == clientv3.EventTypeDelete); err != nil {
 					return err
 				}
 			}
-			if follow() || (wasLed && len(v.leaders) == 0) {
+			if len(v.leaders) > 0 {
+				v.even.Reset()
+			}
+			if err := m.confirmEven(sctx, v, lease.ID); err != nil {
+				return err
+			}
+			if follow() {
 				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 					return err
 				}
 			}
 		case <-tick.C:
-			follow() // follows the clock measurement
+			if err := m.pollEven(sctx, v); err != nil {
+				return err
+			}
+			follow() // follows the clock measurement, and the counts
 			if err := m.report(sctx, lease.ID, ap, rep, false); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// load reads the config, this instance's share record, the leader keys and
+// (with no leader) the counts of the even split, in one transaction whose
+// revision the watches start from.
+func (m *Member) load(ctx context.Context, v *view) (int64, error) {
+	octx, cancel := m.opCtx(ctx)
+	resp, err := m.cli.Txn(octx).Then(
+		clientv3.OpGet(m.keys.Config(m.provider)),
+		clientv3.OpGet(m.keys.Share(m.provider, m.id)),
+		// With values: a replica's ID says the key may be a replica's.
+		clientv3.OpGet(m.keys.Election()+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(m.keys.Instances(m.provider), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(m.keys.Even(m.provider), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+	).Commit()
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("load provider %s: %w", m.provider, err)
+	}
+	v.config, v.share = nil, nil
+	clear(v.leaders)
+	// Every record is read again: a key deleted while etcd was out of
+	// reach takes its problem with it.
+	clear(v.problems)
+	rs := resp.Responses
+	for _, r := range rs[:2] {
+		for _, kv := range r.GetResponseRange().Kvs {
+			m.observe(v, string(kv.Key), kv.Value, false, kv.ModRevision)
+		}
+	}
+	for _, kv := range rs[2].GetResponseRange().Kvs {
+		if err := m.leaderKey(ctx, v, kv, false); err != nil {
+			return 0, err
+		}
+	}
+	if len(v.leaders) == 0 {
+		v.even.Observe(time.Now(), rs[3].GetResponseRange().Count, rs[4].GetResponseRange().Count, holdFor(v.config, m.cfg.report))
+	}
+	m.listProblems(v)
+	return resp.Header.Revision, nil
+}
+
+// pollEven reads the counts of the even split while no configd leader is
+// alive: two count-only requests, whatever the fleet's size.
+func (m *Member) pollEven(ctx context.Context, v *view) error {
+	if len(v.leaders) > 0 {
+		return nil
+	}
+	octx, cancel := m.opCtx(ctx)
+	defer cancel()
+	resp, err := m.cli.Txn(octx).Then(
+		clientv3.OpGet(m.keys.Instances(m.provider), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(m.keys.Even(m.provider), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+	).Commit()
+	if err != nil {
+		return fmt.Errorf("count instances of %s: %w", m.provider, err)
+	}
+	rs := resp.Responses
+	v.even.Observe(time.Now(), rs[0].GetResponseRange().Count, rs[1].GetResponseRange().Count, holdFor(v.config, m.cfg.report))
+	return nil
+}
+
+// confirmEven writes this instance's even-split confirmation, on its
+// lease, while no configd leader is alive, and deletes it once one is:
+// the others count it (follow.Even).
+func (m *Member) confirmEven(ctx context.Context, v *view, lease clientv3.LeaseID) error {
+	want := len(v.leaders) == 0 && v.config != nil
+	if want == m.evenMarked {
+		return nil
+	}
+	octx, cancel := m.opCtx(ctx)
+	defer cancel()
+	key := m.keys.EvenMark(m.provider, m.id)
+	var err error
+	if want {
+		_, err = m.cli.Put(octx, key, "", clientv3.WithLease(lease))
+	} else {
+		_, err = m.cli.Delete(octx, key)
+	}
+	if errors.Is(err, rpctypes.ErrPermissionDenied) {
+		m.warnNoMarks()
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("even split confirmation: %w", err)
+	}
+	m.evenMarked = want
+	return nil
+}
+
+// watchErr is the error of a watch response that ends the session: the
+// watch closed or failed (compacted, or cancelled).
+func watchErr(wr clientv3.WatchResponse, ok bool, what string) error {
+	if !ok {
+		return fmt.Errorf("watch %s: closed", what)
+	}
+	if err := wr.Err(); err != nil {
+		return fmt.Errorf("watch %s: %w", what, err)
+	}
+	return nil
+}
+
+// observeAll folds a watch response's events into the view, applying after
+// each, in order: several generations can arrive in one response, and
+// each must be scheduled at its own boundary before it is acknowledged. It
+// reports whether any was a new generation to acknowledge.
+func (m *Member) observeAll(v *view, wr clientv3.WatchResponse, follow func() bool) bool {
+	acked := false
+	for _, ev := range wr.Events {
+		m.observe(v, string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete, ev.Kv.ModRevision)
+		acked = follow() || acked
+	}
+	return acked
 }
 
 // keepAlive renews the lease, which cannot expire before end, every third
@@ -433,60 +503,37 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		good()
 		v.config, v.configRev = &c, rev
 	case schema.KindShares:
+		if k.Instance != m.id {
+			return // not this instance's
+		}
 		if deleted {
-			v.shares = nil
+			v.share = nil
 			good()
 			return
 		}
-		s, err := schema.DecodeShares(value)
-		if err == nil && s.Provider != m.provider {
-			err = fmt.Errorf("shares record names provider %q", s.Provider)
+		r, err := schema.DecodeShareRecord(value)
+		if err == nil && (r.Provider != m.provider || r.Instance != m.id) {
+			err = fmt.Errorf("share record names provider %q, instance %q", r.Provider, r.Instance)
 		}
 		if err == nil && v.config != nil {
 			// Never more than the limit this instance knows: a record
 			// that hands out more is forged, corrupt, or from before a
 			// lower limit (configd republishes under the new one at once).
-			err = s.CheckAgainst(*v.config, v.configRev)
+			err = r.CheckAgainst(*v.config, v.configRev)
 		}
 		if err != nil {
 			bad(err)
 			return
 		}
-		if v.shares != nil && (s.Generation <= v.shares.Generation || s.Generation-v.shares.Generation > generationJump) {
+		if v.share != nil && (r.Generation <= v.share.Generation || r.Generation-v.share.Generation > generationJump) {
 			// etcd orders the writes to the key: the newest is configd's
 			// word, whatever its generation (a replica recovering from a
 			// forged record starts again below it). Followed, and said.
-			m.log.Warn("shares generation went backwards or jumped; following the newest record",
-				"key", key, "revision", rev, "generation", s.Generation, "previous", v.shares.Generation)
+			m.log.Warn("share generation went backwards or jumped; following the newest record",
+				"key", key, "revision", rev, "generation", r.Generation, "previous", v.share.Generation)
 		}
 		good()
-		v.shares, v.sharesRev = &s, rev
-	case schema.KindInstance:
-		if deleted {
-			v.gone(k.Instance, time.Now())
-			good()
-			return
-		}
-		// The key (its lease) alone makes an instance live, as for
-		// configd's publisher: a malformed record is listed, but the
-		// instance still counts in the even split. Counting it can only
-		// make this instance's share smaller (safe); not counting it would
-		// let the instances together admit more than the limit if it is
-		// in fact running.
-		v.instances[k.Instance] = true
-		delete(v.held, k.Instance)
-		r, err := schema.DecodeInstanceRecord(value)
-		if err == nil && r.ID != k.Instance {
-			err = fmt.Errorf("record id %q does not match its key", r.ID)
-		}
-		if err != nil {
-			// Unknown: it may enforce its grant (see evenShare).
-			delete(v.records, k.Instance)
-			bad(err)
-			return
-		}
-		v.records[k.Instance] = seenRecord{r, rev}
-		good()
+		v.share, v.shareRev = &r, rev
 	}
 }
 
@@ -513,20 +560,24 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	lim := m.lim
 	fallback := applied{Source: follow.SourceFallback, Quota: m.cfg.fallbackQuota, Window: m.cfg.fallbackWindow}
 	fv := follow.View{Leader: len(v.leaders) > 0}
-	if s := v.shares; s != nil {
-		fv.Shares = &follow.Shares{Generation: s.Generation, EffectiveFrom: s.EffectiveFrom, Window: s.Window.D(), Share: s.Shares[m.id]}
-		if m.registered == 0 || v.sharesRev < m.registered {
+	var grant int64 // the most this process's record lets it enforce, per window of the config
+	if r := v.share; r != nil {
+		fv.Shares = &follow.Shares{Generation: r.Generation, EffectiveFrom: r.EffectiveFrom, Window: r.Window.D(), Share: r.Share}
+		if v.config != nil {
+			grant = r.GrantPer(v.config.Window.D(), v.config.Limit)
+		}
+		if m.registered == 0 || v.shareRev < m.registered {
 			// Published before this process registered: a share it names
 			// for this id was a previous process's, which may have spent it
 			// in the window under way and which configd may be handing on.
 			// A new process starts with nothing (see Member.registered).
-			fv.Shares.Share = 0
+			fv.Shares.Share, grant = 0, 0
 		}
 	}
 	if c := v.config; c != nil {
 		fv.Config = &follow.Config{Limit: c.Limit, Window: c.Window.D()}
 		if !fv.Leader {
-			fv.Even = m.evenShare(v, time.Now())
+			fv.Even = v.even.Share(c.Limit, grant, m.registeredAt, time.Now(), holdFor(c, m.cfg.report))
 		}
 	}
 	next := follow.Next(fv, fallback)
@@ -574,7 +625,10 @@ func (m *Member) apply(v *view, ap *applied) bool {
 		"in_force", from.UTC().Format(time.RFC3339Nano))
 	m.setStatus(func(s *Status) {
 		s.Source, s.Share, s.Window, s.Generation = next.Source, next.Quota, next.Window, next.Generation
-		s.Instances = len(v.instances)
+		s.Instances = 0
+		if next.Source == follow.SourceEven {
+			s.Instances = int(v.even.Count())
+		}
 		if v.config != nil {
 			s.Total = v.config.Limit
 		}
@@ -634,15 +688,64 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 	}
 	octx, cancel := m.opCtx(ctx)
 	defer cancel()
-	resp, err := m.cli.Put(octx, m.keys.Instance(m.provider, m.id), string(b), clientv3.WithLease(lease))
+	put := clientv3.OpPut(m.keys.Instance(m.provider, m.id), string(b), clientv3.WithLease(lease))
+	var rev int64
+	if !rep.haveWrite {
+		// The key is created: with no configd alive, together with the
+		// even-split confirmation, so that the others never count this
+		// instance as live and unconfirmed (which would keep them at
+		// their grants for a hold; follow.Even, rule 1). It enforces nothing
+		// yet, which the split allows for.
+		rev, err = m.register(octx, lease, put)
+	} else {
+		var resp clientv3.OpResponse
+		if resp, err = m.cli.Do(octx, put); err == nil {
+			rev = resp.Put().Header.Revision
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("write instance record: %w", err)
 	}
 	if m.registered == 0 {
-		m.registered = resp.Header.Revision
+		m.registered, m.registeredAt = rev, now
 	}
 	rep.written, rep.wroteAt, rep.haveWrite = rec, now, true
 	return nil
+}
+
+// register writes put, the first instance record on lease, and with it
+// this instance's even-split confirmation if the provider's config exists
+// and no key is under configd's election prefix. It returns the revision.
+func (m *Member) register(ctx context.Context, lease clientv3.LeaseID, put clientv3.Op) (int64, error) {
+	noConfigd := clientv3.Compare(clientv3.CreateRevision(m.keys.Election()+"/"), "=", 0).WithPrefix()
+	configured := clientv3.Compare(clientv3.CreateRevision(m.keys.Config(m.provider)), ">", 0)
+	mark := clientv3.OpPut(m.keys.EvenMark(m.provider, m.id), "", clientv3.WithLease(lease))
+	resp, err := m.cli.Txn(ctx).If(noConfigd, configured).Then(put, mark).Else(put).Commit()
+	if errors.Is(err, rpctypes.ErrPermissionDenied) {
+		// A role from before confirmations (docs/security.md gives the
+		// prefix to grant): register without; the even split then holds
+		// the others at their grants.
+		m.warnNoMarks()
+		r, err := m.cli.Do(ctx, put)
+		if err != nil {
+			return 0, err
+		}
+		return r.Put().Header.Revision, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	m.evenMarked = resp.Succeeded
+	return resp.Header.Revision, nil
+}
+
+// warnNoMarks says, once, that this instance may not write its even-split
+// confirmation.
+func (m *Member) warnNoMarks() {
+	m.noMarks.Do(func() {
+		m.log.Warn("may not write the even-split confirmation (permission denied): grant the instance's role read-write on the provider's even/ prefix; until then, with configd gone, the instances stay at their grants",
+			"key", m.keys.EvenMark(m.provider, m.id))
+	})
 }
 
 // written is what of rec decides whether it is written again.
@@ -672,7 +775,7 @@ func (m *Member) leaderKey(ctx context.Context, v *view, kv *mvccpb.KeyValue, de
 	defer m.listProblems(v)
 	if deleted {
 		delete(v.problems, key)
-		v.leaderEvent(key, true, kv.ModRevision)
+		delete(v.leaders, key)
 		return nil
 	}
 	why := m.keys.CheckElectionKey(key, kv.Lease, kv.Value)
@@ -688,7 +791,7 @@ func (m *Member) leaderKey(ctx context.Context, v *view, kv *mvccpb.KeyValue, de
 			// Its lease is gone, and the key with it (the deletion is on
 			// its way): configd is not alive through it.
 			if v.leaders[key] {
-				v.leaderEvent(key, true, kv.ModRevision)
+				delete(v.leaders, key)
 			}
 			return nil
 		case time.Duration(resp.GrantedTTL)*time.Second > schema.MaxSessionTTL:
@@ -697,11 +800,11 @@ func (m *Member) leaderKey(ctx context.Context, v *view, kv *mvccpb.KeyValue, de
 	}
 	if why == nil {
 		delete(v.problems, key)
-		v.leaderEvent(key, false, kv.ModRevision)
+		v.leaders[key] = true
 		return nil
 	}
 	if v.leaders[key] {
-		v.leaderEvent(key, true, kv.ModRevision) // rewritten: no longer a replica's
+		delete(v.leaders, key) // rewritten: no longer a replica's
 	}
 	if v.problems[key] != why.Error() {
 		m.log.Warn("ignoring a foreign key in configd's election: it does not make configd alive", "key", key, "err", why)
