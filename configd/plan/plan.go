@@ -329,9 +329,31 @@ func (p Planner) move(cur *Published, in Input, target, held map[string]int64) (
 		inOld[id] = share.In(v, w, ow)
 	}
 	oldRoom, _ := handover(share.In(in.Total, w, ow), inOld, old)
+	var all int64 // what every instance may enforce under either regime, per window of w
+	for _, v := range either {
+		all += v
+	}
+	// A window of w in which an instance enforces the new regime holds at
+	// most the new limit, or the old one where another still enforces
+	// the old regime.
+	allowance := in.Total
+	if before.Total > 0 {
+		allowance = max(allowance, share.In(before.Total, ow, w))
+	}
 	granted = make(map[string]int64, len(target)+len(held))
 	for id, v := range shares {
 		v = min(v, alone[id], share.Within(oldRoom[id], w, ow))
+		if v > fresh[id] {
+			// Its share of the new regime grows: it must fit beside what
+			// every other instance may enforce under either regime, within
+			// what a window holding both regimes may hold. Its own old grant
+			// is no room: that grant may come from a regime of a higher limit
+			// than any the others still enforce (the protocol search found a
+			// limit lowered, then the window changed before the lower limit
+			// was in force: the grant of the higher one let a share of the
+			// new window take room the lower limit did not have).
+			v = max(fresh[id], min(v, allowance-(all-either[id])))
+		}
 		shares[id] = v
 		granted[id] = max(fresh[id], v)
 	}

@@ -443,3 +443,27 @@ func TestDecideLoweredLimitGrowsOnlyWithinTheNewLimit(t *testing.T) {
 		t.Errorf("shares %v: a grew beside b's 900 past the new limit 1000", d.Shares)
 	}
 }
+
+// A limit lowered, and the window changed before the lower limit was in
+// force on every instance: a's grant under the old, higher limit is no
+// room for its share of the new window beside b, which still enforces
+// the lower limit's share (found by the protocol search: 3231 admitted in
+// a 2 s window that could hold at most 3040).
+func TestDecideWindowChangeRightAfterALoweredLimit(t *testing.T) {
+	s := func(sec float64) time.Time { return time.Unix(0, int64(sec*float64(time.Second))) }
+	cur := &Published{Generation: 10, EffectiveFrom: s(12), Window: time.Second, Total: 1520, ConfigRevision: 5,
+		Shares: map[string]int64{"a": 1247, "b": 272}, Granted: map[string]int64{"a": 1247, "b": 272},
+		Before:      &Transition{Window: time.Second, Since: 10, Granted: map[string]int64{"a": 2616, "b": 272}, Total: 2888},
+		Generations: map[string]int64{"a": 10, "b": 10}, From: map[string]int64{"a": s(12).UnixNano(), "b": s(12).UnixNano()}}
+	d := Decide(Input{Total: 2960, Window: 2 * time.Second, ConfigRevision: 6, Margin: 162 * time.Millisecond,
+		Target: map[string]int64{"a": 2687, "b": 273},
+		Acked:  map[string]Ack{"a": {Generation: 10, From: s(13).UnixNano()}, "b": {Generation: 8, From: s(11).UnixNano()}},
+		Cur:    cur, Now: s(12.89)})
+	if !d.Publish {
+		t.Fatalf("no publish: %+v", d)
+	}
+	// b may still admit 272 in each second of the new 2 s window.
+	if got := d.Shares["a"] + 2*272; got > 2960 {
+		t.Errorf("shares %v: a's new share beside b's 544 per 2 s is %d, over the new limit 2960 (the old regimes' limits are not known once merged)", d.Shares, got)
+	}
+}
