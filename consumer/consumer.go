@@ -226,7 +226,8 @@ func (r *run) fail(err error) {
 // When ctx is cancelled Run stops fetching, lets the messages already
 // fetched finish for up to Config.DrainTimeout (cancelling the handlers'
 // context after that), commits what is done, closes the Kafka reader and
-// returns nil. It returns early with an error wrapping ErrHandlerFailed
+// returns nil. The final commit has a bound of its own (10 s), so it covers
+// every partition's done prefix however the drain ended. It returns early with an error wrapping ErrHandlerFailed
 // (a message failed every attempt and there is no dead-letter topic) or
 // ErrLimiterClosed, after the same drain. To cut a drain short (a second
 // signal), use RunWithAbort.
@@ -248,7 +249,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 // RunWithAbort is Run with a way to cut the drain short: when abort is
 // closed (typically on a second SIGINT), messages still being handled are
 // abandoned at once (their handlers' context is cancelled; they are not
-// committed). A nil abort never fires.
+// committed). What is done is committed all the same. A nil abort never
+// fires.
 func (c *Consumer) RunWithAbort(ctx context.Context, abort <-chan struct{}) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return ErrAlreadyRun
@@ -310,7 +312,10 @@ func (c *Consumer) RunWithAbort(ctx context.Context, abort <-chan struct{}) erro
 	commitDone := make(chan struct{})
 	go func() {
 		defer close(commitDone)
-		c.commitLoop(workCtx, r, commitStop)
+		// Neither the drain's deadline nor an abort cancels a commit: each
+		// has a bound of its own (commitTimeout), so that the final commit
+		// is sent, and reported, whatever ended the drain.
+		c.commitLoop(context.WithoutCancel(ctx), r, commitStop)
 	}()
 	c.log.Info("consumer started", "workers", nLanes, "max_in_flight", c.cfg.maxInFlight(), "ordering", c.cfg.Ordering.String())
 
@@ -698,8 +703,8 @@ func tooLarge(err error) bool {
 
 // commitLoop commits progress whenever there is some, at most once per
 // Config.CommitInterval, and once more when stop is closed (after the
-// workers have finished). Each commit may take up to Config.DrainTimeout.
-// ctx ends only when Run aborts.
+// workers have finished). Each commit may take up to commitTimeout; ctx
+// is not cancelled, not even when Run aborts.
 func (c *Consumer) commitLoop(ctx context.Context, r *run, stop <-chan struct{}) {
 	failures := 0
 	for {
@@ -731,6 +736,11 @@ func (c *Consumer) commitLoop(ctx context.Context, r *run, stop <-chan struct{})
 	}
 }
 
+// commitTimeout bounds one offset commit, the final one of a shutdown
+// included. It does not depend on Config.DrainTimeout: a drain cut short
+// must not cut the commit of what was done short too.
+const commitTimeout = 10 * time.Second
+
 // commit sends one commit covering every partition that has progress. It
 // reports false when the commit failed.
 func (c *Consumer) commit(ctx context.Context, r *run) bool {
@@ -738,7 +748,7 @@ func (c *Consumer) commit(ctx context.Context, r *run) bool {
 	if len(pts) == 0 {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.drainTimeout())
+	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
 	defer cancel()
 	if err := r.reader.CommitMessages(ctx, messages(pts)...); err != nil {
 		c.count.commitErrors.Add(1)
