@@ -111,6 +111,7 @@ type Consumer struct {
 	count   counters
 	col     *collector
 	ran     atomic.Bool
+	cur     atomic.Pointer[run] // set by Run, for revoke
 }
 
 // New checks cfg (see Config.Validate) and returns a Consumer that will
@@ -153,6 +154,7 @@ func New(cfg Config, lim Limiter, handler Handler, opts ...Option) (*Consumer, e
 	c.rcfg.GroupTopics = nil
 	c.rcfg.Partition = 0
 	c.rcfg.CommitInterval = 0
+	c.rcfg.GroupBalancers = wrapBalancers(c.rcfg.GroupBalancers, c.revoke)
 	if err := c.rcfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: WithReaderConfig: %v", ErrInvalidConfig, err)
 	}
@@ -194,6 +196,7 @@ func (c *Consumer) Stats() Stats { return c.count.stats() }
 type item struct {
 	msg kafka.Message
 	e   *entry
+	g   *generation
 }
 
 // run holds what one Run shares between its goroutines.
@@ -203,6 +206,19 @@ type run struct {
 	slots  chan struct{} // one token per message fetched and not committed
 	lanes  []chan *item
 	dirty  chan struct{} // cap 1: there may be something new to commit
+
+	work      context.Context // ends when Run abandons its work (drain deadline, abort)
+	fetchDone chan struct{}   // closed when the fetch goroutine returns
+
+	// genMu guards gen and revoking, and makes revoke's switch to a new
+	// generation atomic with the fetch loop's recording of a message.
+	genMu    sync.Mutex
+	gen      *generation
+	revoking bool // revoke is running: what is fetched is stale
+
+	drain       chan chan<- struct{} // cap 1: revoke asks the fetch loop to drain kafka-go's queue
+	fetchMu     sync.Mutex
+	fetchCancel context.CancelFunc // of the FetchMessage call in progress
 
 	stopFetch context.CancelFunc
 	fatalOnce sync.Once
@@ -275,6 +291,10 @@ func (c *Consumer) RunWithAbort(ctx context.Context, abort <-chan struct{}) erro
 		slots:  make(chan struct{}, c.cfg.maxInFlight()),
 		dirty:  make(chan struct{}, 1),
 
+		work:      workCtx,
+		fetchDone: make(chan struct{}),
+		gen:       newGeneration(workCtx),
+		drain:     make(chan chan<- struct{}, 1),
 		stopFetch: stopFetch,
 	}
 	r.tr = newTracker(func(n int) {
@@ -292,15 +312,16 @@ func (c *Consumer) RunWithAbort(ctx context.Context, abort <-chan struct{}) erro
 			r.lanes[i] = make(chan *item, c.cfg.maxInFlight())
 		}
 	}
+	c.cur.Store(r)
+	defer c.cur.Store(nil)
 
 	var workers sync.WaitGroup
 	for i := range nLanes {
 		lane := r.lanes[i%len(r.lanes)]
 		workers.Go(func() { c.work(workCtx, r, lane) })
 	}
-	fetchDone := make(chan struct{})
 	go func() {
-		defer close(fetchDone)
+		defer close(r.fetchDone)
 		defer func() {
 			for _, l := range r.lanes {
 				close(l)
@@ -320,7 +341,7 @@ func (c *Consumer) RunWithAbort(ctx context.Context, abort <-chan struct{}) erro
 	c.log.Info("consumer started", "workers", nLanes, "max_in_flight", c.cfg.maxInFlight(), "ordering", c.cfg.Ordering.String())
 
 	// Shutdown, step by step: stop fetching, drain, commit, close.
-	<-fetchDone
+	<-r.fetchDone
 	workersDone := make(chan struct{})
 	go func() {
 		workers.Wait()
@@ -356,14 +377,26 @@ func (c *Consumer) fetch(ctx context.Context, r *run) {
 	for {
 		select {
 		case r.slots <- struct{}{}: // back-pressure: blocks while MaxInFlight are outstanding
+		case drained := <-r.drain:
+			c.drainQueue(ctx, r, drained)
+			continue
 		case <-ctx.Done():
 			return
 		}
-		msg, err := r.reader.FetchMessage(ctx)
+		callCtx, ok := r.startFetch(ctx)
+		if !ok { // revoke asked for a drain
+			<-r.slots
+			continue
+		}
+		msg, err := r.reader.FetchMessage(callCtx)
+		r.endFetch()
 		if err != nil {
 			<-r.slots
 			if ctx.Err() != nil {
 				return
+			}
+			if callCtx.Err() != nil {
+				continue // cut short by revoke, which asked for a drain
 			}
 			if errors.Is(err, io.EOF) {
 				r.fail(fmt.Errorf("consumer: kafka reader closed unexpectedly: %w", err))
@@ -383,14 +416,26 @@ func (c *Consumer) fetch(ctx context.Context, r *run) {
 		c.count.lag.Store(rs.Lag)
 		if rs.Rebalances > 0 {
 			c.count.rebalances.Add(rs.Rebalances)
-			r.tr.newEpoch()
 			c.log.Info("consumer group generation changed: uncommitted progress will be re-delivered")
 		}
+		r.genMu.Lock()
+		if r.revoking { // fetched before revoke, recorded after: stale
+			r.genMu.Unlock()
+			<-r.slots
+			c.count.inFlight.Add(-1)
+			c.count.abandoned.Add(1)
+			continue
+		}
+		g := r.gen
+		if rs.Rebalances > 0 {
+			r.tr.newEpoch() // revoke did already; kept in case kafka-go joined without asking
+		}
 		e, rewound := r.tr.add(msg.Topic, msg.Partition, msg.Offset)
+		r.genMu.Unlock()
 		if rewound {
 			c.log.Info("partition re-read from an earlier offset", "partition", msg.Partition, "offset", msg.Offset)
 		}
-		r.lanes[c.lane(msg, len(r.lanes))] <- &item{msg: msg, e: e} // never blocks: each lane holds MaxInFlight
+		r.lanes[c.lane(msg, len(r.lanes))] <- &item{msg: msg, e: e, g: g} // never blocks: each lane holds MaxInFlight
 	}
 }
 
@@ -425,18 +470,29 @@ type outcome int
 
 const (
 	outDone      outcome = iota // handled or dead-lettered: may be committed
-	outAbandoned                // shutdown: not committed, delivered again later
+	outAbandoned                // shutdown, or a revocation: not committed, delivered again later
 	outFatal                    // Run must stop
 )
 
 // work handles the items of one lane, in order, until the lane is closed.
+// An item whose partition was revoked (or is being re-read) is dropped
+// without a permit or a call.
 func (c *Consumer) work(ctx context.Context, r *run, lane <-chan *item) {
 	for it := range lane {
 		if ctx.Err() != nil {
 			c.count.abandoned.Add(1)
 			continue
 		}
-		out, err := c.process(ctx, it.msg)
+		if r.tr.isAbandoned(it.e) || !it.g.enter() {
+			c.dropped(r, it)
+			continue
+		}
+		out, err := c.process(it.g, it.msg)
+		it.g.exit()
+		if out != outFatal && r.tr.isAbandoned(it.e) {
+			c.dropped(r, it) // done or not, no commit covers it any more
+			continue
+		}
 		switch out {
 		case outDone:
 			if r.tr.done(it.e) {
@@ -455,12 +511,27 @@ func (c *Consumer) work(ctx context.Context, r *run, lane <-chan *item) {
 	}
 }
 
+// dropped records that it is given up because its partition was revoked
+// or is being re-read: its place in MaxInFlight is free again.
+func (c *Consumer) dropped(r *run, it *item) {
+	c.count.abandoned.Add(1)
+	if r.tr.done(it.e) {
+		select {
+		case r.dirty <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // process takes a permit and calls the handler for msg until it succeeds,
-// or its attempts are used up and it is dead-lettered.
-func (c *Consumer) process(ctx context.Context, msg kafka.Message) (outcome, error) {
+// or its attempts are used up and it is dead-lettered. Waits (for a
+// permit, between attempts) end when g is revoked; calls go on until the
+// revocation's grace ends.
+func (c *Consumer) process(g *generation, msg kafka.Message) (outcome, error) {
+	ctx := g.calls
 	attempts := 0
 	for {
-		if err := c.acquire(ctx); err != nil {
+		if err := c.acquire(g.queued); err != nil {
 			if errors.Is(err, ErrLimiterClosed) {
 				return outFatal, err
 			}
@@ -480,7 +551,7 @@ func (c *Consumer) process(ctx context.Context, msg kafka.Message) (outcome, err
 			c.log.Debug("provider asked to retry later", "delay", ra.Delay, "partition", msg.Partition, "offset", msg.Offset)
 			if ra.Delay > 0 {
 				c.lim.Backoff(ra.Delay) // the next permit, this message's included, waits for it
-			} else if !wait(ctx, backoff(1, c.cfg.retryBackoff(), c.cfg.maxBackoff())) {
+			} else if !wait(g.queued, backoff(1, c.cfg.retryBackoff(), c.cfg.maxBackoff())) {
 				return outAbandoned, nil
 			}
 			continue
@@ -491,7 +562,7 @@ func (c *Consumer) process(ctx context.Context, msg kafka.Message) (outcome, err
 		}
 		c.count.retried.Add(1)
 		c.log.Debug("handler failed; retrying", "err", err, "attempt", attempts, "partition", msg.Partition, "offset", msg.Offset)
-		if !wait(ctx, backoff(attempts, c.cfg.retryBackoff(), c.cfg.maxBackoff())) {
+		if !wait(g.queued, backoff(attempts, c.cfg.retryBackoff(), c.cfg.maxBackoff())) {
 			return outAbandoned, nil
 		}
 	}
@@ -744,13 +815,23 @@ const commitTimeout = 10 * time.Second
 // commit sends one commit covering every partition that has progress. It
 // reports false when the commit failed.
 func (c *Consumer) commit(ctx context.Context, r *run) bool {
+	r.genMu.Lock()
+	g := r.gen
 	pts := r.tr.ready()
+	r.genMu.Unlock()
 	if len(pts) == 0 {
 		return true
 	}
 	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
 	defer cancel()
+	// A commit of partitions given up is cut: kafka-go would otherwise
+	// send it in the next generation, over the new owner's commits.
+	defer context.AfterFunc(g.revoked, cancel)()
 	if err := r.reader.CommitMessages(ctx, messages(pts)...); err != nil {
+		if g.isRevoked() {
+			c.log.Debug("offset commit of revoked partitions dropped", "partitions", len(pts))
+			return true
+		}
 		c.count.commitErrors.Add(1)
 		c.log.Warn("offset commit failed; retrying", "err", err, "partitions", len(pts))
 		return false

@@ -41,6 +41,7 @@ type testKafka struct {
 	brokers   []string
 	transport *kafka.Transport
 	client    *kafka.Client
+	fake      *kfake.Cluster // nil when KAFKA_BROKERS is set
 }
 
 var nameSeq atomic.Int64
@@ -56,7 +57,7 @@ func newKafka(t testing.TB) *testKafka {
 			t.Fatalf("starting kfake: %v", err)
 		}
 		t.Cleanup(c.Close)
-		k.brokers = c.ListenAddrs()
+		k.brokers, k.fake = c.ListenAddrs(), c
 	}
 	t.Cleanup(k.transport.CloseIdleConnections)
 	k.client = &kafka.Client{Addr: kafka.TCP(k.brokers...), Transport: k.transport}

@@ -15,7 +15,7 @@ type Stats struct {
 	Retried            int64         // handler calls that failed and were tried again (RetryAfter answers included)
 	DeadLettered       int64         // messages written to the dead-letter topic after their last attempt
 	DeadLettersTrimmed int64         // of DeadLettered, those written without part of their message: the whole was too large for the broker
-	Abandoned          int64         // messages given up at shutdown (drain deadline passed); not committed, delivered again later
+	Abandoned          int64         // messages given up, not committed, delivered again later: at shutdown (drain cut short), or because their partition was revoked (dropped unstarted, or their call cut after the grace)
 	Throttled          int64         // permits that took longer than Config.MaxWait (the message still waited and was handled)
 	ThrottleWait       time.Duration // total time spent waiting for permits
 	InFlight           int64         // messages fetched and not yet committed (≤ Config.MaxInFlight)
@@ -66,7 +66,7 @@ var counterMetrics = []struct{ name, help string }{
 	{"sluice_consumer_retried_total", "Handler calls that failed and were tried again."},
 	{"sluice_consumer_dead_lettered_total", "Messages written to the dead-letter topic."},
 	{"sluice_consumer_dead_letters_trimmed_total", "Dead letters written without part of their message (too large for the broker as a whole)."},
-	{"sluice_consumer_abandoned_total", "Messages given up at shutdown, to be delivered again."},
+	{"sluice_consumer_abandoned_total", "Messages given up at shutdown or because their partition was revoked, to be delivered again."},
 	{"sluice_consumer_throttled_total", "Permits that took longer than the configured MaxWait."},
 	{"sluice_consumer_throttle_wait_seconds_total", "Total time spent waiting for permits, in seconds."},
 	{"sluice_consumer_commits_total", "Offset commits accepted by the broker."},

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/segmentio/kafka-go"
@@ -102,10 +103,17 @@ func (t *tracker) add(topic string, partition int, offset int64) (e *entry, rewo
 	return e, rewound
 }
 
-// newEpoch records a rebalance: every segment is abandoned.
-func (t *tracker) newEpoch() {
+// newEpoch records a rebalance: every segment is abandoned. It returns the
+// partitions fetched since the previous one, sorted.
+func (t *tracker) newEpoch() (parts []int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	for _, p := range t.parts {
+		if p.epoch == t.epoch && p.seg != nil {
+			parts = append(parts, p.tp.partition)
+		}
+	}
+	slices.Sort(parts)
 	t.epoch++
 	for _, p := range t.parts {
 		if p.seg != nil {
@@ -113,6 +121,16 @@ func (t *tracker) newEpoch() {
 			p.seg = nil
 		}
 	}
+	return parts
+}
+
+// isAbandoned reports whether e's segment was abandoned: no commit will
+// cover e, and it will be fetched again (by this consumer or the
+// partition's next owner).
+func (t *tracker) isAbandoned(e *entry) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return e.seg.abandoned
 }
 
 // abandon gives up committing s: done messages free their slot now, the

@@ -1,0 +1,458 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/sluice-go/sluice/consumer"
+)
+
+// history is everything that happened in one rebalance round, in one
+// order: handler calls starting and ending, each consumer joining a group
+// generation (kafka-go's "Joined group" log record) and giving its
+// partitions up (the consumer's "partitions revoked" record), and, on
+// kfake, the assignment of every generation (the leader's SyncGroup
+// request) and every offset commit the broker received.
+type history struct {
+	mu     sync.Mutex
+	events []event
+}
+
+type eventKind int
+
+const (
+	callStart eventKind = iota
+	callEnd
+	joined     // a consumer joined generation gen as member
+	assignment // the leader assigned generation gen's partitions: member → partitions
+	revoked
+	commitSent
+)
+
+type event struct {
+	kind      eventKind
+	inst      int // the consumer: 1 or 2; 0 for a commit
+	partition int
+	offset    int64
+	ok        bool // callEnd: the handler returned nil
+	gen       int64
+	member    string           // joined
+	assigned  map[string][]int // assignment: member → partitions of the topic
+	parts     []int            // revoked
+	inFlight  int64            // revoked: handler calls in progress, as the consumer counted them
+	commits   map[int]int64    // commitSent: partition → offset committed (the next to read)
+}
+
+func (h *history) add(ev event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.events = append(h.events, ev)
+}
+
+// historyLog records a consumer's joins (kafka-go's "Joined group" debug
+// record) and revocations ("partitions revoked") in the history.
+type historyLog struct {
+	h       *history
+	inst    int
+	onEvent func(event)
+}
+
+func (l historyLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l historyLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l historyLog) WithGroup(string) slog.Handler            { return l }
+func (l historyLog) Handle(_ context.Context, r slog.Record) error {
+	ev := event{inst: l.inst}
+	switch {
+	case r.Message == "partitions revoked":
+		ev.kind = revoked
+	case strings.HasPrefix(r.Message, "Joined group "):
+		ev.kind = joined
+		// "Joined group G as member M in generation N"; M holds spaces.
+		_, rest, ok1 := strings.Cut(r.Message, " as member ")
+		i := strings.LastIndex(rest, " in generation ")
+		if !ok1 || i < 0 {
+			return fmt.Errorf("kafka-go's join record changed: %q", r.Message)
+		}
+		ev.member = rest[:i]
+		if _, err := fmt.Sscanf(rest[i:], " in generation %d", &ev.gen); err != nil {
+			return fmt.Errorf("kafka-go's join record changed: %q: %v", r.Message, err)
+		}
+	default:
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		switch v := a.Value.Any().(type) {
+		case int64:
+			switch a.Key {
+			case "generation":
+				ev.gen = v
+			case "in_flight":
+				ev.inFlight = v
+			}
+		case []int:
+			if a.Key == "partitions" {
+				ev.parts = slices.Clone(v)
+			}
+		}
+		return true
+	})
+	l.h.add(ev)
+	if l.onEvent != nil {
+		l.onEvent(ev)
+	}
+	return nil
+}
+
+// rebalanceRound is one random run of two consumers of one group: the
+// second joins once the first has handled joinAfter messages.
+type rebalanceRound struct {
+	ordering    consumer.Ordering
+	workers     int
+	maxInFlight int
+	quota       int64 // permits per 100 ms, each consumer
+	joinAfter   int
+	// block: from the join on until its revocation, the first consumer's
+	// handler calls do not return until their context is cancelled, so
+	// that the calls in flight at the revocation are abandoned (and
+	// handled again by the partition's next owner).
+	block bool
+}
+
+func (r rebalanceRound) String() string {
+	return fmt.Sprintf("ordering %s, %d workers, MaxInFlight %d, %d permits per 100ms each, second consumer after %d messages, calls in flight at the revocation blocked until abandoned: %v",
+		r.ordering, r.workers, r.maxInFlight, r.quota, r.joinAfter, r.block)
+}
+
+func drawRebalanceRound(rng *rand.Rand, n int) rebalanceRound {
+	r := rebalanceRound{
+		ordering:  consumer.Ordering(rng.IntN(3)),
+		workers:   2 + rng.IntN(5),
+		quota:     int64(20 + rng.IntN(30)),
+		joinAfter: n/8 + rng.IntN(n/4),
+	}
+	r.maxInFlight = 50 + rng.IntN(250)
+	// Only with OrderPartition does a blocked call hold back every later
+	// message of its partition; with the other orderings, later messages
+	// done behind an abandoned one are re-delivered with it.
+	r.block = r.ordering == consumer.OrderPartition && rng.IntN(2) == 0
+	return r
+}
+
+// TestRevokedPartitionsStartNoCall runs random rounds of a consumer group
+// whose second member joins mid-stream, while the first has up to
+// MaxInFlight messages fetched and waiting for permits. An oracle over the
+// round's whole history — every handler call's start and end, every
+// assignment and revocation each consumer logged, every offset commit the
+// broker received — checks that:
+//   - no handler call starts for a partition its consumer does not own
+//     (after the revocation is known, before the next assignment);
+//   - every message called more than once was in flight, on its earlier
+//     calls, at a revocation: the duplicates are only the calls in flight at
+//     the revocation, at most Workers each time, never the messages that
+//     were queued;
+//   - no commit covers an offset whose message was not handled before it;
+//   - every message is handled, and everything is committed at the end.
+func TestRevokedPartitionsStartNoCall(t *testing.T) {
+	const partitions, perPartition, rounds = 8, 60, 4
+	n := partitions * perPartition
+	k := newKafka(t)
+	topic := name(t, "topic")
+	k.createTopic(t, topic, partitions)
+	k.produce(t, topic, partitions, testMessages(n))
+	if k.fake == nil {
+		t.Skip("KAFKA_BROKERS is set: the oracle needs kfake to see each generation's assignment and every commit")
+	}
+	h := &history{} // the current round's; assignments and commits are recorded in it
+	var hmu sync.Mutex
+	{
+		k.fake.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			oc := req.(*kmsg.OffsetCommitRequest)
+			ev := event{kind: commitSent, gen: int64(oc.Generation), commits: map[int]int64{}}
+			for _, tp := range oc.Topics {
+				if tp.Topic != topic {
+					continue
+				}
+				for _, p := range tp.Partitions {
+					ev.commits[int(p.Partition)] = p.Offset
+				}
+			}
+			hmu.Lock()
+			cur := h
+			hmu.Unlock()
+			cur.add(ev)
+			return nil, nil, false // observed, then handled by the broker as usual
+		})
+		k.fake.ControlKey(int16(kmsg.SyncGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			sg := req.(*kmsg.SyncGroupRequest)
+			if len(sg.GroupAssignment) == 0 {
+				return nil, nil, false // a follower's
+			}
+			ev := event{kind: assignment, gen: int64(sg.Generation), assigned: map[string][]int{}}
+			for _, a := range sg.GroupAssignment {
+				var ma kmsg.ConsumerMemberAssignment
+				if err := ma.ReadFrom(a.MemberAssignment); err != nil {
+					t.Errorf("decoding the assignment of %s: %v", a.MemberID, err)
+				}
+				parts := []int{}
+				for _, tp := range ma.Topics {
+					if tp.Topic == topic {
+						for _, p := range tp.Partitions {
+							parts = append(parts, int(p))
+						}
+					}
+				}
+				ev.assigned[a.MemberID] = parts
+			}
+			hmu.Lock()
+			cur := h
+			hmu.Unlock()
+			cur.add(ev)
+			return nil, nil, false
+		})
+	}
+	rng := rand.New(rand.NewPCG(seed(t), 0))
+	for i := range rounds {
+		r := drawRebalanceRound(rng, n)
+		hr := &history{}
+		hmu.Lock()
+		h = hr
+		hmu.Unlock()
+		t.Run(fmt.Sprintf("round%d", i), func(t *testing.T) { runRebalanceRound(t, k, topic, partitions, perPartition, r, hr) })
+	}
+}
+
+func runRebalanceRound(t *testing.T, k *testKafka, topic string, partitions, perPartition int, r rebalanceRound, h *history) {
+	t.Log(r)
+	n := partitions * perPartition
+	group := name(t, "group")
+
+	var blocking atomic.Bool
+	var mu sync.Mutex
+	handled := map[string]bool{}
+	reachedJoin, all := make(chan struct{}), make(chan struct{})
+	handler := func(inst int) consumer.Handler {
+		return func(ctx context.Context, m kafka.Message) error {
+			h.add(event{kind: callStart, inst: inst, partition: m.Partition, offset: m.Offset})
+			if inst == 1 && blocking.Load() {
+				<-ctx.Done()
+				h.add(event{kind: callEnd, inst: inst, partition: m.Partition, offset: m.Offset})
+				return ctx.Err()
+			}
+			h.add(event{kind: callEnd, inst: inst, partition: m.Partition, offset: m.Offset, ok: true})
+			mu.Lock()
+			defer mu.Unlock()
+			if v := string(m.Value); !handled[v] {
+				handled[v] = true
+				switch len(handled) {
+				case r.joinAfter:
+					close(reachedJoin)
+				case n:
+					close(all)
+				}
+			}
+			return nil
+		}
+	}
+	cfg := consumer.Config{
+		Brokers: k.brokers, Topic: topic, GroupID: group,
+		Workers: r.workers, MaxInFlight: r.maxInFlight, Ordering: r.ordering,
+		// How long calls in flight at a revocation may go on (with half the
+		// rebalance timeout): short, for the rounds that block them.
+		DrainTimeout: 500 * time.Millisecond,
+	}
+	readerConfig := consumer.WithReaderConfig(func(rc *kafka.ReaderConfig) {
+		fastGroup(rc)
+		rc.RebalanceTimeout = 10 * time.Second // room for the revocation's wait on a busy machine
+	})
+	stopBlocking := func(ev event) {
+		if ev.kind == revoked {
+			blocking.Store(false) // calls that start after the next assignment return
+		}
+	}
+	a, err := consumer.New(cfg, newLimiter(t, r.quota, 100*time.Millisecond), handler(1), readerConfig,
+		consumer.WithLogger(slog.New(historyLog{h: h, inst: 1, onEvent: stopBlocking})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := consumer.New(cfg, newLimiter(t, r.quota, 100*time.Millisecond), handler(2), readerConfig,
+		consumer.WithLogger(slog.New(historyLog{h: h, inst: 2})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopA := started(t, a)
+	waitFor(t, reachedJoin, "the first consumer to be mid-stream")
+	blocking.Store(r.block)
+	stopB := started(t, b)
+	waitFor(t, all, "every message handled")
+	if err := stopB(); err != nil {
+		t.Fatalf("second Run: %v", err)
+	}
+	if err := stopA(); err != nil {
+		t.Fatalf("first Run: %v", err)
+	}
+	if sa, sb := a.Stats(), b.Stats(); sb.Handled == 0 || sa.Rebalances < 2 {
+		t.Errorf("no rebalance happened (first consumer: %d generations; second handled %d)", sa.Rebalances, sb.Handled)
+	}
+	checkRebalanceHistory(t, h, n, partitions, r)
+	for p, off := range k.committed(t, group, topic, partitions) {
+		if off != int64(perPartition) {
+			t.Errorf("partition %d committed at %d, want %d", p, off, perPartition)
+		}
+	}
+}
+
+type msgKey struct {
+	partition int
+	offset    int64
+}
+
+// checkRebalanceHistory is the oracle of TestRevokedPartitionsStartNoCall.
+func checkRebalanceHistory(t *testing.T, h *history, n, partitions int, r rebalanceRound) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	type callRec struct {
+		inst, start  int
+		ok           bool
+		atRevocation bool // in flight at a revocation of its consumer
+		uncommitted  bool // done before a revocation of its consumer, but no commit covered it by then
+	}
+	member := map[int]string{}                  // consumer → its member ID in its current generation
+	gen := map[int]int64{}                      // consumer → the generation it joined last; 0 after a revocation
+	assignments := map[int64]map[string][]int{} // generation → member → partitions
+	owns := func(inst, p int) bool {
+		return gen[inst] != 0 && slices.Contains(assignments[gen[inst]][member[inst]], p)
+	}
+	open := map[int]map[msgKey]*callRec{}      // consumer → calls in progress
+	doneSince := map[int]map[msgKey]*callRec{} // consumer → calls done in its current generation
+	calls := map[msgKey][]*callRec{}
+	handledTo := make([]int64, partitions)   // per partition: every offset below was handled
+	committedTo := make([]int64, partitions) // per partition: the offset of the last commit
+	handled := map[msgKey]bool{}
+	var errs, notOwned []string
+	notOwnedN, revocations, atRevocation := 0, 0, 0
+	firstRevoked := false
+	for i, ev := range h.events {
+		key := msgKey{ev.partition, ev.offset}
+		switch ev.kind {
+		case joined:
+			member[ev.inst], gen[ev.inst] = ev.member, ev.gen
+			doneSince[ev.inst] = map[msgKey]*callRec{}
+		case assignment:
+			assignments[ev.gen] = ev.assigned
+		case revoked:
+			revocations++
+			firstRevoked = firstRevoked || ev.inst == 1
+			inFlight := 0
+			for _, c := range open[ev.inst] {
+				c.atRevocation = true
+				inFlight++
+			}
+			atRevocation += inFlight
+			if inFlight > r.workers || ev.inFlight > int64(r.workers) || int64(inFlight) > ev.inFlight {
+				errs = append(errs, fmt.Sprintf("event %d: consumer %d revoked generation %d with %d calls in flight (it counted %d), Workers %d",
+					i, ev.inst, ev.gen, inFlight, ev.inFlight, r.workers))
+			}
+			// Done messages not committed yet are handled again by the
+			// partition's next owner: the consumer cannot commit once its
+			// generation has ended, and before that only a done prefix.
+			for k, c := range doneSince[ev.inst] {
+				if k.offset >= committedTo[k.partition] {
+					c.uncommitted = true
+				}
+			}
+			gen[ev.inst], doneSince[ev.inst] = 0, nil
+		case callStart:
+			if !owns(ev.inst, ev.partition) {
+				if notOwnedN++; len(notOwned) < 5 {
+					notOwned = append(notOwned, fmt.Sprintf("event %d: consumer %d, partition %d offset %d", i, ev.inst, ev.partition, ev.offset))
+				}
+			}
+			c := &callRec{inst: ev.inst, start: i}
+			if open[ev.inst] == nil {
+				open[ev.inst] = map[msgKey]*callRec{}
+			}
+			open[ev.inst][key] = c
+			calls[key] = append(calls[key], c)
+		case callEnd:
+			c := open[ev.inst][key]
+			delete(open[ev.inst], key)
+			if c == nil {
+				errs = append(errs, fmt.Sprintf("event %d: a call ended that never started", i))
+				continue
+			}
+			c.ok = ev.ok
+			if ev.ok {
+				if doneSince[ev.inst] != nil {
+					doneSince[ev.inst][key] = c
+				}
+				handled[key] = true
+				for handled[msgKey{ev.partition, handledTo[ev.partition]}] {
+					handledTo[ev.partition]++
+				}
+			}
+		case commitSent:
+			for p, off := range ev.commits {
+				if off > handledTo[p] {
+					errs = append(errs, fmt.Sprintf("event %d: commit of partition %d at %d (generation %d), but offset %d was not handled yet",
+						i, p, off, ev.gen, handledTo[p]))
+				}
+				committedTo[p] = off
+			}
+		}
+	}
+	if notOwnedN > 0 {
+		t.Errorf("%d handler calls started for a partition their consumer did not own (revoked, or not assigned yet); the first: %v", notOwnedN, notOwned)
+	}
+	if !firstRevoked {
+		t.Errorf("the first consumer logged no revocation: the rebalance was not seen")
+	}
+	for _, s := range errs {
+		t.Error(s)
+	}
+	// A message is called again only if an earlier call of it was in
+	// flight at a revocation, or was done but not committed when its
+	// consumer's generation ended — never because it was queued.
+	dups, inFlightDups, gapDups := 0, 0, 0
+	var unexplained []string
+	for key, cs := range calls {
+		for _, c := range cs[:len(cs)-1] {
+			dups++
+			switch {
+			case c.atRevocation:
+				inFlightDups++
+			case c.uncommitted:
+				gapDups++
+			default:
+				if len(unexplained) < 5 {
+					unexplained = append(unexplained, fmt.Sprintf("partition %d offset %d: call by consumer %d (event %d, ok %v), then %d more",
+						key.partition, key.offset, c.inst, c.start, c.ok, len(cs)-1))
+				}
+			}
+		}
+	}
+	lost := 0
+	for p := range partitions {
+		lost += int(int64(n/partitions) - handledTo[p])
+	}
+	if lost > 0 {
+		t.Errorf("%d messages never handled (handled prefixes %v)", lost, handledTo)
+	}
+	if d := dups - inFlightDups - gapDups; d > 0 {
+		t.Errorf("%d duplicate handler calls; %d of them of a message in flight at a revocation, %d done but not committed then; the others: %v",
+			dups, inFlightDups, gapDups, unexplained)
+	}
+	t.Logf("%d events; %d revocations with %d calls in flight in all (Workers %d); %d duplicate calls: %d in flight at a revocation, %d done but not committed then; %d calls for partitions not owned",
+		len(h.events), revocations, atRevocation, r.workers, dups, inFlightDups, gapDups, notOwnedN)
+}
