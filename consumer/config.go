@@ -126,7 +126,10 @@ type Config struct {
 
 	// DrainTimeout is how long Run, once its context is cancelled, lets
 	// messages already fetched finish before abandoning them (they are not
-	// committed and are delivered again later). 0 means
+	// committed and are delivered again later); what is done by then is
+	// committed all the same. It also bounds how long handler calls in
+	// progress when the consumer's partitions are revoked may go on (at
+	// most half the group's rebalance timeout). 0 means
 	// DefaultDrainTimeout (30 s).
 	DrainTimeout time.Duration
 	// CommitInterval is the least time between two offset commits. 0 (the

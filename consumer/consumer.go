@@ -37,8 +37,8 @@ type Limiter interface {
 // asked to slow down, Permanent when retrying cannot help.
 //
 // ctx is cancelled when the consumer abandons in-flight work (drain
-// deadline passed, see Run); it is not cancelled merely because Run's
-// context is. Handlers run on several goroutines at once (Config.Workers).
+// deadline passed, or the grace after its partition was revoked: see Run);
+// it is not cancelled merely because Run's context is. Handlers run on several goroutines at once (Config.Workers).
 // A message may be handled more than once (at-least-once delivery): make
 // handlers idempotent. A panic in the handler is recovered and counts as a
 // failed attempt.
@@ -242,22 +242,33 @@ func (r *run) fail(err error) {
 // When ctx is cancelled Run stops fetching, lets the messages already
 // fetched finish for up to Config.DrainTimeout (cancelling the handlers'
 // context after that), commits what is done, closes the Kafka reader and
-// returns nil. The final commit has a bound of its own (10 s), so it covers
-// every partition's done prefix however the drain ended. It returns early with an error wrapping ErrHandlerFailed
-// (a message failed every attempt and there is no dead-letter topic) or
+// returns nil. The final commit is not cut by the drain's end: it has a
+// bound of its own (10 s), so every partition's done prefix is committed
+// however the drain ended (gracefully, at DrainTimeout, or by an abort).
+// It returns early with an error wrapping ErrHandlerFailed (a message
+// failed every attempt and there is no dead-letter topic) or
 // ErrLimiterClosed, after the same drain. To cut a drain short (a second
 // signal), use RunWithAbort.
 //
-// Rebalances: kafka-go's Reader does not say which generation a message
-// belongs to. When the consumer notices a new generation (kafka-go's
-// rebalance count, checked at each fetch), done but uncommitted messages are
-// not committed any more: the partition's next owner, which may be this
-// consumer, gets them again. A partition is committed again only after a
-// message of it was fetched in the new generation. Between the broker's
-// rebalance and the next fetch, a commit may still be sent for a partition
-// that moved; it only ever covers messages this consumer handled, so at worst
-// it moves that partition's committed offset back (more duplicates, never a
-// lost message).
+// Rebalances: kafka-go rebalances eagerly, so a member gives up all its
+// partitions before it joins the group again. The consumer learns of it
+// before its JoinGroup request (through the GroupBalancers, which it wraps)
+// and, before it lets the member join:
+//   - drops every fetched message of the partitions given up that has not
+//     started: no permit, no handler call (counted in Stats.Abandoned);
+//   - lets the handler calls in progress finish for up to
+//     min(Config.DrainTimeout, half the group's rebalance timeout), then
+//     cancels their context. Their outcome is not committed: the
+//     partition's next owner handles them again. At most Config.Workers
+//     messages are thus handled twice, plus those done but not committed
+//     when kafka-go ended the generation (kafka-go gives no earlier signal;
+//     with OrderKey or OrderNone, also those done behind an unfinished
+//     message of their partition);
+//   - cuts a commit of those partitions still pending, which kafka-go
+//     would otherwise send in the next generation.
+//
+// A partition is committed again only after a message of it was fetched in
+// the new generation.
 func (c *Consumer) Run(ctx context.Context) error {
 	return c.RunWithAbort(ctx, nil)
 }

@@ -82,13 +82,18 @@
 // committed and the Reader is closed. Messages still unfinished at the
 // deadline (or when RunWithAbort's abort channel closes) are abandoned:
 // their handler's context is cancelled and they are delivered again later.
+// What is done is committed however the drain ends: the final commit has
+// a bound of its own, not cut by the deadline or the abort.
 //
-// kafka-go's Reader does not tell which group generation a message belongs
-// to. The consumer notices a new generation from the Reader's rebalance
-// count and from a partition's offsets going back; it then stops committing
-// the progress made before it, which the partition's new owner re-handles.
-// See Run for the details and the one case where a commit may still reach
-// a partition that moved.
+// A rebalance takes all of a member's partitions (kafka-go rebalances
+// eagerly). Before the member joins the group again, the consumer drops
+// the messages of those partitions that have not started (no permit is
+// taken for them), lets the calls in progress finish for up to
+// Config.DrainTimeout (at most half the rebalance timeout) and then
+// cancels their context. Their outcome is not committed: the partitions'
+// next owners handle them again, so a rebalance makes at most
+// Config.Workers calls twice, plus the messages done but not committed
+// when the generation ended. See Run for the details.
 //
 // # Observability
 //

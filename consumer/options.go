@@ -56,8 +56,11 @@ func WithRegisterer(r prometheus.Registerer) Option {
 // Config before the Reader is made: a Dialer with TLS or SASL, session and
 // heartbeat timeouts, StartOffset, GroupBalancers, MaxBytes. Brokers, Topic,
 // GroupID and CommitInterval are set again from Config after fn runs:
-// commits are always synchronous, made by the consumer. New validates the
-// result and returns an error (kafka-go itself would panic).
+// commits are always synchronous, made by the consumer. The GroupBalancers
+// (kafka-go's defaults if none) are wrapped so that the consumer learns of
+// a revocation before the member joins again (see Run); they assign
+// partitions as they would. New validates the result and returns an error
+// (kafka-go itself would panic).
 func WithReaderConfig(fn func(*kafka.ReaderConfig)) Option {
 	return optionFunc(func(o *options) { o.readerConfig = fn })
 }
