@@ -112,6 +112,12 @@ type Consumer struct {
 	col     *collector
 	ran     atomic.Bool
 	cur     atomic.Pointer[run] // set by Run, for revoke
+
+	// For commitRevoked: the group's last join, and a client that commits
+	// in the generation that ended (same security as the reader).
+	joined    atomic.Pointer[groupJoin]
+	group     *kafka.Client
+	groupConn *kafka.Transport
 }
 
 // New checks cfg (see Config.Validate) and returns a Consumer that will
@@ -155,18 +161,19 @@ func New(cfg Config, lim Limiter, handler Handler, opts ...Option) (*Consumer, e
 	c.rcfg.Partition = 0
 	c.rcfg.CommitInterval = 0
 	c.rcfg.GroupBalancers = wrapBalancers(c.rcfg.GroupBalancers, c.revoke)
+	c.rcfg.Logger = joinLogger{next: c.rcfg.Logger, last: &c.joined}
 	if err := c.rcfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: WithReaderConfig: %v", ErrInvalidConfig, err)
 	}
+
+	c.groupConn = c.transport()
+	c.group = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: c.groupConn}
 
 	if cfg.DeadLetterTopic != "" {
 		if o.dlq != nil {
 			c.dlq = o.dlq
 		} else {
-			c.dlqConn = &kafka.Transport{}
-			if d := c.rcfg.Dialer; d != nil { // same security as the reader
-				c.dlqConn.TLS, c.dlqConn.SASL, c.dlqConn.ClientID = d.TLS, d.SASLMechanism, d.ClientID
-			}
+			c.dlqConn = c.transport()
 			c.ownDLQ = &kafka.Writer{
 				Addr:         kafka.TCP(cfg.Brokers...),
 				Transport:    c.dlqConn,
@@ -187,6 +194,16 @@ func New(cfg Config, lim Limiter, handler Handler, opts ...Option) (*Consumer, e
 		}
 	}
 	return c, nil
+}
+
+// transport returns a Transport with the reader's security (its Dialer's
+// TLS, SASL and client ID).
+func (c *Consumer) transport() *kafka.Transport {
+	t := &kafka.Transport{}
+	if d := c.rcfg.Dialer; d != nil {
+		t.TLS, t.SASL, t.ClientID = d.TLS, d.SASLMechanism, d.ClientID
+	}
+	return t
 }
 
 // Stats returns a snapshot of the consumer's counters.
@@ -258,14 +275,22 @@ func (r *run) fail(err error) {
 //     started: no permit, no handler call (counted in Stats.Abandoned);
 //   - lets the handler calls in progress finish for up to
 //     min(Config.DrainTimeout, half the group's rebalance timeout), then
-//     cancels their context. Their outcome is not committed: the
-//     partition's next owner handles them again. At most Config.Workers
-//     messages are thus handled twice, plus those done but not committed
-//     when kafka-go ended the generation (kafka-go gives no earlier signal;
-//     with OrderKey or OrderNone, also those done behind an unfinished
-//     message of their partition);
-//   - cuts a commit of those partitions still pending, which kafka-go
-//     would otherwise send in the next generation.
+//     cancels their context (counted in Stats.Abandoned);
+//   - commits, in the generation that ended, each partition's done prefix:
+//     every message before the first one not done, the calls that
+//     finished in that time included. The broker takes this commit only
+//     while the generation is still the group's (it is until every member
+//     has joined again), so it never lands over the next owner's.
+//
+// So the partitions' next owners handle again only (a) the calls cut
+// after that time, at most Config.Workers, and (b) with OrderKey or
+// OrderNone, the messages done behind one that is not: offsets are
+// committed contiguously, and a message dropped unstarted or cut leaves
+// every later message of its partition uncommitted, however many are done
+// (with OrderKey, up to MaxInFlight when one key's lane is backed up; with
+// OrderPartition there are none). If the commit fails (the broker had
+// already moved on to a new generation, or is unreachable), every message
+// done since the previous commit is handled again; none is lost.
 //
 // A partition is committed again only after a message of it was fetched in
 // the new generation.
@@ -282,6 +307,7 @@ func (c *Consumer) RunWithAbort(ctx context.Context, abort <-chan struct{}) erro
 	if !c.ran.CompareAndSwap(false, true) {
 		return ErrAlreadyRun
 	}
+	defer c.groupConn.CloseIdleConnections() // after the reader is closed: no revocation is in progress
 	if c.ownDLQ != nil {
 		defer func() {
 			if err := c.ownDLQ.Close(); err != nil {
@@ -513,7 +539,7 @@ func (c *Consumer) work(ctx context.Context, r *run, lane <-chan *item) {
 				}
 			}
 		case outAbandoned:
-			c.count.abandoned.Add(1)
+			c.dropped(r, it)
 		case outFatal:
 			c.count.abandoned.Add(1)
 			c.log.Error("stopping the consumer", "err", err)
@@ -522,11 +548,12 @@ func (c *Consumer) work(ctx context.Context, r *run, lane <-chan *item) {
 	}
 }
 
-// dropped records that it is given up because its partition was revoked
-// or is being re-read: its place in MaxInFlight is free again.
+// dropped records that it is given up unfinished, or finished after its
+// partition was given up: its partition was revoked or is being re-read,
+// or Run is ending. No commit covers it.
 func (c *Consumer) dropped(r *run, it *item) {
 	c.count.abandoned.Add(1)
-	if r.tr.done(it.e) {
+	if r.tr.drop(it.e) {
 		select {
 		case r.dirty <- struct{}{}:
 		default:
@@ -827,6 +854,10 @@ const commitTimeout = 10 * time.Second
 // reports false when the commit failed.
 func (c *Consumer) commit(ctx context.Context, r *run) bool {
 	r.genMu.Lock()
+	if r.revoking {
+		r.genMu.Unlock()
+		return true // revoke commits what is done, in the generation that ended
+	}
 	g := r.gen
 	pts := r.tr.ready()
 	r.genMu.Unlock()

@@ -89,11 +89,12 @@
 // eagerly). Before the member joins the group again, the consumer drops
 // the messages of those partitions that have not started (no permit is
 // taken for them), lets the calls in progress finish for up to
-// Config.DrainTimeout (at most half the rebalance timeout) and then
-// cancels their context. Their outcome is not committed: the partitions'
-// next owners handle them again, so a rebalance makes at most
-// Config.Workers calls twice, plus the messages done but not committed
-// when the generation ended. See Run for the details.
+// Config.DrainTimeout (at most half the rebalance timeout), then cancels
+// their context, and commits what is done, in the generation that ended.
+// The partitions' next owners handle again only the calls cut after that
+// time (at most Config.Workers) and, with OrderKey or OrderNone, the
+// messages done behind one that is not (offsets are committed
+// contiguously). See Run for the details.
 //
 // # Observability
 //

@@ -3,7 +3,9 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -14,17 +16,35 @@ import (
 // a member gives up all its partitions before it joins again) asks each
 // GroupBalancer for its UserData just before every JoinGroup request, on
 // its own goroutine, after the previous generation has ended and the
-// Reader has stopped its partition readers. revokeBalancer turns that
-// call into one to Consumer.revoke, which runs before the member (re)joins:
+// Reader has stopped its partition readers and its commit loop.
+// revokeBalancer turns that call into one to Consumer.revoke, which runs
+// before the member (re)joins:
 //   - the messages fetched so far belong to partitions given up: those
 //     queued start no handler call and take no permit (dropped);
 //   - the messages still in kafka-go's queue are fetched and dropped, so
 //     that none of them is handled after the next assignment;
 //   - the calls in progress may finish for a grace period (see
-//     revokeGrace); then their context is cancelled. Either way their
-//     outcome is not committed: the partition's next owner handles them
-//     again.
+//     revokeGrace); then their context is cancelled;
+//   - the done prefix of every partition given up is committed, in the
+//     generation that ended (commitRevoked): what was handled before the
+//     first message not done, the calls that finished in the grace
+//     included, is not handled again by the partition's next owner.
 // Only then does the member join the group again.
+//
+// The commit of a generation that ended: the broker accepts commits of a
+// group's current generation from its members while the group prepares
+// its rebalance (PreparingRebalance: the generation changes only once
+// every member has joined again, or the rebalance timeout passed), and
+// refuses them once a new generation has begun (ILLEGAL_GENERATION,
+// UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS). So the commit cannot land
+// over the partitions' next owners: either it is in the old generation,
+// before anyone was assigned them, or it is refused and its messages are
+// handled again. kafka-go keeps the generation's ID and the member's to
+// itself; it logs them when it joins ("Joined group G as member M in
+// generation N"), and joinLogger, the Reader's Logger, keeps them from
+// that record's arguments. If a kafka-go version logs it otherwise, no
+// revocation is committed: messages done since the last commit are
+// handled again, as before this commit existed, and none is lost.
 
 // generation is what the consumer fetched between two (re)joins of its
 // group, and the handler calls made for it.
@@ -96,11 +116,16 @@ var errRevoked = errors.New("consumer: partition revoked by a rebalance")
 // before their context is cancelled: Config.DrainTimeout, but at most half
 // the group's rebalance timeout, so that the member joins again in time.
 func (c *Consumer) revokeGrace() time.Duration {
-	rt := c.rcfg.RebalanceTimeout
-	if rt <= 0 {
-		rt = 30 * time.Second // kafka-go's default
+	return min(c.cfg.drainTimeout(), c.rebalanceTimeout()/2)
+}
+
+// rebalanceTimeout is the group's: how long the broker waits for every
+// member to join again once a rebalance began.
+func (c *Consumer) rebalanceTimeout() time.Duration {
+	if rt := c.rcfg.RebalanceTimeout; rt > 0 {
+		return rt
 	}
-	return min(c.cfg.drainTimeout(), rt/2)
+	return 30 * time.Second // kafka-go's default
 }
 
 // revokeBalancer is a GroupBalancer that calls revoke before it hands out
@@ -136,8 +161,9 @@ func wrapBalancers(bs []kafka.GroupBalancer, revoke func()) []kafka.GroupBalance
 // revoke runs on kafka-go's group goroutine before each JoinGroup request:
 // the partitions of the generation that ended are given up (see the top
 // of this file). It returns once no message of that generation is queued,
-// in kafka-go's queue or the workers', and no call for one is in progress
-// (or the grace passed), or when Run ends.
+// in kafka-go's queue or the workers', no call for one is in progress (or
+// the grace passed), and what was done is committed (or the commit
+// failed), or when Run ends.
 func (c *Consumer) revoke() {
 	r := c.cur.Load()
 	if r == nil {
@@ -147,10 +173,11 @@ func (c *Consumer) revoke() {
 	old := r.gen
 	r.gen = newGeneration(r.work)
 	r.revoking = true
-	parts := r.tr.newEpoch()
+	parts := r.tr.fetched()
 	r.genMu.Unlock()
 	defer func() {
 		r.genMu.Lock()
+		r.tr.newEpoch() // what is not committed now is given up
 		r.revoking = false
 		r.genMu.Unlock()
 	}()
@@ -179,6 +206,95 @@ func (c *Consumer) revoke() {
 		c.log.Warn("calls in progress for revoked partitions did not end in time: cancelling them", "grace", c.revokeGrace())
 		old.abandon(errRevoked)
 	case <-r.work.Done():
+	}
+	c.commitRevoked(r)
+}
+
+// commitRevoked commits the done prefix of every partition of the
+// generation that ended, in that generation (see the top of this file).
+// It runs while r.revoking holds: nothing else commits, and no message is
+// added to the books.
+func (c *Consumer) commitRevoked(r *run) {
+	pts := r.tr.ready()
+	if len(pts) == 0 {
+		return
+	}
+	j := c.joined.Load()
+	if j == nil {
+		c.log.Warn("the group generation that ended is not known: its done messages are not committed, their partitions' next owners handle them again", "partitions", len(pts))
+		return
+	}
+	topics := map[string][]kafka.OffsetCommit{}
+	for _, pt := range pts {
+		tp := pt.seg.part.tp
+		topics[tp.topic] = append(topics[tp.topic], kafka.OffsetCommit{Partition: tp.partition, Offset: pt.last + 1})
+	}
+	// Not cut by an abort, like a shutdown's final commit; bounded so that
+	// the member joins again within the rebalance timeout, after the grace.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), c.revokeCommitTimeout())
+	defer cancel()
+	resp, err := c.group.OffsetCommit(ctx, &kafka.OffsetCommitRequest{
+		GroupID:      c.cfg.GroupID,
+		GenerationID: int(j.generation),
+		MemberID:     j.member,
+		Topics:       topics,
+	})
+	if err == nil {
+		var errs []error
+		for _, ps := range resp.Topics {
+			for _, p := range ps {
+				if p.Error != nil {
+					errs = append(errs, fmt.Errorf("partition %d: %w", p.Partition, p.Error))
+				}
+			}
+		}
+		err = errors.Join(errs...)
+	}
+	if err != nil {
+		c.count.commitErrors.Add(1)
+		c.log.Warn("offset commit of revoked partitions failed: their next owners handle their done messages again",
+			"err", err, "partitions", len(pts), "generation", j.generation)
+		return
+	}
+	c.count.commits.Add(1)
+	r.tr.committed(pts)
+	c.log.Debug("revoked partitions committed", "partitions", len(pts), "generation", j.generation)
+}
+
+// revokeCommitTimeout bounds commitRevoked: commitTimeout, but at most a
+// quarter of the group's rebalance timeout (the grace takes at most half).
+func (c *Consumer) revokeCommitTimeout() time.Duration {
+	return min(commitTimeout, c.rebalanceTimeout()/4)
+}
+
+// groupJoin is a member's join of its group: its member ID and generation.
+type groupJoin struct {
+	member     string
+	generation int32
+}
+
+// joinedFormat is kafka-go's log record of a join (consumergroup.go,
+// nextGeneration), with the group ID, the member ID and the generation ID.
+const joinedFormat = "Joined group %s as member %s in generation %d"
+
+// joinLogger is the Reader's Logger: it keeps the member ID and the
+// generation of the last join in last, and passes every record on to next
+// (nil: none).
+type joinLogger struct {
+	next kafka.Logger
+	last *atomic.Pointer[groupJoin]
+}
+
+func (l joinLogger) Printf(format string, args ...any) {
+	if format == joinedFormat && len(args) == 3 {
+		member, ok1 := args[1].(string)
+		gen, ok2 := args[2].(int32)
+		if ok1 && ok2 {
+			l.last.Store(&groupJoin{member: member, generation: gen})
+		}
+	}
+	if l.next != nil {
+		l.next.Printf(format, args...)
 	}
 }
 

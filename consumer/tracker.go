@@ -40,9 +40,10 @@ type topicPartition struct {
 
 // entry is one fetched message in the books.
 type entry struct {
-	offset int64
-	done   bool
-	seg    *segment
+	offset  int64
+	done    bool
+	dropped bool // given up unfinished: never done, its slot freed with its segment
+	seg     *segment
 }
 
 // segment is a run of one partition's messages, in fetch order.
@@ -103,17 +104,29 @@ func (t *tracker) add(topic string, partition int, offset int64) (e *entry, rewo
 	return e, rewound
 }
 
-// newEpoch records a rebalance: every segment is abandoned. It returns the
-// partitions fetched since the previous one, sorted.
-func (t *tracker) newEpoch() (parts []int) {
+// fetched returns the partitions fetched since the last rebalance, sorted.
+func (t *tracker) fetched() (parts []int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.fetchedLocked()
+}
+
+func (t *tracker) fetchedLocked() (parts []int) {
 	for _, p := range t.parts {
 		if p.epoch == t.epoch && p.seg != nil {
 			parts = append(parts, p.tp.partition)
 		}
 	}
 	slices.Sort(parts)
+	return parts
+}
+
+// newEpoch records a rebalance: every segment is abandoned. It returns the
+// partitions fetched since the previous one, sorted.
+func (t *tracker) newEpoch() (parts []int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	parts = t.fetchedLocked()
 	t.epoch++
 	for _, p := range t.parts {
 		if p.seg != nil {
@@ -139,7 +152,7 @@ func (t *tracker) abandon(s *segment) {
 	s.abandoned = true
 	free := 0
 	for _, e := range s.entries[s.head:] {
-		if e.done {
+		if e.done || e.dropped {
 			free++
 		} else {
 			s.part.abandonedPending++
@@ -157,16 +170,37 @@ func (t *tracker) done(e *entry) (progress bool) {
 	e.done = true
 	s := e.seg
 	if s.abandoned {
-		s.part.abandonedPending--
-		t.release(1)
-		// The partition's current segment may have been waiting for this.
-		return s.part.abandonedPending == 0 && s.part.seg != nil && s.part.seg.doneTo > s.part.seg.head
+		return t.settle(s)
 	}
 	for s.doneTo < len(s.entries) && s.entries[s.doneTo].done {
 		s.doneTo++
 		progress = true
 	}
 	return progress
+}
+
+// drop records that e will not be done by this consumer (its partition was
+// given up, or Run is ending): no commit covers it, nor anything after it
+// in its segment. Its slot is freed with its segment. It reports whether a
+// commit may now cover more of e's partition.
+func (t *tracker) drop(e *entry) (progress bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := e.seg
+	if s.abandoned {
+		return t.settle(s)
+	}
+	e.dropped = true
+	return false
+}
+
+// settle records that a message of the abandoned segment s, pending until
+// now, is done or dropped. Requires t.mu.
+func (t *tracker) settle(s *segment) (progress bool) {
+	s.part.abandonedPending--
+	t.release(1)
+	// The partition's current segment may have been waiting for this.
+	return s.part.abandonedPending == 0 && s.part.seg != nil && s.part.seg.doneTo > s.part.seg.head
 }
 
 // commitPoint is one partition's offset ready to commit.

@@ -159,3 +159,31 @@ func TestBackoffBounds(t *testing.T) {
 		}
 	}
 }
+
+// A message dropped at a revocation, before the rebalance is recorded,
+// is not done: the revocation's commit stops before it, and its slot is
+// freed with its segment, not left pending.
+func TestTrackerDroppedIsNotDone(t *testing.T) {
+	b := newBooks()
+	e0, e1, e2, e3 := b.fetch(0, 0), b.fetch(0, 1), b.fetch(0, 2), b.fetch(0, 3)
+	b.done(e0)
+	b.drop(e1) // queued when the partition was given up
+	b.done(e2) // done behind it (OrderNone)
+	if got := b.commit(); got[0] != 0 {
+		t.Fatalf("committed %v, want partition 0 up to offset 0 only", got)
+	}
+	b.newEpoch()
+	if b.held != 1 {
+		t.Fatalf("%d slots held after the rebalance, want 1 (offset 3, unfinished)", b.held)
+	}
+	b.drop(e3) // its call cut after the grace
+	if b.held != 0 {
+		t.Fatalf("%d slots held, want 0", b.held)
+	}
+	// The partition, fetched again in the next generation from offset 1,
+	// commits at once: nothing of it is pending.
+	b.done(b.fetch(0, 1))
+	if got := b.commit(); got[0] != 1 {
+		t.Fatalf("committed %v after the rebalance, want partition 0 up to offset 1", got)
+	}
+}
