@@ -682,7 +682,7 @@ func watchCommits(t *testing.T, k *kafkaBroker, l *ledger, group, topic string, 
 				w.violations = append(w.violations, v)
 			}
 			for p, c := range cm {
-				if c < last[p] {
+				if prev, ok := last[p]; ok && c < prev {
 					w.back++
 				}
 				last[p] = c
