@@ -110,8 +110,8 @@ soak:
 ## faults: the fault suite — real processes under a leader kill, a zombie
 ## instance, an etcd outage, a 3-member etcd losing its leader, a flood of
 ## joins and leaves, a network cut, a clock step and NTP loss, configd's clock
-## 2 s off, a window change with late records, a Kafka broker restart and a
-## rebalance storm (about 5 minutes; CI runs it).
+## 2 s off, a window change with late records, a Kafka broker restart, a
+## rebalance storm and a Kafka soak (about 5 minutes; CI runs it).
 faults:
 	SLUICE_FAULTS=1 $(GO) test -count=1 -v -timeout 15m ./faults/
 

@@ -18,9 +18,12 @@
 // Kafka named by KAFKA_BROKERS where the scenario does not need to restart
 // the broker, and check that no acknowledged message is lost, that
 // committed offsets never pass what was handled, and the same per-window
-// limit; duplicates are counted.
+// limit; duplicates are counted. The Kafka soak (TestKafkaSoak) puts 100,000
+// messages through a group that two more consumers join and leave every
+// 2 s, with a broker restart and a quota change on the way (about 45 s;
+// -faults.soak-messages makes it longer).
 //
-// The suite is slow (10–60 s per scenario, about 215 s in all) and runs
+// The suite is slow (10–60 s per scenario, about 260 s in all) and runs
 // only with SLUICE_FAULTS=1:
 //
 //	SLUICE_FAULTS=1 go test -count=1 -v ./faults/
