@@ -12,6 +12,7 @@ const (
 	SourceFallback = "fallback" // no provider config: the instance's own fallback
 	SourceEven     = "even"     // no configd replica alive: total / live instances
 	SourceShares   = "shares"   // configd's published share
+	SourceLapsed   = "lapsed"   // the last share lapsed while etcd was out of reach: nothing yet
 )
 
 // Applied is what an instance's limiter enforces and where it comes from.
@@ -176,6 +177,11 @@ type Record struct {
 	ClockOffset time.Duration
 	ClockKnown  bool
 	FailStatic  time.Duration // the fail_static the instance's expiry counts with
+	// Source and Enforced are where the quota enforced comes from and
+	// how much it is (after any cut for the clock): what an operator
+	// reads to see why an instance admits less than its share.
+	Source   string
+	Enforced int64
 }
 
 // RefreshEvery is how many report intervals an unchanged record goes
@@ -192,8 +198,10 @@ func Due(old, cur Record, age, interval time.Duration) bool {
 // Meaningful reports whether cur differs from old enough to be written:
 // another applied generation (the acknowledgement configd waits for),
 // demand by more than 2% and more than one permit, the clock offset by
-// more than a millisecond, whether it is known, or the fail_static the
-// instance's expiry counts with (configd holds a lapsed share by it).
+// more than a millisecond, whether it is known, the fail_static the
+// instance's expiry counts with (configd holds a lapsed share by it), or
+// the quota it enforces and its source (a clock cut moves it without a
+// new generation; an operator must see it).
 func Meaningful(old, cur Record) bool {
 	dd := cur.Demand - old.Demand
 	if dd < 0 {
@@ -206,5 +214,5 @@ func Meaningful(old, cur Record) bool {
 	return cur.Generation != old.Generation ||
 		(dd > 1 && float64(dd) > 0.02*float64(max(old.Demand, 1))) ||
 		do > time.Millisecond || cur.ClockKnown != old.ClockKnown ||
-		cur.FailStatic != old.FailStatic
+		cur.FailStatic != old.FailStatic || cur.Source != old.Source || cur.Enforced != old.Enforced
 }

@@ -108,6 +108,8 @@ func TestDue(t *testing.T) {
 		{"offset 1ms", with(func(r *Record) { r.ClockOffset = time.Millisecond }), false},
 		{"offset 2ms", with(func(r *Record) { r.ClockOffset = -2 * time.Millisecond }), true},
 		{"clock known", with(func(r *Record) { r.ClockKnown = true }), true},
+		{"enforced (a clock cut)", with(func(r *Record) { r.Enforced = 1 }), true},
+		{"source", with(func(r *Record) { r.Source = SourceEven }), true},
 	}
 	for _, c := range cases {
 		if got := Due(base, c.cur, time.Second, time.Second); got != c.want {

@@ -263,7 +263,29 @@ type InstanceRecord struct {
 	// fail_static never outlasts its hold. 0: no expiry armed with one
 	// (the even split, the fallback, or a member from before the field).
 	FailStatic Duration `json:"fail_static,omitempty"`
+	// Source says where the quota the instance enforces comes from, as
+	// cluster.Status.Source does: SourceShares, SourceEven, SourceFallback
+	// or SourceLapsed. Empty: a member from before the field; Enforced
+	// then says nothing.
+	Source string `json:"source,omitempty"`
+	// Enforced is the quota the instance's limiter enforces, in permits
+	// per window: its share, or less while its clock is unsure (see
+	// skew.EnforcedShare). It is what configd published for it, or what
+	// it computed itself (the even split), cut for the clock.
+	Enforced int64 `json:"enforced,omitempty"`
+	// ClockUncertainty is the guard band the instance keeps at each
+	// window boundary: its clock measurement's uncertainty, widened after
+	// a step of the offset until the offset settles.
+	ClockUncertainty Duration `json:"clock_uncertainty,omitempty"`
 }
+
+// Sources of the quota an instance enforces (InstanceRecord.Source).
+const (
+	SourceShares   = "shares"   // the share configd published for it
+	SourceEven     = "even"     // no configd replica alive: the limit over the live instances
+	SourceFallback = "fallback" // no provider config: the instance's own fallback quota
+	SourceLapsed   = "lapsed"   // its last share lapsed while etcd was out of reach: nothing yet
+)
 
 // Validate checks the record.
 func (r InstanceRecord) Validate() error {
@@ -290,6 +312,12 @@ func (r InstanceRecord) Validate() error {
 		return invalid("clock_offset", r.ClockOffset, ErrInvalidClockOffset)
 	case r.FailStatic < 0 || r.FailStatic.D() > MaxFailStatic:
 		return invalid("fail_static", r.FailStatic, ErrInvalidFailStatic)
+	case r.Source != "" && r.Source != SourceShares && r.Source != SourceEven && r.Source != SourceFallback && r.Source != SourceLapsed:
+		return invalid("source", r.Source, fmt.Errorf("%w: source must be %s, %s, %s or %s", ErrInvalidField, SourceShares, SourceEven, SourceFallback, SourceLapsed))
+	case r.Enforced < 0 || r.Enforced > MaxLimit:
+		return invalid("enforced", r.Enforced, ErrInvalidField)
+	case r.ClockUncertainty < 0 || r.ClockUncertainty.D() > time.Hour:
+		return invalid("clock_uncertainty", r.ClockUncertainty, ErrInvalidClockOffset)
 	}
 	return nil
 }

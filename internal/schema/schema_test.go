@@ -294,6 +294,11 @@ func TestInstanceRecordValidate(t *testing.T) {
 		func(r *InstanceRecord) { r.Host = strings.Repeat("h", 256) },
 		func(r *InstanceRecord) { r.FailStatic = Duration(-time.Nanosecond) },
 		func(r *InstanceRecord) { r.FailStatic = Duration(MaxFailStatic + time.Nanosecond) },
+		func(r *InstanceRecord) { r.Source = "configd" },
+		func(r *InstanceRecord) { r.Enforced = -1 },
+		func(r *InstanceRecord) { r.Enforced = MaxLimit + 1 },
+		func(r *InstanceRecord) { r.ClockUncertainty = Duration(-time.Nanosecond) },
+		func(r *InstanceRecord) { r.ClockUncertainty = Duration(time.Hour + 1) },
 	}
 	for i, m := range bad {
 		r := ok
@@ -362,7 +367,8 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("Encode(invalid shares) = %v", err)
 	}
 
-	r := InstanceRecord{ID: "i-1", Host: "h", PID: 1, Started: time.Unix(10, 0).UTC(), ClockOffset: Duration(-3 * time.Millisecond), ClockKnown: true}
+	r := InstanceRecord{ID: "i-1", Host: "h", PID: 1, Started: time.Unix(10, 0).UTC(), ClockOffset: Duration(-3 * time.Millisecond), ClockKnown: true,
+		Source: SourceShares, Enforced: 40, ClockUncertainty: Duration(60 * time.Millisecond)}
 	b, err = Encode(r)
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/netcut"
 	"github.com/sluice-go/sluice/internal/ntptest"
@@ -463,6 +464,16 @@ func TestClockMonitorCorrectsAndCuts(t *testing.T) {
 	if st := a.Status(); st.ClockKnown {
 		t.Errorf("status says the clock is known while NTP is silent: %+v", st)
 	}
+	// The record says so too, at once: an operator reading it (configd's
+	// console, status --json) sees why the instance admits half its share.
+	waitFor(t, "the cut reported", func() bool {
+		resp, err := cli.Get(context.Background(), keys.Instance("api", "a"))
+		if err != nil || len(resp.Kvs) != 1 {
+			return false
+		}
+		r, err := schema.DecodeInstanceRecord(resp.Kvs[0].Value)
+		return err == nil && !r.ClockKnown && r.Source == schema.SourceEven && r.Enforced == 50
+	})
 	ntpSrv.SetMode(ntptest.Answer)
 	enforcing(t, a, 100)
 
@@ -800,4 +811,16 @@ func TestForgedSharesNeverAboveTheLimit(t *testing.T) {
 	enforcing(t, a, 10)
 	put(t, cli, keys.Share("api", "a"), record(2, 40, 25))
 	enforcing(t, a, 25)
+}
+
+// The sources a record names are the ones the member applies.
+func TestRecordSourcesAreFollows(t *testing.T) {
+	for _, p := range [][2]string{
+		{schema.SourceShares, follow.SourceShares}, {schema.SourceEven, follow.SourceEven},
+		{schema.SourceFallback, follow.SourceFallback}, {schema.SourceLapsed, follow.SourceLapsed},
+	} {
+		if p[0] != p[1] {
+			t.Errorf("schema says %q where follow says %q", p[0], p[1])
+		}
+	}
 }

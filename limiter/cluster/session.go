@@ -152,7 +152,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		if err := m.lim.SetLimit(0, ap.Window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
 			m.log.Error("cannot drop the lapsed share", "err", err)
 		}
-		*ap = applied{Source: "lapsed", Window: ap.Window}
+		*ap = applied{Source: follow.SourceLapsed, Window: ap.Window}
 		m.log.Warn("the last share lapsed while etcd was out of reach; starting from nothing", "expired", exp.UTC())
 	}
 	rep.haveWrite = false
@@ -678,6 +678,9 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		AppliedGeneration: ap.Generation,
 		AppliedFrom:       ap.InForce,
 		FailStatic:        schema.Duration(rep.failStatic),
+		Source:            ap.Source,
+		Enforced:          ap.Quota,
+		ClockUncertainty:  schema.Duration(st.ClockUncertainty),
 	}
 	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) {
 		return nil
@@ -756,6 +759,8 @@ func written(rec schema.InstanceRecord) follow.Record {
 		ClockOffset: time.Duration(rec.ClockOffset),
 		ClockKnown:  rec.ClockKnown,
 		FailStatic:  time.Duration(rec.FailStatic),
+		Source:      rec.Source,
+		Enforced:    rec.Enforced,
 	}
 }
 
