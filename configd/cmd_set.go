@@ -57,19 +57,77 @@ func (o *optString) revision(cmd string, least int64) (int64, error) {
 	return rev, nil
 }
 
+// edit is a change to a provider's config as an operator gives it: only
+// the fields given, as typed. set's flags fill it, and so does the
+// console's preview, so that both parse and check a change alike.
+type edit struct {
+	limit, window, mode, algorithm, floor, maxOffset, failStatic optString
+	pacing                                                       *bool // nil: not given
+}
+
+// apply returns cfg with the fields e gives changed, validated. Fields not
+// given keep their values.
+func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
+	var err error
+	if e.limit.set {
+		if cfg.Limit, err = schema.ParseLimit(e.limit.val); err != nil {
+			return cfg, err
+		}
+	}
+	if e.window.set {
+		w, err := schema.ParseWindow(e.window.val)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Window = schema.Duration(w)
+	}
+	if e.mode.set {
+		cfg.Mode = schema.Mode(e.mode.val)
+	}
+	if e.algorithm.set {
+		cfg.Algorithm = schema.Algorithm(e.algorithm.val)
+	}
+	if e.pacing != nil {
+		cfg.Pacing = *e.pacing
+	}
+	if e.floor.set {
+		n, err := strconv.ParseInt(e.floor.val, 10, 64)
+		if err != nil {
+			return cfg, &schema.ValidationError{Field: "floor", Value: strconv.Quote(e.floor.val), Err: schema.ErrInvalidFloor}
+		}
+		cfg.Floor = n
+	}
+	if e.maxOffset.set {
+		d, err := time.ParseDuration(e.maxOffset.val)
+		if err != nil {
+			return cfg, &schema.ValidationError{Field: "max_clock_offset", Value: strconv.Quote(e.maxOffset.val), Err: schema.ErrInvalidClockOffset}
+		}
+		cfg.MaxClockOffset = schema.Duration(d)
+	}
+	if e.failStatic.set {
+		d, err := time.ParseDuration(e.failStatic.val)
+		if err != nil {
+			return cfg, &schema.ValidationError{Field: "fail_static", Value: strconv.Quote(e.failStatic.val), Err: schema.ErrInvalidFailStatic}
+		}
+		cfg.FailStatic = schema.Duration(d)
+	}
+	return cfg, cfg.Validate()
+}
+
 func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("set", flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
-	var limit, window, mode, algorithm, floor, maxOffset, failStatic, ifRevision optString
-	fs.Var(&limit, "limit", "permits per window, all instances together (1..1000000000000)")
-	fs.Var(&window, "window", "window length, 10ms..1h, dividing 24h (default 1s for a new provider)")
-	fs.Var(&mode, "mode", "enforce or shadow")
-	fs.Var(&algorithm, "algorithm", "even or fair")
+	var e edit
+	var ifRevision optString
+	fs.Var(&e.limit, "limit", "permits per window, all instances together (1..1000000000000)")
+	fs.Var(&e.window, "window", "window length, 10ms..1h, dividing 24h (default 1s for a new provider)")
+	fs.Var(&e.mode, "mode", "enforce or shadow")
+	fs.Var(&e.algorithm, "algorithm", "even or fair")
 	pacing := fs.Bool("pacing", false, "spread each window's permits evenly across it (--pacing=false to turn off)")
-	fs.Var(&floor, "floor", "least share an idle instance keeps under fair (0: allocator default)")
-	fs.Var(&maxOffset, "max-clock-offset", "clock measurement uncertainty beyond which an instance's share is cut (0: the default, 2% of the window)")
-	fs.Var(&failStatic, "fail-static", "how long an instance cut off from etcd keeps its share past its lease, and configd keeps an expired instance's share reserved (0: the default, 10s; at most 1h)")
+	fs.Var(&e.floor, "floor", "least share an idle instance keeps under fair (0: allocator default)")
+	fs.Var(&e.maxOffset, "max-clock-offset", "clock measurement uncertainty beyond which an instance's share is cut (0: the default, 2% of the window)")
+	fs.Var(&e.failStatic, "fail-static", "how long an instance cut off from etcd keeps its share past its lease, and configd keeps an expired instance's share reserved (0: the default, 10s; at most 1h)")
 	fs.Var(&ifRevision, "if-revision", "write only if the provider is at this revision (0: only if it does not exist)")
 	dryRun := fs.Bool("dry-run", false, "print the change without making it")
 	pos, err := parseArgs(fs, setUsage, args, stdout)
@@ -80,8 +138,11 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	pacingSet := false
-	fs.Visit(func(f *flag.Flag) { pacingSet = pacingSet || f.Name == "pacing" })
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "pacing" {
+			e.pacing = pacing
+		}
+	})
 
 	ifRev, err := ifRevision.revision("set", 0)
 	if err != nil {
@@ -113,52 +174,10 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	default:
 		return err
 	}
-	if old == nil && !limit.set {
+	if old == nil && !e.limit.set {
 		return usageErrorf("set: --limit is required to create provider %q", name)
 	}
-	if limit.set {
-		if cfg.Limit, err = schema.ParseLimit(limit.val); err != nil {
-			return err
-		}
-	}
-	if window.set {
-		w, err := schema.ParseWindow(window.val)
-		if err != nil {
-			return err
-		}
-		cfg.Window = schema.Duration(w)
-	}
-	if mode.set {
-		cfg.Mode = schema.Mode(mode.val)
-	}
-	if algorithm.set {
-		cfg.Algorithm = schema.Algorithm(algorithm.val)
-	}
-	if pacingSet {
-		cfg.Pacing = *pacing
-	}
-	if floor.set {
-		n, err := strconv.ParseInt(floor.val, 10, 64)
-		if err != nil {
-			return &schema.ValidationError{Field: "floor", Value: strconv.Quote(floor.val), Err: schema.ErrInvalidFloor}
-		}
-		cfg.Floor = n
-	}
-	if maxOffset.set {
-		d, err := time.ParseDuration(maxOffset.val)
-		if err != nil {
-			return &schema.ValidationError{Field: "max_clock_offset", Value: strconv.Quote(maxOffset.val), Err: schema.ErrInvalidClockOffset}
-		}
-		cfg.MaxClockOffset = schema.Duration(d)
-	}
-	if failStatic.set {
-		d, err := time.ParseDuration(failStatic.val)
-		if err != nil {
-			return &schema.ValidationError{Field: "fail_static", Value: strconv.Quote(failStatic.val), Err: schema.ErrInvalidFailStatic}
-		}
-		cfg.FailStatic = schema.Duration(d)
-	}
-	if err := cfg.Validate(); err != nil {
+	if cfg, err = e.apply(cfg); err != nil {
 		return err
 	}
 	if *dryRun {
