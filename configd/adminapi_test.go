@@ -235,7 +235,7 @@ func TestAdminAPIMethodNotAllowed(t *testing.T) {
 		{"GET", "/v1/nothing", 404, ""},
 		{"POST", "/v1/nothing", 404, ""},
 		{"GET", "/v1/providers/p/frobs", 404, ""},
-		{"PUT", "/", 404, ""},
+		{"PUT", "/", 405, "GET, HEAD"}, // / redirects to the console
 	}
 	for _, tc := range cases {
 		t.Run(tc.method+" "+tc.path, func(t *testing.T) {

@@ -41,6 +41,8 @@ type api struct {
 	// publishError says why this replica, leading, last failed to publish
 	// a provider's shares ("": it did not); nil: never.
 	publishError func(provider string) string
+	// console, when set, is served at / and /console/ (console.go).
+	console *console
 }
 
 // handler returns the API's routes:
@@ -52,6 +54,7 @@ type api struct {
 //	GET    /v1/providers/{name}/instances status: config, shares, instances, malformed records
 //	GET    /v1/providers/{name}/history   history, oldest first
 //	GET    /metrics, /healthz, /readyz
+//	GET    /, /console/...                the web console (console.go), when a.console is set
 //
 // GET routes answer HEAD too; any other method on these paths is 405.
 func (a *api) handler(reg *prometheus.Registry) http.Handler {
@@ -67,6 +70,9 @@ func (a *api) handler(reg *prometheus.Registry) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", a.handleReady)
+	if a.console != nil {
+		a.console.register(mux)
+	}
 	// Whatever no route above matches: a path the API has, with a method
 	// it does not serve, is 405 with Allow (RFC 9110 15.5.6); any other
 	// path is 404. Both answer JSON, like every other error.
@@ -115,6 +121,9 @@ const requestTimeout = 10 * time.Second
 func (a *api) instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+		if a.console != nil && isConsoleStream(r) {
+			ctx, cancel = context.WithCancel(r.Context()) // lasts as long as the page
+		}
 		defer cancel()
 		r = r.WithContext(ctx)
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
@@ -164,6 +173,10 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.status = code
 	r.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController reach the connection's writer (the
+// console's event stream flushes and moves its deadlines).
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // ErrMisdirected: a request whose Host names a server configd does not
 // take itself to be (see hostPolicy).

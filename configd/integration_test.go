@@ -85,9 +85,9 @@ type itReplica struct {
 var servingRE = regexp.MustCompile(`msg="configd serving" listen=(\S+)`)
 
 // itServe starts `configd serve --etcd-endpoints … --listen 127.0.0.1:0`
-// and waits until its admin API answers. Cleanup stops it (if the test has
-// not) and expects a clean return.
-func itServe(t *testing.T, srv *etcdtest.Server, id string) *itReplica {
+// and waits until its admin API answers; extra flags are added to those.
+// Cleanup stops it (if the test has not) and expects a clean return.
+func itServe(t *testing.T, srv *etcdtest.Server, id string, extra ...string) *itReplica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &itReplica{id: id, log: &logbuf.Buffer{}, cancel: cancel, done: make(chan struct{})}
@@ -99,6 +99,7 @@ func itServe(t *testing.T, srv *etcdtest.Server, id string) *itReplica {
 		"--propagation-margin", itMargin.String(),
 		"--log-level", "debug",
 	}
+	args = append(args, extra...)
 	go func() {
 		defer close(r.done)
 		r.err = run(ctx, args, io.Discard, r.log)

@@ -376,6 +376,8 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 			return err
 		},
 	}
+	a.console = newConsole(a, cfg.ReplicaID)
+	defer a.console.hub.close()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -388,6 +390,10 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 
+	// The console's event streams last as long as their pages: a shutdown
+	// ends them, or it would wait for them until its timeout.
+	srv.RegisterOnShutdown(a.console.hub.close)
+
 	var wg sync.WaitGroup
 	leadCtx, stopLeading := context.WithCancel(ctx)
 	defer stopLeading()
@@ -395,7 +401,8 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- srv.Serve(ln) })
 	log.Info("configd serving", "listen", ln.Addr().String(), "replica", cfg.ReplicaID,
-		"writes_need_token", len(token) > 0, "checks_host", hosts != nil, "prefix", keys.Prefix())
+		"writes_need_token", len(token) > 0, "checks_host", hosts != nil, "prefix", keys.Prefix(),
+		"console", "http://"+ln.Addr().String()+consolePath)
 
 	var runErr error
 	select {

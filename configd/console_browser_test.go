@@ -1,0 +1,315 @@
+package main
+
+// The console in a real browser: headless Chromium, driven over the Chrome
+// DevTools protocol, loads the console of a real `configd serve` (embedded
+// etcd, real cluster.Members) and checks what a person would see. Every
+// wait is on a condition of the page (chromedp.Poll), never on time.
+//
+// Chromium comes from the distribution's packages (Debian: chromium);
+// make test installs it when run as root. Where none is found the test
+// skips, saying so, unless $CI is set: in CI it must run.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// chromiumPath returns the browser to drive: $SLUICE_CHROMIUM, or the
+// first of the usual names on $PATH.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("SLUICE_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("no Chromium found, and $CI is set: the console's browser test must run in CI " +
+			"(make test installs Debian's chromium when run as root; or set $SLUICE_CHROMIUM)")
+	}
+	t.Skip("SKIPPED: no Chromium found (chromium, chromium-browser, google-chrome, $SLUICE_CHROMIUM): " +
+		"the console's browser test did not run. Install it (Debian: apt-get install chromium) or run make test as root")
+	return ""
+}
+
+// browser is one headless Chromium tab, with what the test watches of it:
+// what the page wrote to its console (exceptions, errors, warnings; a CSP
+// violation is one) and every URL it requested.
+type browser struct {
+	t   *testing.T
+	ctx context.Context // the tab's: no deadline (it would end the browser)
+
+	mu       sync.Mutex
+	problems []string
+	urls     []string
+}
+
+func newBrowser(t *testing.T) *browser {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.WindowSize(1500, 1100),
+		chromedp.Flag("disable-dev-shm-usage", true),
+	)
+	if os.Geteuid() == 0 {
+		opts = append(opts, chromedp.NoSandbox) // Chromium refuses to run as root with its sandbox
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(allocCtx)
+	b := &browser{t: t, ctx: ctx}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancelTab()
+		cancelAlloc() // waits for the browser process to exit
+		wg.Wait()     // the console reader ends with the tab
+	})
+	if err := chromedp.Do(ctx, chromedp.Func(func(context.Context, *chromedp.Target) error { return nil })); err != nil {
+		t.Fatalf("starting Chromium: %v", err)
+	}
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if ev, ok := ev.(*network.EventRequestWillBeSent); ok {
+			b.mu.Lock()
+			b.urls = append(b.urls, ev.Request.URL+ev.Request.URLFragment)
+			b.mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() {
+		for m, err := range chromedp.Console(ctx) {
+			if err != nil {
+				return
+			}
+			switch m.Type {
+			case chromedp.ConsoleError, chromedp.ConsoleWarning, chromedp.ConsoleException:
+				b.mu.Lock()
+				b.problems = append(b.problems, string(m.Type)+": "+m.Text+" ("+m.URL+")")
+				b.mu.Unlock()
+			}
+		}
+	})
+	return b
+}
+
+// do runs actions, failing the test with what and the page's text. Each
+// call is bounded so that a hung browser fails the test instead of
+// hanging it; no assertion depends on the bound.
+func (b *browser) do(what string, actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 2*itTimeout)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		b.t.Fatalf("%s: %v\npage text:\n%s", what, err, b.pageText())
+	}
+}
+
+func (b *browser) pageText() string {
+	ctx, cancel := context.WithTimeout(b.ctx, itTimeout)
+	defer cancel()
+	s, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ''`))
+	return s
+}
+
+// until waits until the JavaScript expression is true on the page.
+func (b *browser) until(what, expr string) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 2*itTimeout)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(itTimeout))); err != nil {
+		b.t.Fatalf("waiting for %s: %v\npage text:\n%s", what, err, b.pageText())
+	}
+}
+
+// eval returns the value of a JavaScript expression on the page.
+func eval[T any](b *browser, expr string) T {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, itTimeout)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		b.t.Fatalf("evaluating %s: %v", expr, err)
+	}
+	return v
+}
+
+// screenshot saves the whole page as name under the test's artifact
+// directory (go test -artifacts keeps it).
+func (b *browser) screenshot(name string) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, itTimeout)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		b.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	p := filepath.Join(b.t.ArtifactDir(), name)
+	if err := os.WriteFile(p, png, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Logf("screenshot: %s", p)
+}
+
+// typeInto replaces the value of the input sel as a person would type it.
+func typeInto(sel, value string) chromedp.Action[chromedp.Void] {
+	clear := chromedp.Evaluate[bool](fmt.Sprintf(`(() => { const e = document.querySelector(%q); e.value = ''; e.focus(); return true })()`, sel))
+	return chromedp.Steps(
+		chromedp.Func(func(ctx context.Context, t *chromedp.Target) error { _, err := clear(ctx, t); return err }),
+		chromedp.SendKeys(chromedp.CSS(sel), value))
+}
+
+func click(sel string) chromedp.Action[chromedp.Void] { return chromedp.Click(chromedp.CSS(sel)) }
+
+func (b *browser) checkClean() {
+	b.t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range b.problems {
+		if strings.Contains(p, "status of 403 (Forbidden)") && strings.HasSuffix(p, "/v1/providers/api)") {
+			continue // the wrong token's refusal, which the test asked for
+		}
+		b.t.Errorf("the page reported: %s", p)
+	}
+	for _, u := range b.urls {
+		if strings.Contains(u, consoleTestToken) {
+			b.t.Errorf("the admin token appeared in a URL: %s", u)
+		}
+	}
+}
+
+// shareIs is a page condition: instance id's share cell reads want.
+func shareIs(id string, want int64) string {
+	return fmt.Sprintf(`(() => { const c = document.querySelector('#instances tr[data-instance=%q] td[data-col="share"]'); return !!c && c.textContent === %q })()`,
+		id, fmt.Sprint(want))
+}
+
+// TestConsoleBrowser: a person opens the console of a configd with an
+// admin token, sees each instance's share, sees it change on screen after
+// configd set (pushed, no reload), changes the limit from the console
+// itself (preview old → new, then apply with the token typed into the
+// form; a wrong or missing token changes nothing), and sees the change
+// in the history. Text from etcd records is shown as text, never run; the
+// token never appears in a URL; the page raises no error and no CSP
+// violation. A replica without a token shows the same console read-only.
+const consoleTestToken = "console-browser-token-0123456789"
+
+func TestConsoleBrowser(t *testing.T) {
+	const token = consoleTestToken
+	b := newBrowser(t) // first: a skip costs nothing else
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	tokenFile := writeFile(t, "token", token)
+	r := itServe(t, srv, "solo", "--admin-token-file", tokenFile)
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	server, auth := "--server="+r.url(), "--token-file="+tokenFile
+
+	itCLI(t, "set", "api", "--limit", "400", "--window", itWindow.String(), "--who", "alice", server, auth)
+	members := itJoin(t, srv, "api", "a", "b")
+	itSettle(t, cli, "api", "200 each", func(sh schema.Shares) bool { return sh.Shares["a"] == 200 && sh.Shares["b"] == 200 }, members...)
+
+	// A record whose text is markup: the page must show it, not run it.
+	const hostile = `<img src=x onerror="document.title='pwned'"><b>bold</b>`
+	itCLI(t, "set", "evil", "--limit", "10", server, auth)
+	forgeInstance(t, cli, "evil", "x1", hostile)
+
+	b.do("opening the console", chromedp.Navigate(r.url()+"/console/#p=api"))
+	b.until("both instances at 200", shareIs("a", 200)+" && "+shareIs("b", 200))
+	if got := eval[string](b, `document.querySelector('#config').textContent`); !strings.Contains(got, "limit 400 per 100ms") {
+		t.Errorf("config line %q, want it to say limit 400 per 100ms", got)
+	}
+	b.until("the provider list", `document.querySelector('#providers tr[data-provider="api"]') !== null`)
+	b.until("the chart to draw a limit line", `document.querySelector('#chart path[data-line="limit"]') !== null`)
+	b.screenshot("console-api.png")
+
+	// configd set: the new shares appear on screen without a reload.
+	itCLI(t, "set", "api", "--limit", "600", "--who", "bob", server, auth)
+	b.until("the shares of limit 600 on screen", shareIs("a", 300)+" && "+shareIs("b", 300))
+	b.until("bob's change in the history", `[...document.querySelectorAll('#history td[data-col="change"]')].some(td => td.textContent === 'limit 400 → 600')`)
+
+	// A change from the console: preview, then apply — not without the
+	// token, not with a wrong one.
+	b.do("editing the limit", typeInto("#limit", "800"), click("#preview-btn"))
+	b.until("the preview", `document.querySelector('#preview').textContent.includes('limit 600 → 800')`)
+	b.screenshot("console-preview.png")
+	b.do("apply without a token", click("#apply"))
+	b.until("the refusal", `document.querySelector('#result').textContent.startsWith('Type the admin token')`)
+	b.do("apply with a wrong token", typeInto("#token", "not-the-token"), click("#apply"))
+	b.until("the 403", `document.querySelector('#result').textContent.startsWith('not applied (403)')`)
+	if out := itCLI(t, "get", "api", server); !strings.Contains(out, "600") {
+		t.Fatalf("a refused change was written: configd get says %q", out)
+	}
+	b.do("preview again", click("#preview-btn"))
+	b.until("the preview", `document.querySelector('#preview').textContent.includes('limit 600 → 800') && !document.querySelector('#apply').disabled`)
+	b.do("apply with the token", typeInto("#token", token), click("#apply"))
+	b.until("the result", `document.querySelector('#result').textContent.startsWith('api: limit 600 → 800')`)
+	b.until("the shares of limit 800 on screen", shareIs("a", 400)+" && "+shareIs("b", 400))
+	b.until("the console's change in the history", `(() => { const r = document.querySelector('#history tbody tr'); return !!r && r.textContent.includes('console') && r.textContent.includes('limit 600 → 800') })()`)
+	b.screenshot("console-applied.png")
+	itSettle(t, cli, "api", "the console's limit applied", func(sh schema.Shares) bool { return sh.Total == 800 }, members...)
+
+	// Hostile text from etcd is text.
+	b.do("opening the hostile provider", chromedp.Navigate(r.url()+"/console/#p=evil"))
+	b.until("the hostile instance's row", `(() => { const c = document.querySelector('#instances tr[data-instance="x1"] td[data-col="host"]'); return !!c && c.textContent === `+jsString(hostile)+` })()`)
+	injected := eval[bool](b, `document.querySelector('#instances img, #instances b') !== null`)
+	title := eval[string](b, `document.title`)
+	if injected || title == "pwned" {
+		t.Errorf("markup from an instance record became part of the page (element found %v, title %q)", injected, title)
+	}
+
+	// A replica without a token: the same console, read-only.
+	r2 := itServe(t, srv, "standby")
+	b.do("opening the standby's console", chromedp.Navigate(r2.url()+"/console/#p=api"))
+	b.until("the read-only note", `!document.querySelector('#readonly').hidden && document.querySelector('#edit').hidden`)
+	b.until("the standby's instances", shareIs("a", 400))
+
+	b.checkClean()
+}
+
+// forgeInstance writes an instance record of provider under a lease of
+// its own, as a member would, with the given host.
+func forgeInstance(t *testing.T, cli *clientv3.Client, provider, id, host string) {
+	t.Helper()
+	ctx := ctxT(t)
+	lease, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	rec := schema.InstanceRecord{Version: schema.Version, ID: id, Host: host, Started: now, Updated: now, Demand: 5}
+	v, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := schema.DecodeInstanceRecord(v); err != nil {
+		t.Fatalf("the forged record does not decode: %v", err)
+	}
+	if _, err := cli.Put(ctx, itKeys.Instance(provider, id), string(v), clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// jsString quotes s as a JavaScript string literal.
+func jsString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
