@@ -53,6 +53,7 @@ type config struct {
 	plain    bool          // plain lines even on a terminal
 	binDir   string        // prebuilt binaries (configd, instance, httphandler); "" builds them
 	keep     bool          // keep the temp dir
+	table    bool          // print the full table each second, not only the events
 }
 
 func main() {
@@ -63,6 +64,7 @@ func main() {
 	flag.BoolVar(&c.plain, "plain", false, "print plain lines even when stdout is a terminal")
 	flag.StringVar(&c.binDir, "bin-dir", "", "directory holding prebuilt configd, instance and httphandler binaries (default: build them)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the temp dir (logs of every process)")
+	flag.BoolVar(&c.table, "table", false, "print the full per-instance table each second (on a terminal it is always shown, redrawn in place); the console shows it all live")
 	flag.Parse()
 	switch {
 	case c.duration < 10*time.Second || c.duration > time.Hour:

@@ -22,8 +22,26 @@ const (
 	viewEvery   = time.Second
 )
 
+// The instances' offered loads (calls per second), before and after the
+// "load moves" event. They are chosen so that the fair allocation moves:
+// before, load-2 wants less than an equal part and gets its demand while
+// load-1 gets more; after, load-1 wants less than an equal part, so load-2
+// gets more than load-1 (TestLoadMoveMovesFairShares checks it with
+// configd's allocator, for the default limit). A load-1 still wanting an
+// equal part or more would leave every share equal, and the event's check
+// could then pass only because of a later event.
+var (
+	startLoads = []struct {
+		id, kind string
+		rate     int
+	}{{"load-1", "load", 300}, {"load-2", "load", 60}, {"load-3", "load", 150}, {"kafka-1", "kafka", 120}, {"http-1", "http", 100}}
+	movedLoad1, movedLoad2 = 20, 320
+)
+
 // event is one thing the demo does to the running system, and the
-// condition that says the shares followed it.
+// condition that says the shares followed it. Its condition is checked
+// only until the next event: what follows after that may be the next
+// event's doing, so it is not counted as this one's.
 type event struct {
 	name, what string
 	followWhat string
@@ -32,6 +50,7 @@ type event struct {
 	check      func(d *demo) bool
 	followed   time.Duration
 	done       bool
+	closedBy   *event // the next event, when it came before the condition held
 }
 
 // scenario starts the instances, waits until they all hold a share, then
@@ -41,10 +60,7 @@ func (d *demo) scenario(ctx context.Context) error {
 	defer stopWatch()
 	d.watchShares(wctx)
 
-	for _, s := range []struct {
-		id, kind string
-		rate     int
-	}{{"load-1", "load", 300}, {"load-2", "load", 60}, {"load-3", "load", 150}, {"kafka-1", "kafka", 120}, {"http-1", "http", 100}} {
+	for _, s := range startLoads {
 		if _, err := d.startInstance(ctx, s.id, s.kind, s.rate); err != nil {
 			return err
 		}
@@ -101,14 +117,39 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	}
 }
 
-// addEvent records an event and prints it.
+// addEvent records an event and prints it. An earlier event whose
+// condition has not held yet is closed: from now on, what happens may be
+// this event's doing.
 func (d *demo) addEvent(e *event) {
 	e.at = time.Now()
 	d.mu.Lock()
+	var closed []*event
+	for _, prev := range d.events {
+		if !prev.done && prev.closedBy == nil {
+			prev.closedBy = e
+			closed = append(closed, prev)
+		}
+	}
 	d.events = append(d.events, e)
 	n := len(d.events)
 	d.mu.Unlock()
+	for _, prev := range closed {
+		d.out.linef("%q did not follow before the next event (%s): %s", prev.name, e.name, prev.followWhat)
+	}
 	d.out.linef("EVENT %d %s: %s", n, e.name, e.what)
+}
+
+// checkEvents checks the open events' conditions at now and returns a line
+// for each that holds now. d.mu is held.
+func (d *demo) checkEvents(now time.Time) []string {
+	var followed []string
+	for _, e := range d.events {
+		if !e.done && e.closedBy == nil && e.check(d) {
+			e.done, e.followed = true, now.Sub(e.at)
+			followed = append(followed, fmt.Sprintf("followed %q in %.1fs: %s", e.name, e.followed.Seconds(), e.followWhat))
+		}
+	}
+	return followed
 }
 
 func (d *demo) byID(id string) *instance {
@@ -145,14 +186,19 @@ func (d *demo) moveLoad() error {
 	l1, l2 := d.get("load-1"), d.get("load-2")
 	d.mu.Lock()
 	r1, r2 := l1.rate, l2.rate
+	was1, was2 := d.share("load-1"), d.share("load-2")
 	d.mu.Unlock()
 	d.addEvent(&event{
-		name: "load moves", what: fmt.Sprintf("load-1 %d → 80/s, load-2 %d → 320/s (nothing else changes)", r1, r2),
-		followWhat: "load-2's share passed load-1's",
-		check:      func(d *demo) bool { return d.share("load-2") > d.share("load-1") && d.share("load-1") >= 0 },
+		name: "load moves", what: fmt.Sprintf("load-1 %d → %d/s, load-2 %d → %d/s (nothing else changes; shares now load-1 %.0f, load-2 %.0f)",
+			r1, movedLoad1, r2, movedLoad2, was1, was2),
+		followWhat: fmt.Sprintf("under fair, load-2's share grew past its %.0f and passed load-1's, which shrank below its %.0f", was2, was1),
+		check: func(d *demo) bool {
+			s1, s2 := d.share("load-1"), d.share("load-2")
+			return s1 >= 0 && s2 > was2 && s1 < was1 && s2 > s1
+		},
 	})
-	d.setRate(l1, 80)
-	d.setRate(l2, 320)
+	d.setRate(l1, movedLoad1)
+	d.setRate(l2, movedLoad2)
 	return nil
 }
 
@@ -218,7 +264,8 @@ func (d *demo) skewClock(ctx context.Context) error {
 	old := d.get("load-1")
 	d.addEvent(&event{
 		name: "clock", what: fmt.Sprintf("load-1 restarts on a host whose clock is %v fast (-clock-skew %v); its NTP monitor must find it", skewAfter, skewAfter),
-		followWhat: fmt.Sprintf("load-1 measured its offset (≈ -%v), corrects its windows by it, and enforces a share again", skewAfter),
+		followWhat: fmt.Sprintf("load-1 measured its offset (≈ -%v), corrects its windows by it, and enforces a share again "+
+			"(until its offset is measured it keeps only half its share, and while its guard band is wider than the provider's clock bound it admits only in the part of each window its clock is sure of)", skewAfter),
 		membership: true,
 		check: func(d *demo) bool {
 			in := d.byID("load-1")
@@ -307,18 +354,12 @@ func (d *demo) sampler(ctx context.Context, ready chan struct{}) {
 			d.out.begin(now)
 			d.out.linef("every instance enforces a share from configd: the scenario starts")
 		}
-		var followed []string
-		for _, e := range d.events {
-			if !e.done && e.check(d) {
-				e.done, e.followed = true, now.Sub(e.at)
-				followed = append(followed, fmt.Sprintf("followed %q in %.1fs: %s", e.name, e.followed.Seconds(), e.followWhat))
-			}
-		}
+		followed := d.checkEvents(now)
 		var view string
 		if el := now.Sub(lastView); el >= viewEvery-sampleEvery/2 {
 			d.rates(el)
 			lastView = now
-			if ready == nil {
+			if ready == nil && (d.cfg.table || d.out.tty) {
 				view = d.render()
 			}
 		}
@@ -369,9 +410,12 @@ func (d *demo) render() string {
 	if last.Over() {
 		flag = "OVER THE LIMIT"
 	}
-	busiest := busiestWindow(d.stub.Windows())
-	fmt.Fprintf(&b, "provider %s: window %s  %d/%d calls (%s)   busiest window so far %d/%d   configd shares: generation %d, total %d over %d instances\n",
-		provider, last.Start.Format("15:04:05"), last.Calls, last.Limit, flag, busiest.Calls, busiest.Limit, d.shares.Generation, d.shares.Total, d.shares.Instances)
+	busiest := "none yet"
+	if w := busiestWindow(d.stub.Windows()); w.Limit > 0 {
+		busiest = fmt.Sprintf("%d/%d", w.Calls, w.Limit)
+	}
+	fmt.Fprintf(&b, "provider %s: window %s  %d/%d calls (%s)   busiest window so far %s   configd shares: generation %d, total %d over %d instances\n",
+		provider, last.Start.Format("15:04:05"), last.Calls, last.Limit, flag, busiest, d.shares.Generation, d.shares.Total, d.shares.Instances)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "instance\tkind\toffered/s\tadmitted/s\trefused/s\tkafka lag\twaiting\tdemand\tshare\tsource\tclock offset\tnote\t")
 	for _, in := range d.insts {

@@ -41,8 +41,11 @@ func (d *demo) summary() {
 	o.linef("  events, and how fast the shares followed (from the event to the condition, sampled every %v):", sampleEvery)
 	for i, e := range events {
 		res := "did not follow before the end"
-		if e.done {
+		switch {
+		case e.done:
 			res = fmt.Sprintf("followed in %.1fs", e.followed.Seconds())
+		case e.closedBy != nil:
+			res = "not before the next event"
 		}
 		o.linef("    %d. %-10s at %5.1fs  %-28s %s", i+1, e.name, e.at.Sub(start).Seconds(), res, e.followWhat)
 	}
