@@ -15,6 +15,14 @@ all: build test
 build:
 	$(GO) build $(PKGS)
 
+## bin: the programs as binaries in bin/: configd, and the demo with the
+## instances it starts. A binary exits with its own status (configd: 2 on a
+## usage error), where go run exits 1 on any error; and killing a binary's
+## PID stops it, where killing go run's leaves its child running.
+BINS = ./configd ./examples/demo ./examples/demo/instance ./examples/httphandler
+bin:
+	$(GO) build -o bin/ $(BINS)
+
 ## test: vet, formatting, the race-enabled test suite (with the console's
 ## test in headless Chromium), the guarantee's oracles over thousands of
 ## random histories, and a short fuzz run of every decoder and arithmetic
@@ -134,8 +142,10 @@ faults:
 ## demo: the main job on one machine: configd with embedded etcd, a provider
 ## stub, several instance processes (one a Kafka consumer, one an HTTP handler),
 ## a live view, a retune, a crash, a join and a clock offset; ends on its own.
-demo:
-	$(GO) run ./examples/demo $(DEMO_FLAGS)
+## The demo runs as a binary in make's place (exec): killing make's PID
+## stops it, and it stops every process it started.
+demo: bin
+	exec bin/demo -bin-dir bin $(DEMO_FLAGS)
 
 clean:
 	rm -f bench.txt

@@ -28,7 +28,8 @@
 //
 // Ctrl-C stops everything: the children run in process groups of their own
 // and are stopped (SIGTERM, then SIGKILL) before the demo exits; on Linux a
-// child is also killed if the demo itself is. When stdout is not a
+// child is also killed if the demo itself is, and the demo stops (as on
+// Ctrl-C) when whatever started it — make, go run — is killed. When stdout is not a
 // terminal the view is printed as plain lines, so it runs under CI.
 package main
 
@@ -76,6 +77,7 @@ func main() {
 	// its summary. stop() then restores the default, so a second one kills
 	// the demo at once (its children die with it on Linux: Pdeathsig).
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	dieWithParent() // after NotifyContext: its SIGTERM stops the demo gracefully
 	go func() {
 		<-ctx.Done()
 		stop()
