@@ -173,8 +173,8 @@ loop:
 		end = time.Now()
 	}
 	report("done", end)
-	if prov.refused.Load() > 0 {
-		fmt.Fprintf(stdout, "the provider stub refused %d calls: the limiter let more through than its limit\n", prov.refused.Load())
+	if n := prov.refused.Load(); n > 0 {
+		fmt.Fprintln(stdout, refusalVerdict(n, cfg.limit, lim.Stats().Quota, len(cfg.etcdEndpoints) > 0))
 	} else {
 		fmt.Fprintln(stdout, "the provider stub never saw more than its limit in any window")
 	}
@@ -330,4 +330,18 @@ func (p *provider) call() error {
 		p.busiest.Store(p.used)
 	}
 	return nil
+}
+
+// refusalVerdict says why the provider stub refused calls. This instance's
+// stub allows stubLimit per window (-limit); with etcd, what the limiter
+// lets through is the share configd gives it of the provider's limit,
+// which an operator may set above the stub's (a retune above what the
+// provider allows): the refusals are then the stub's configuration, not a
+// limiter letting more through than it was told.
+func refusalVerdict(refused, stubLimit, quota int64, cluster bool) string {
+	if cluster && quota > stubLimit {
+		return fmt.Sprintf("the provider stub refused %d calls: its own limit (-limit %d per window) is below the quota configd gave this instance (%d): "+
+			"the provider's limit in configd is above what the stub allows, so the stub refuses what sluice was told to let through", refused, stubLimit, quota)
+	}
+	return fmt.Sprintf("the provider stub refused %d calls: the limiter let more through than the stub's limit of %d per window", refused, stubLimit)
 }
