@@ -254,3 +254,13 @@ func TestDescribeChange(t *testing.T) {
 		t.Errorf("delete: %q", got)
 	}
 }
+
+// TestListEmpty: configd list with no provider says so, and how to make
+// one, instead of printing a bare header (issue 13, point 7).
+func TestListEmpty(t *testing.T) {
+	srv := etcdtest.Start(t)
+	out := cliOK(t, "list", "--etcd-endpoints", strings.Join(srv.Endpoints(), ","))
+	if out != "no providers yet: create one with configd set NAME --limit N\n" {
+		t.Errorf("configd list with no provider printed %q", out)
+	}
+}

@@ -29,6 +29,10 @@ func runList(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if rc.asJSON {
 		return printJSON(stdout, v)
 	}
+	if len(v.Providers) == 0 && len(v.Malformed) == 0 {
+		fmt.Fprintln(stdout, "no providers yet: create one with configd set NAME --limit N")
+		return nil
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tLIMIT\tWINDOW\tMODE\tALGORITHM\tPACING\tREVISION")
 	for _, p := range v.Providers {
