@@ -246,7 +246,14 @@ func newLimiter(ctx context.Context, cfg config, log *slog.Logger) (*limiter.Lim
 		cli.Close()
 	}
 	st := m.Status()
-	return m.Limiter(), closeFn, limiterInfo{member: m, what: fmt.Sprintf("joined provider %s through etcd (share %d of %d, source %s)", cfg.provider, st.Share, st.Total, st.Source)}, nil
+	what := fmt.Sprintf("joined provider %s through etcd (share %d of %d, source %s", cfg.provider, st.Share, st.Total, st.Source)
+	if q := m.Limiter().Stats().Quota; q != st.Share {
+		// A share grows only from a window boundary at least the change
+		// margin ahead (so that no window gets it twice): say so, or the
+		// first lines' "quota 0" contradicts this one.
+		what += fmt.Sprintf("; it takes effect at a window boundary ahead, the quota is %d until then", q)
+	}
+	return m.Limiter(), closeFn, limiterInfo{member: m, what: what + ")"}, nil
 }
 
 // serveMetrics serves reg on addr until the returned function is called.
