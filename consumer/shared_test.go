@@ -167,12 +167,12 @@ func (c *sharedChild) shareAt(ws int64) int64 {
 
 // handledTally counts distinct messages handled by all children together.
 type handledTally struct {
-	mu       sync.Mutex
-	seen     map[string]int
-	quarter  int
-	n        int
-	reachedQ chan struct{}
-	all      chan struct{}
+	mu      sync.Mutex
+	seen    map[string]int
+	first   int // messages handled before reached closes
+	n       int
+	reached chan struct{}
+	all     chan struct{}
 }
 
 func (h *handledTally) add(v string) {
@@ -183,8 +183,8 @@ func (h *handledTally) add(v string) {
 		return
 	}
 	switch len(h.seen) {
-	case h.quarter:
-		close(h.reachedQ)
+	case h.first:
+		close(h.reached)
 	case h.n:
 		close(h.all)
 	}
@@ -283,7 +283,7 @@ func (c *sharedChild) stop(t *testing.T) {
 // aligned window, and that every message was handled.
 func TestTwoProcessesShareOneDistributedLimit(t *testing.T) {
 	const (
-		n, partitions = 800, 4
+		n, partitions = 1600, 4
 		limit         = 20 // L: calls per window for both processes together
 		window        = 100 * time.Millisecond
 		// oneShare is what the documented degraded mode (package cluster,
@@ -315,13 +315,13 @@ func TestTwoProcessesShareOneDistributedLimit(t *testing.T) {
 	k.createTopic(t, topic, partitions)
 	k.produce(t, topic, partitions, testMessages(n))
 
-	tally := &handledTally{seen: map[string]int{}, quarter: n / 4, n: n, reachedQ: make(chan struct{}), all: make(chan struct{})}
+	tally := &handledTally{seen: map[string]int{}, first: n / 16, n: n, reached: make(chan struct{}), all: make(chan struct{})}
 	spec := sharedSpec{Brokers: k.brokers, Topic: topic, Group: group, Etcd: srv.Endpoints(), Provider: provider, Window: window}
 	// The first process runs alone (share L); the second joins mid-stream,
 	// which changes both the group's partitions and the provider's split.
 	spec.ID = "a"
 	a := startShared(t, spec, tally)
-	waitFor(t, tally.reachedQ, "a quarter of the messages handled by the first process")
+	waitFor(t, tally.reached, "a sixteenth of the messages handled by the first process")
 	spec.ID = "b"
 	b := startShared(t, spec, tally)
 	waitFor(t, tally.all, "every message handled")
