@@ -255,3 +255,38 @@ func TestProblemListedAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestShareRecordBeforeItsConfig: an instance watches its config and its
+// share record on two watches, so a record computed under a new config
+// can arrive before the config does — a raised limit's record over the
+// limit it knows, or one naming a config revision it has not seen. It is
+// refused then, and followed once the config arrives. Found by make scale:
+// a retune raising the limit left an instance on its old share for good.
+func TestShareRecordBeforeItsConfig(t *testing.T) {
+	lim, err := limiter.New(0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler)}
+	v := newView()
+	cfg := func(limit int64) []byte {
+		return []byte(fmt.Sprintf(`{"version":1,"name":"api","limit":%d,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}`, limit))
+	}
+	rec := func(gen, total, share, cfgRev int64) []byte {
+		return []byte(mustEncode(t, schema.ShareRecord{Version: 1, Provider: "api", Instance: "a", Generation: gen, Window: schema.Duration(time.Second),
+			Total: total, Share: share, Granted: share, ConfigRevision: cfgRev}))
+	}
+	m.observe(v, keys.Config("api"), cfg(900), false, 5)
+	m.observe(v, keys.Share("api", "a"), rec(1, 900, 900, 5), false, 6)
+	// The limit is raised to 1000 at revision 7; the record computed under
+	// it (revision 8) comes first.
+	m.observe(v, keys.Share("api", "a"), rec(2, 1000, 1000, 7), false, 8)
+	if v.share.Share != 900 {
+		t.Fatalf("a record over the limit known was followed: share %d", v.share.Share)
+	}
+	m.observe(v, keys.Config("api"), cfg(1000), false, 7)
+	if v.share.Share != 1000 || v.share.Generation != 2 || len(v.problems) != 0 {
+		t.Fatalf("after its config arrived: share %d of generation %d, problems %v; want the record of generation 2 followed", v.share.Share, v.share.Generation, v.problems)
+	}
+}

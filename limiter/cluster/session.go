@@ -39,6 +39,12 @@ type view struct {
 	leaders   map[string]bool
 	even      follow.Even
 	problems  map[string]string // key → why its record was ignored
+	// refused is this instance's last share record refused for its
+	// config (nil: none), and refusedRev its revision: the config it was
+	// computed under may not have arrived yet (another watch), so it is
+	// checked again when the config changes.
+	refused    []byte
+	refusedRev int64
 }
 
 func newView() *view {
@@ -278,7 +284,7 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("load provider %s: %w", m.provider, err)
 	}
-	v.config, v.share = nil, nil
+	v.config, v.share, v.refused = nil, nil, nil
 	clear(v.leaders)
 	// Every record is read again: a key deleted while etcd was out of
 	// reach takes its problem with it.
@@ -502,10 +508,15 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		}
 		good()
 		v.config, v.configRev = &c, rev
+		if r := v.refused; r != nil {
+			v.refused = nil
+			m.observe(v, m.keys.Share(m.provider, m.id), r, false, v.refusedRev)
+		}
 	case schema.KindShares:
 		if k.Instance != m.id {
 			return // not this instance's
 		}
+		v.refused = nil // a newer write replaces it
 		if deleted {
 			v.share = nil
 			good()
@@ -517,9 +528,13 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		}
 		if err == nil && v.config != nil {
 			// Never more than the limit this instance knows: a record
-			// that hands out more is forged, corrupt, or from before a
-			// lower limit (configd republishes under the new one at once).
-			err = r.CheckAgainst(*v.config, v.configRev)
+			// that hands out more is forged, corrupt, from before a lower
+			// limit (configd republishes under the new one at once), or
+			// computed under a config still on its way here: kept, and
+			// checked again when the config changes.
+			if err = r.CheckAgainst(*v.config, v.configRev); err != nil {
+				v.refused, v.refusedRev = value, rev
+			}
 		}
 		if err != nil {
 			bad(err)
