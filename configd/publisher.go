@@ -452,11 +452,37 @@ func (p *publisher) watch(ctx context.Context, f fence, rev int64) error {
 			for _, ev := range wr.Events {
 				p.apply(ev.Type, ev.Kv)
 			}
+			// Fold in every response already here before deciding: a
+			// retune makes every instance acknowledge at once, and one
+			// decision per response cost O(N) each, O(N²) in all.
+			if err := p.drain(wch); err != nil {
+				return err
+			}
 			p.metrics.malformed.Set(float64(len(p.malformed)))
 		case <-timer.C:
 		}
 		if err := p.publishAll(ctx, f); err != nil {
 			return err
+		}
+	}
+}
+
+// drain applies the watch responses that are waiting, without blocking.
+func (p *publisher) drain(wch clientv3.WatchChan) error {
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				return errors.New("watch closed")
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("watch: %w", err)
+			}
+			for _, ev := range wr.Events {
+				p.apply(ev.Type, ev.Kv)
+			}
+		default:
+			return nil
 		}
 	}
 }
