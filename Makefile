@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle bench sim accuracy soak faults demo clean
+.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle bench sim accuracy soak scale faults demo clean
 
 all: build test
 
@@ -130,6 +130,13 @@ accuracy:
 ## shows it without).
 soak:
 	$(GO) run ./bench/soak $(SOAK_FLAGS)
+
+## scale: N real members (one process, a client each) against an embedded
+## etcd and a configd process, N = 100 to 2000: what each member receives,
+## etcd's and configd's load, retune latency, windows over the limit
+## (SCALE_FLAGS=-n 100,1000 for fewer sizes).
+scale:
+	$(GO) run ./bench/scale $(SCALE_FLAGS)
 
 ## faults: the fault suite — real processes under a leader kill, a zombie
 ## instance, an etcd outage, a 3-member etcd losing its leader, a flood of

@@ -10,7 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 )
 
 // Counter counts an etcd client's gRPC traffic, client-side: unary calls
@@ -18,8 +20,11 @@ import (
 // streams. Install it with DialOptions.
 type Counter struct {
 	Unary, Streams, Sent, Recv atomic.Int64
-	mu                         sync.Mutex
-	byMethod                   map[string]int64 // unary calls and stream messages sent, by method
+	// RecvBytes is the encoded size of the stream messages received, and
+	// WatchEvents the events in the watch responses among them.
+	RecvBytes, WatchEvents atomic.Int64
+	mu                     sync.Mutex
+	byMethod               map[string]int64 // unary calls and stream messages sent, by method
 }
 
 // NewCounter returns a Counter at zero.
@@ -95,6 +100,12 @@ func (s *countedStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	if err == nil {
 		s.c.Recv.Add(1)
+		if pm, ok := m.(proto.Message); ok {
+			s.c.RecvBytes.Add(int64(proto.Size(pm)))
+		}
+		if wr, ok := m.(*etcdserverpb.WatchResponse); ok {
+			s.c.WatchEvents.Add(int64(len(wr.Events)))
+		}
 	}
 	return err
 }

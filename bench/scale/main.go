@@ -1,0 +1,466 @@
+// Command scale measures what coordination costs as a provider's fleet
+// grows, for BENCHMARKS.md: N real cluster.Members (each with its own etcd
+// client, all in this process) against an embedded etcd in this process
+// and a `configd serve` process, for each N of -n.
+//
+// For each N it reports:
+//
+//   - join: the time from the last member's Join returning to every
+//     member enforcing its even share of the whole limit;
+//
+//   - per member, while configd retunes the limit every -every (shares
+//     move for every member each time): watch events and bytes received
+//     per second, counted client-side by gRPC interceptors (mean and the
+//     busiest member);
+//
+//   - etcd: requests per second in total (gRPC messages the server
+//     received, from its own metrics), and the database's growth;
+//
+//   - configd: CPU seconds per second (/proc);
+//
+//   - retune: from `configd set` returning to every member having applied
+//     its new share (p50/p99);
+//
+//   - over: aligned windows in which the members' quotas, sampled every
+//     -sample, added up to more than the total of the shares in force for
+//     that window (the newest publish whose boundary it has reached).
+//
+//     go run ./bench/scale
+//     go run ./bench/scale -n 100,1000 -retunes 10
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/harness"
+	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter/cluster"
+)
+
+const provider = "scale"
+
+type options struct {
+	sizes   []int
+	limit   int64
+	window  time.Duration
+	report  time.Duration
+	retunes int
+	every   time.Duration
+	sample  time.Duration
+}
+
+// result is one N's row.
+type result struct {
+	n                         int
+	join                      time.Duration
+	eventsMean, eventsMax     float64 // per member per second
+	bytesMean, bytesMax       float64
+	eventsRetune, bytesRetune float64 // per member per retune (mean)
+	etcdReqs                  float64 // per second, all clients
+	dbGrowth                  float64 // bytes per second
+	configdCPU                float64 // CPU seconds per second
+	retuneP50, retuneP99      time.Duration
+	windows, over, retunesRan int
+}
+
+func main() {
+	sizes := flag.String("n", "100,250,500,1000,2000", "fleet sizes, comma-separated")
+	o := options{}
+	flag.Int64Var(&o.limit, "limit", 1_000_000, "the provider's limit per window")
+	flag.DurationVar(&o.window, "window", time.Second, "the provider's window")
+	flag.DurationVar(&o.report, "report", time.Second, "the members' report interval")
+	flag.IntVar(&o.retunes, "retunes", 8, "retunes per fleet size")
+	flag.DurationVar(&o.every, "every", 2*time.Second, "time between retunes")
+	flag.DurationVar(&o.sample, "sample", 50*time.Millisecond, "how often every member's quota is sampled")
+	flag.Parse()
+	for _, f := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "scale: -n: %q is not a fleet size\n", f)
+			os.Exit(2)
+		}
+		o.sizes = append(o.sizes, n)
+	}
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	fmt.Println(harness.Facts())
+	dir, bins, cleanup, err := harness.WorkDir("sluice-scale-", false, "./configd")
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	fmt.Printf("limit %d per %v, report interval %v, %d retunes %v apart per size; one process holds every member\n\n",
+		o.limit, o.window, o.report, o.retunes, o.every)
+	var rows []result
+	for _, n := range o.sizes {
+		r, err := measure(o, n, filepath.Join(dir, strconv.Itoa(n)), bins[0])
+		if err != nil {
+			return fmt.Errorf("N=%d: %w", n, err)
+		}
+		rows = append(rows, r)
+		fmt.Printf("N=%d done: %s\n", n, harness.EtcdHealth())
+	}
+	printRows(rows)
+	return nil
+}
+
+func printRows(rows []result) {
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "N\tjoin→all\tevents/member/s\t(max)\tbytes/member/s\t(max)\tevents/member/retune\tbytes/member/retune\tetcd req/s\tdb growth KiB/s\tconfigd CPU\tretune p50\tp99\twindows\tover\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%v\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.1f\t%.0f%%\t%v\t%v\t%d\t%d\t\n", r.n, r.join.Round(time.Millisecond),
+			r.eventsMean, r.eventsMax, r.bytesMean, r.bytesMax, r.eventsRetune, r.bytesRetune, r.etcdReqs, r.dbGrowth/1024, 100*r.configdCPU,
+			r.retuneP50, r.retuneP99, r.windows, r.over)
+	}
+	tw.Flush()
+}
+
+// fleet is the members of one N and their counters.
+type fleet struct {
+	members  []*cluster.Member
+	counters []*harness.Counter
+	clients  []*clientv3.Client
+}
+
+func (f *fleet) close() {
+	var wg sync.WaitGroup
+	for i, m := range f.members {
+		wg.Go(func() {
+			m.Close()
+			f.clients[i].Close()
+		})
+	}
+	wg.Wait()
+}
+
+func measure(o options, n int, dir, configdBin string) (result, error) {
+	res := result{n: n}
+	etcd, url, err := harness.StartEtcd("scale", dir)
+	if err != nil {
+		return res, err
+	}
+	defer etcd.Close()
+	cd, err := harness.StartConfigd(configdBin, url, dir+"-configd.log", "")
+	if err != nil {
+		return res, err
+	}
+	defer cd.Stop()
+	if _, err := cd.Run("set", provider, "--limit", strconv.FormatInt(o.limit, 10), "--window", o.window.String()); err != nil {
+		return res, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f, err := join(ctx, o, n, url)
+	defer f.close()
+	if err != nil {
+		return res, err
+	}
+	t0 := time.Now()
+	if err := settle(ctx, f, o.limit); err != nil {
+		return res, fmt.Errorf("after the joins: %w", err)
+	}
+	res.join = time.Since(t0)
+
+	watchCli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return res, err
+	}
+	defer watchCli.Close()
+	rec := newRecorder(ctx, watchCli, f.members, o.sample)
+	defer rec.stop()
+
+	// The steady phase: retunes every o.every, counted from here.
+	before := snapshot(ctx, f, watchCli, url, cd.Cmd.Process.Pid)
+	limits := []int64{o.limit * 9 / 10, o.limit}
+	var lat []time.Duration
+	for i := range o.retunes {
+		next := limits[i%2]
+		start := time.Now()
+		if _, err := cd.Run("set", provider, "--limit", strconv.FormatInt(next, 10)); err != nil {
+			return res, err
+		}
+		if err := settle(ctx, f, next); err != nil {
+			return res, fmt.Errorf("retune %d to %d: %w", i, next, err)
+		}
+		lat = append(lat, time.Since(start))
+		rec.retuned(start, time.Now(), limits[(i+1)%2], next)
+		if rest := o.every - time.Since(start); rest > 0 {
+			time.Sleep(rest) // the pace of the retunes, not a synchronisation
+		}
+	}
+	after := snapshot(ctx, f, watchCli, url, cd.Cmd.Process.Pid)
+	secs := after.at.Sub(before.at).Seconds()
+	var ev, by []float64
+	for i := range f.members {
+		ev = append(ev, float64(after.events[i]-before.events[i])/secs)
+		by = append(by, float64(after.bytes[i]-before.bytes[i])/secs)
+	}
+	res.eventsMean, res.eventsMax = harness.Mean(ev), slices.Max(ev)
+	res.bytesMean, res.bytesMax = harness.Mean(by), slices.Max(by)
+	res.eventsRetune = res.eventsMean * secs / float64(len(lat))
+	res.bytesRetune = res.bytesMean * secs / float64(len(lat))
+	res.etcdReqs = (after.etcdMsgs - before.etcdMsgs) / secs
+	res.dbGrowth = float64(after.db-before.db) / secs
+	res.configdCPU = (after.configdCPU - before.configdCPU) / secs
+	res.retuneP50, res.retuneP99, res.retunesRan = harness.Pct(lat, 50), harness.Pct(lat, 99), len(lat)
+	rec.stop()
+	res.windows, res.over = rec.check(o.window)
+	return res, nil
+}
+
+// join starts n members, 32 at a time, each with its own counted client.
+func join(ctx context.Context, o options, n int, url string) (*fleet, error) {
+	f := &fleet{members: make([]*cluster.Member, n), counters: make([]*harness.Counter, n), clients: make([]*clientv3.Client, n)}
+	sem := make(chan struct{}, 32)
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			c := harness.NewCounter()
+			cli, err := c.Dial(url)
+			if err == nil {
+				var m *cluster.Member
+				m, err = cluster.Join(ctx, cli, provider, cluster.WithID(fmt.Sprintf("m-%05d", i)),
+					cluster.WithReportInterval(o.report), cluster.WithFallback(0, o.window))
+				mu.Lock()
+				f.members[i], f.counters[i], f.clients[i] = m, c, cli
+				mu.Unlock()
+			}
+			if err != nil {
+				mu.Lock()
+				first = cmpErr(first, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	// Keep what joined, so that close stops it.
+	k := 0
+	for i := range f.members {
+		if f.members[i] != nil {
+			f.members[k], f.counters[k], f.clients[k] = f.members[i], f.counters[i], f.clients[i]
+			k++
+		} else if f.clients[i] != nil {
+			f.clients[i].Close()
+		}
+	}
+	f.members, f.counters, f.clients = f.members[:k], f.counters[:k], f.clients[:k]
+	return f, first
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// settle waits until every member enforces its share of limit (the even
+// split of configd: limit/N, the remainder to the first), from configd's
+// shares, with the share in force in its limiter.
+func settle(ctx context.Context, f *fleet, limit int64) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	n := int64(len(f.members))
+	for {
+		var sum int64
+		ok, why := true, ""
+		for _, m := range f.members {
+			st := m.Status()
+			if q := m.Limiter().Stats().Quota; st.Source != "shares" || st.Total != limit || st.Share < limit/n || q != st.Share {
+				ok, why = false, fmt.Sprintf("%s: source %s, share %d of %d (generation %d), quota in force %d", m.ID(), st.Source, st.Share, st.Total, st.Generation, q)
+				break
+			}
+			sum += st.Share
+		}
+		if ok && sum == limit {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if why == "" {
+				why = fmt.Sprintf("the shares add up to %d", sum)
+			}
+			return fmt.Errorf("the members did not all enforce their share of %d within 2m: %s", limit, why)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond): // polling Status: a Member offers no event
+		}
+	}
+}
+
+// state is the counters at one moment.
+type state struct {
+	at            time.Time
+	events, bytes []int64
+	etcdMsgs      float64
+	db            int64
+	configdCPU    float64 // seconds
+}
+
+func snapshot(ctx context.Context, f *fleet, cli *clientv3.Client, url string, configdPid int) state {
+	s := state{at: time.Now()}
+	for _, c := range f.counters {
+		s.events = append(s.events, c.WatchEvents.Load())
+		s.bytes = append(s.bytes, c.RecvBytes.Load())
+	}
+	if mfs, err := prometheus.DefaultGatherer.Gather(); err == nil {
+		for _, mf := range mfs {
+			if mf.GetName() == "grpc_server_msg_received_total" {
+				for _, m := range mf.GetMetric() {
+					s.etcdMsgs += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if st, err := cli.Status(ctx, url); err == nil {
+		s.db = st.DbSize
+	}
+	s.configdCPU = cpuSeconds(configdPid)
+	return s
+}
+
+// cpuSeconds returns the user and system CPU time of process pid, from
+// /proc (0 where there is none).
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command (which may hold spaces) start after ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ is 100 on Linux
+}
+
+// retune is a change of the limit, from when it was made until every
+// member enforced its new share.
+type retune struct {
+	start, end time.Time
+	from, to   int64
+}
+
+// recorder samples every member's quota per window, and follows the
+// published shares, until stopped.
+type recorder struct {
+	mu      sync.Mutex
+	quotas  map[int64]map[int]int64 // window start → member → most enforced
+	views   []schema.Shares         // every view of the share records, in order
+	retunes []retune
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	once    sync.Once
+}
+
+func newRecorder(ctx context.Context, cli *clientv3.Client, members []*cluster.Member, every time.Duration) *recorder {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &recorder{quotas: map[int64]map[int]int64{}, cancel: cancel}
+	r.wg.Go(func() {
+		harness.FollowShares(ctx, cli, provider, func(v schema.Shares) {
+			r.mu.Lock()
+			r.views = append(r.views, v)
+			r.mu.Unlock()
+		}, nil)
+	})
+	r.wg.Go(func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			r.mu.Lock()
+			for i, m := range members {
+				st := m.Limiter().Stats()
+				ws := st.WindowStart.UnixNano()
+				if r.quotas[ws] == nil {
+					r.quotas[ws] = map[int]int64{}
+				}
+				r.quotas[ws][i] = max(r.quotas[ws][i], st.Quota)
+			}
+			r.mu.Unlock()
+		}
+	})
+	return r
+}
+
+// retuned records a retune from limit from to limit to.
+func (r *recorder) retuned(start, end time.Time, from, to int64) {
+	r.mu.Lock()
+	r.retunes = append(r.retunes, retune{start, end, from, to})
+	r.mu.Unlock()
+}
+
+func (r *recorder) stop() {
+	r.once.Do(func() {
+		r.cancel()
+		r.wg.Wait()
+	})
+}
+
+// check returns how many windows it checked, and how many of them the
+// members' quotas added up to more than the total in force: the total of
+// the newest view whose boundary (its records' latest) the window has
+// reached — or, in a window a retune was under way in (from the change
+// until every member enforced its new share), the larger of the old and
+// the new limit: while the limit changes, a window in which some
+// instance still enforces the old limit's share may hold the old limit
+// (docs/architecture.md, section 5).
+func (r *recorder) check(window time.Duration) (windows, over int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for ws, byMember := range r.quotas {
+		var bound int64 = -1
+		for _, v := range r.views {
+			if v.EffectiveFrom <= ws {
+				bound = v.Total
+			}
+		}
+		if bound < 0 {
+			continue
+		}
+		start, end := time.Unix(0, ws), time.Unix(0, ws).Add(window)
+		for _, rt := range r.retunes {
+			if start.Before(rt.end) && end.After(rt.start) {
+				bound = max(bound, rt.from, rt.to)
+			}
+		}
+		var sum int64
+		for _, q := range byMember {
+			sum += q
+		}
+		windows++
+		if sum > bound {
+			over++
+			fmt.Printf("  window %s: quotas add up to %d, over the total %d\n", time.Unix(0, ws).UTC().Format("15:04:05.000"), sum, bound)
+		}
+	}
+	return windows, over
+}
