@@ -417,25 +417,17 @@ func (s *store) status(ctx context.Context, name string) (statusView, error) {
 			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
 		}
 	}
-	var recs []schema.ShareRecord
+	set := schema.NewShareSet(s.keys, name)
 	for _, kv := range sharesKVs {
-		k, err := s.keys.Parse(string(kv.Key))
-		if err != nil || k.Kind != schema.KindShares {
-			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, fmt.Errorf("unexpected key under shares/: %w", err)))
-			continue
-		}
-		r, err := schema.DecodeShareRecord(kv.Value)
-		if err == nil && (r.Provider != name || r.Instance != k.Instance) {
-			err = fmt.Errorf("share record names provider %q, instance %q", r.Provider, r.Instance)
+		ok, err := set.Apply(string(kv.Key), kv.Value, false)
+		if !ok {
+			err = fmt.Errorf("unexpected key under shares/: %w", schema.ErrInvalidKey)
 		}
 		if err != nil {
 			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
-			continue
 		}
-		recs = append(recs, r)
 	}
-	if len(recs) > 0 {
-		sh := schema.AssembleShares(name, recs)
+	if sh, ok := set.View(); ok {
 		out.Shares = &sh
 	}
 	for _, kv := range instKVs {

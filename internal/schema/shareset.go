@@ -20,8 +20,8 @@ func NewShareSet(keys Keys, provider string) *ShareSet {
 // Apply folds a write (value) or, with deleted, the deletion of key into
 // the set and reports whether key is one of the provider's share records.
 // Other keys are ignored. A value that does not decode, or that names
-// another provider or instance than its key, is an error and the last good
-// record stays.
+// another provider or instance than its key, is an error (not naming the
+// key: the caller does) and the last good record stays.
 func (s *ShareSet) Apply(key string, value []byte, deleted bool) (bool, error) {
 	k, err := s.keys.Parse(key)
 	if err != nil || k.Kind != KindShares || k.Provider != s.provider || k.Instance == "" {
@@ -33,10 +33,10 @@ func (s *ShareSet) Apply(key string, value []byte, deleted bool) (bool, error) {
 	}
 	r, err := DecodeShareRecord(value)
 	if err != nil {
-		return true, fmt.Errorf("%s: %w", key, err)
+		return true, err
 	}
 	if r.Provider != k.Provider || r.Instance != k.Instance {
-		return true, fmt.Errorf("%s: %w: the record names provider %q, instance %q", key, ErrInvalidShares, r.Provider, r.Instance)
+		return true, fmt.Errorf("%w: the record names provider %q, instance %q", ErrInvalidShares, r.Provider, r.Instance)
 	}
 	s.recs[k.Instance] = r
 	return true, nil
