@@ -22,14 +22,15 @@ import (
 // changes it missed. The member reaches etcd through a proxy; the proxy
 // cuts it off, the provider's keys change, and etcd is compacted past
 // every revision the member has seen. When the proxy lets it through
-// again, its client resumes both watches (the provider's keys, configd's
-// election) from where they stopped, which etcd no longer has: the watches
-// end with ErrCompacted, the session ends, and the member registers again
-// and applies what changed during the gap.
+// again, its client resumes its watches (its config and share record,
+// configd's election) from where they stopped, which etcd no longer has:
+// the watches end with ErrCompacted, and the member reads its keys again
+// (three, whatever the fleet's size), keeps its lease, and applies what
+// changed during the gap.
 //
 // The member's lease outlives the cut (30 s TTL) and it writes no record
-// of its own meanwhile (report interval 1h; no change reaches it), so the
-// session can end only through the watches, which the log shows.
+// of its own meanwhile (report interval 1h; no change reaches it), so
+// only the watches can notice, which the log shows.
 func TestMemberReloadsAfterCompaction(t *testing.T) {
 	const w = 100 * time.Millisecond
 	for _, tc := range []struct {
@@ -116,6 +117,15 @@ func TestMemberReloadsAfterCompaction(t *testing.T) {
 				t.Fatal(err)
 			}
 			mark := logs.Len()
+			leaseOf := func() int64 {
+				t.Helper()
+				resp, err := cli.Get(ctx, keys.Instance("api", "a"))
+				if err != nil || len(resp.Kvs) == 0 {
+					t.Fatalf("a's instance key: %v", err)
+				}
+				return resp.Kvs[0].Lease
+			}
+			lease := leaseOf()
 			px.Heal()
 
 			waitFor(t, "a to follow "+tc.source, func() bool {
@@ -124,7 +134,12 @@ func TestMemberReloadsAfterCompaction(t *testing.T) {
 			})
 			enforcing(t, a, tc.share)
 			if log := logs.From(mark); !strings.Contains(log, rpctypes.ErrCompacted.Error()) {
-				t.Errorf("the session did not end on the compacted watch; log since the cut:\n%s", log)
+				t.Errorf("the member did not say it read its keys again after the compacted watch; log since the cut:\n%s", log)
+			}
+			// It read its three keys again and kept its lease: a compaction
+			// does not make every member of a fleet register again at once.
+			if got := leaseOf(); got != lease {
+				t.Errorf("a registered again (lease %x → %x) on a compacted watch; it should only read its keys again", lease, got)
 			}
 		})
 	}

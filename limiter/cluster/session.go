@@ -203,10 +203,39 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 
 	// Its config, its own share record, and the leader keys: nothing of
 	// the other instances.
-	wctx := clientv3.WithRequireLeader(sctx)
-	configEvents := m.cli.Watch(wctx, m.keys.Config(m.provider), clientv3.WithRev(rev+1))
-	shareEvents := m.cli.Watch(wctx, m.keys.Share(m.provider, m.id), clientv3.WithRev(rev+1))
-	leaderEvents := m.cli.Watch(wctx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	w := m.watch(sctx, rev)
+	defer func() { w.stop() }()
+	// reload reads the three keys again and watches from there, keeping
+	// the lease, after a watch ended on a compaction (etcd no longer has
+	// the revision it would resume from): after a jitter of up to a
+	// report interval or a second, so that a fleet does not read all at
+	// once.
+	reload := func(err error) error {
+		if !errors.Is(err, rpctypes.ErrCompacted) {
+			return err // the session ends: etcd or the leader is gone
+		}
+		w.stop()
+		m.log.Warn("watch behind etcd's compaction; reading this instance's keys again", "err", err)
+		select {
+		case <-sctx.Done():
+			return sctx.Err()
+		case <-time.After(rand.N(min(m.cfg.report, time.Second))):
+		}
+		rev, err := m.load(sctx, v)
+		if err != nil {
+			return err
+		}
+		if follow() {
+			if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
+				return err
+			}
+		}
+		if err := m.confirmEven(sctx, v, lease.ID); err != nil {
+			return err
+		}
+		w = m.watch(sctx, rev)
+		return nil
+	}
 	tick := time.NewTicker(m.cfg.report)
 	defer tick.Stop()
 	for {
@@ -217,27 +246,36 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			rep.failStatic = m.arm(v, ap, leaseEnd)
 		case err := <-kaDone:
 			return err
-		case wr, ok := <-configEvents:
+		case wr, ok := <-w.config:
 			if err := watchErr(wr, ok, "config"); err != nil {
-				return err
+				if err := reload(err); err != nil {
+					return err
+				}
+				continue
 			}
 			if m.observeAll(v, wr, follow) {
 				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 					return err
 				}
 			}
-		case wr, ok := <-shareEvents:
+		case wr, ok := <-w.share:
 			if err := watchErr(wr, ok, "share record"); err != nil {
-				return err
+				if err := reload(err); err != nil {
+					return err
+				}
+				continue
 			}
 			if m.observeAll(v, wr, follow) {
 				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
 					return err
 				}
 			}
-		case wr, ok := <-leaderEvents:
+		case wr, ok := <-w.leader:
 			if err := watchErr(wr, ok, "configd leader"); err != nil {
-				return err
+				if err := reload(err); err != nil {
+					return err
+				}
+				continue
 			}
 			for _, ev := range wr.Events {
 				if err := m.leaderKey(sctx, v, ev.Kv, ev.Type == clientv3.EventTypeDelete); err != nil {
@@ -353,6 +391,25 @@ func (m *Member) confirmEven(ctx context.Context, v *view, lease clientv3.LeaseI
 	}
 	m.evenMarked = want
 	return nil
+}
+
+// watches are a session's watches, from one revision on: its config, its
+// own share record, configd's election; nothing of the other instances.
+type watches struct {
+	config, share, leader clientv3.WatchChan
+	stop                  context.CancelFunc
+}
+
+// watch starts the session's watches from the revision after rev.
+func (m *Member) watch(ctx context.Context, rev int64) watches {
+	wctx, cancel := context.WithCancel(ctx)
+	rctx := clientv3.WithRequireLeader(wctx)
+	return watches{
+		config: m.cli.Watch(rctx, m.keys.Config(m.provider), clientv3.WithRev(rev+1)),
+		share:  m.cli.Watch(rctx, m.keys.Share(m.provider, m.id), clientv3.WithRev(rev+1)),
+		leader: m.cli.Watch(rctx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1)),
+		stop:   cancel,
+	}
 }
 
 // watchErr is the error of a watch response that ends the session: the
