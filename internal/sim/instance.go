@@ -41,6 +41,7 @@ type instance struct {
 	marked     bool        // an even-split confirmation for its id is in etcd
 	markInc    int         // the process whose lease it is on
 	markWant   bool        // what this process's last confirmation write says
+	enforced   int64       // the generation of the last share record it applied
 
 	// The reporter.
 	demand    float64
@@ -75,6 +76,7 @@ func (e *engine) join(in *instance) {
 	in.lastDeliver, in.lastWrite = e.now, e.now
 	in.ap = follow.Applied{}
 	in.markWant = false // this process has written no confirmation yet
+	in.enforced = 0
 	// A new process: its limiter starts on the fallback, quota 0.
 	lim, err := limiter.New(0, e.sc.Window.D(), limiter.WithClock(clock{e, in}),
 		limiter.WithPacing(e.sc.Admissions == AdmitSpread))
@@ -350,6 +352,9 @@ func (in *instance) apply(e *engine) bool {
 		next.InForce = from.UnixNano()
 	}
 	in.ap = next
+	if next.Source == follow.SourceShares && next.Generation != 0 {
+		in.enforced = next.Generation
+	}
 	return newGen && next.Generation != 0
 }
 
@@ -365,6 +370,9 @@ func (in *instance) grant(c *config) int64 {
 		return 0
 	}
 	r := schema.ShareRecord{Window: schema.Duration(s.window), Total: s.total, Share: s.shares[in.id], Granted: s.granted[in.id]}
+	if in.enforced == s.gens[in.id] {
+		r.Granted = r.Share // enforced: configd counts it at the share (cluster.Member.apply)
+	}
 	return r.GrantPer(c.window, c.limit)
 }
 

@@ -686,6 +686,40 @@ func TestEvenCapIsTheGrantOfItsRegime(t *testing.T) {
 	}
 }
 
+// TestEvenCapIsTheShareItEnforced: an instance that enforced its record
+// is capped, on the even split, by that record's share, not by the larger
+// grant the record keeps while it shrinks: configd counts it at its share
+// once it has acknowledged, and hands the rest on when it comes back.
+// Found by the protocol search (internal/sim): an instance shrinking from
+// the whole limit took it all on the even split, and 3057 were admitted in
+// a window of 2223 when configd came back.
+func TestEvenCapIsTheShareItEnforced(t *testing.T) {
+	const w = 100 * time.Millisecond
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(time.Second)})
+	ctx := context.Background()
+	leader, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putLeader(t, cli, leader.ID)
+	a := join(t, cli, "api", "a")
+	join(t, cli, "api", "b") // never enforces anything: it keeps a capped
+	putShares(t, cli, schema.Shares{
+		Version: 1, Provider: "api", Generation: 7, EffectiveFrom: time.Now().Add(2 * w).Truncate(w).UnixNano(), Window: schema.Duration(w),
+		Total: 90, Instances: 2, Shares: map[string]int64{"a": 30, "b": 0}, Granted: map[string]int64{"a": 90, "b": 0},
+	})
+	enforcing(t, a, 30)
+	if _, err := cli.Revoke(ctx, leader.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a on the even split", func() bool { return a.Status().Source == "even" })
+	if st := a.Status(); st.Share > 30 {
+		t.Fatalf("a applies %d on the even split, over the share of 30 it enforced (its grant of 90 was kept only until it acknowledged)", st.Share)
+	}
+}
+
 // TestNewProcessStartsFromNothing: a shares record written before this
 // process registered names, for its id, a previous process's share (a
 // restart with the same id), which that process may have spent in the

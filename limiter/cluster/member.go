@@ -59,6 +59,9 @@ type Member struct {
 	// newcomer nothing beyond its grant for a hold after it (follow.Even).
 	registeredAt time.Time
 	// evenMarked says this instance's even-split confirmation is written.
+	// enforced is the generation of the last share record this process
+	// applied (0: none): the even split caps it at that record's share.
+	enforced   int64
 	evenMarked bool
 	noMarks    sync.Once // warned that the even-split confirmation may not be written
 }

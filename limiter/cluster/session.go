@@ -636,7 +636,14 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	if r := v.share; r != nil {
 		fv.Shares = &follow.Shares{Generation: r.Generation, EffectiveFrom: r.EffectiveFrom, Window: r.Window.D(), Share: r.Share}
 		if v.config != nil {
-			grant = r.GrantPer(v.config.Window.D(), v.config.Limit)
+			own := *r
+			if m.enforced == r.Generation {
+				// It enforced this record: configd counts it at the share
+				// from then on, not at the grant (share.Bound), and may
+				// hand the rest on when it comes back.
+				own.Granted = own.Share
+			}
+			grant = own.GrantPer(v.config.Window.D(), v.config.Limit)
 		}
 		if m.registered == 0 || v.shareRev < m.registered {
 			// Published before this process registered: a share it names
@@ -692,6 +699,9 @@ func (m *Member) apply(v *view, ap *applied) bool {
 		next.InForce = from.UnixNano()
 	}
 	*ap = next
+	if next.Source == follow.SourceShares && next.Generation != 0 {
+		m.enforced = next.Generation
+	}
 	m.log.Info("share applied", "share", next.Quota, "window", next.Window, "source", next.Source,
 		"generation", next.Generation, "from", time.Unix(0, next.At).UTC().Format(time.RFC3339Nano),
 		"in_force", from.UTC().Format(time.RFC3339Nano))
