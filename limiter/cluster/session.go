@@ -236,6 +236,25 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		w = m.watch(sctx, rev)
 		return nil
 	}
+	// broken reports whether wr ended its watch, having read the keys
+	// again where that is enough (reload); an error ends the session.
+	broken := func(wr clientv3.WatchResponse, ok bool, what string) (bool, error) {
+		if err := watchErr(wr, ok, what); err != nil {
+			return true, reload(err)
+		}
+		return false, nil
+	}
+	// keyEvents folds in the events of the config's or the share
+	// record's watch, acknowledging a new generation at once.
+	keyEvents := func(wr clientv3.WatchResponse, ok bool, what string) error {
+		if ended, err := broken(wr, ok, what); ended || err != nil {
+			return err
+		}
+		if m.observeAll(v, wr, follow) {
+			return m.report(sctx, lease.ID, ap, rep, true)
+		}
+		return nil
+	}
 	tick := time.NewTicker(m.cfg.report)
 	defer tick.Stop()
 	for {
@@ -247,32 +266,16 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		case err := <-kaDone:
 			return err
 		case wr, ok := <-w.config:
-			if err := watchErr(wr, ok, "config"); err != nil {
-				if err := reload(err); err != nil {
-					return err
-				}
-				continue
-			}
-			if m.observeAll(v, wr, follow) {
-				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
-					return err
-				}
+			if err := keyEvents(wr, ok, "config"); err != nil {
+				return err
 			}
 		case wr, ok := <-w.share:
-			if err := watchErr(wr, ok, "share record"); err != nil {
-				if err := reload(err); err != nil {
-					return err
-				}
-				continue
-			}
-			if m.observeAll(v, wr, follow) {
-				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
-					return err
-				}
+			if err := keyEvents(wr, ok, "share record"); err != nil {
+				return err
 			}
 		case wr, ok := <-w.leader:
-			if err := watchErr(wr, ok, "configd leader"); err != nil {
-				if err := reload(err); err != nil {
+			if ended, err := broken(wr, ok, "configd leader"); ended || err != nil {
+				if err != nil {
 					return err
 				}
 				continue
