@@ -38,6 +38,10 @@ type View struct {
 	Leader bool    // a configd replica is alive (an election key exists)
 	Shares *Shares // configd's last record, as it concerns this instance; nil: none yet
 	Even   int64   // this instance's even split, for when no replica is alive
+	// EvenFrom (Unix ns; 0: none) is the boundary of the share record whose
+	// grant caps Even: the leader counted that grant from there on only,
+	// and before it the others may still enforce the shares it replaced.
+	EvenFrom int64
 }
 
 // Config is what of a provider's config the rules read.
@@ -66,7 +70,8 @@ type Shares struct {
 //     could put a whole longer window's worth into one window of the
 //     shorter length, which neither the old limit nor the new allows;
 //   - with none alive, the even split v.Even, in the config's window, from
-//     as soon as may be;
+//     as soon as may be, but not before v.EvenFrom: a grant counts from
+//     its record's boundary, as the share it came with does;
 //   - without a config, fallback.
 func Next(v View, fallback Applied) Applied {
 	c := v.Config
@@ -76,7 +81,7 @@ func Next(v View, fallback Applied) Applied {
 	next := Applied{Source: SourceShares, Window: c.Window}
 	switch s := v.Shares; {
 	case !v.Leader:
-		next.Source, next.Quota = SourceEven, v.Even
+		next.Source, next.Quota, next.At = SourceEven, v.Even, v.EvenFrom
 	case s == nil: // configd is alive but has not published yet
 	default:
 		next.Quota, next.Window, next.Generation, next.At = s.Share, s.Window, s.Generation, s.EffectiveFrom
@@ -110,7 +115,8 @@ type InForce struct {
 //
 // A quota without a boundary of its own (the even split, the fallback)
 // applies from the first boundary at least the margin ahead, by which the
-// other instances have it too. Switching sources in the same window length
+// other instances have it too; the even split also not before at, the
+// boundary of the grant that caps it (View.EvenFrom). Switching sources in the same window length
 // is done in two steps: the instances do not switch at the same instant,
 // and within a window two sources disagree on who holds what (the even
 // split against configd's shares), so the smaller of the quota in force
@@ -130,8 +136,8 @@ type InForce struct {
 func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Duration) Step {
 	soon := NextBoundary(now+int64(margin), int64(next.Window))
 	st := Step{From: at}
-	if st.From == 0 {
-		st.From = soon
+	if st.From == 0 || next.Source == SourceEven {
+		st.From = max(NextBoundary(at, int64(next.Window)), soon)
 	}
 	if prev.Source != next.Source && prev.Source != "" && prev.Window == next.Window {
 		st.Cut, st.Interim = true, min(cur.Quota, next.Quota)

@@ -34,6 +34,12 @@ func TestSchedule(t *testing.T) {
 		// applied its late share at once, on top of what the process
 		// before it had spent in the window.
 		{"a new process's first quota, late", Applied{}, shares(20), 10 * w, Step{From: 11 * w}},
+		// Found by the protocol search: on the even split, an instance
+		// took the grant of a record published from 14 s at 12 s, while
+		// the others enforced the shares it replaced until 13 s.
+		{"even capped by a grant: not before the grant's boundary", even(10), even(20), 14 * w, Step{From: 14 * w}},
+		{"even capped by an old grant: the margin still holds", even(10), even(20), 3 * w, Step{From: 12 * w}},
+		{"shares to even capped by a grant ahead", shares(30), even(20), 14 * w, Step{Cut: true, Interim: 20, From: 14 * w}},
 	}
 	for _, c := range cases {
 		cur := InForce{Quota: c.prev.Quota, Window: c.prev.Window}
@@ -69,6 +75,7 @@ func TestNext(t *testing.T) {
 		{"configd's share", View{Config: cfg, Leader: true, Shares: sh}, Applied{Source: SourceShares, Quota: 30, Window: time.Second, Generation: 4, At: 7}},
 		{"configd alive, nothing published", View{Config: cfg, Leader: true}, Applied{Source: SourceShares, Window: time.Second}},
 		{"no configd: the even split", View{Config: cfg, Shares: sh, Even: 25}, Applied{Source: SourceEven, Quota: 25, Window: time.Second}},
+		{"no configd: the even split, capped by a grant from 9", View{Config: cfg, Shares: sh, Even: 25, EvenFrom: 9}, Applied{Source: SourceEven, Quota: 25, Window: time.Second, At: 9}},
 		// Found by the protocol search: scaled to 10 s at the same rate, a
 		// 1 s share of 30 became 300 per 10 s, all of which could fall
 		// into one second, on every instance at once.

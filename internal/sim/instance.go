@@ -306,7 +306,11 @@ func (in *instance) apply(e *engine) bool {
 		}
 	}
 	if c := in.cfg; c != nil && !in.leaderSeen {
-		v.Even = in.even.Share(c.limit, in.grant(c), time.Unix(0, in.regAt), time.Unix(0, e.now), e.hold())
+		grant := in.grant(c)
+		v.Even = in.even.Share(c.limit, grant, time.Unix(0, in.regAt), time.Unix(0, e.now), e.hold())
+		if grant > 0 {
+			v.EvenFrom = in.shares.froms[in.id]
+		}
 		if in.regAt == never {
 			v.Even = 0 // not registered yet
 		}

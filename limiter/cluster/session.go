@@ -660,6 +660,9 @@ func (m *Member) apply(v *view, ap *applied) bool {
 		fv.Config = &follow.Config{Limit: c.Limit, Window: c.Window.D()}
 		if !fv.Leader {
 			fv.Even = v.even.Share(c.Limit, grant, m.registeredAt, time.Now(), holdFor(c, m.cfg.report))
+			if grant > 0 {
+				fv.EvenFrom = v.share.EffectiveFrom
+			}
 		}
 	}
 	next := follow.Next(fv, fallback)
