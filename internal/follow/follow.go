@@ -5,7 +5,11 @@
 // simulator (internal/sim) runs the very same rules.
 package follow
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/internal/share"
+)
 
 // Sources of an instance's quota (cluster.Status.Source).
 const (
@@ -115,8 +119,9 @@ type InForce struct {
 //
 // A quota without a boundary of its own (the even split, the fallback)
 // applies from the first boundary at least the margin ahead, by which the
-// other instances have it too; the even split also not before at, the
-// boundary of the grant that caps it (View.EvenFrom). Switching sources in the same window length
+// other instances have it too; the even split, where it grows the quota
+// in force, also not before at, the boundary of the grant that caps it
+// (View.EvenFrom). Switching sources in the same window length
 // is done in two steps: the instances do not switch at the same instant,
 // and within a window two sources disagree on who holds what (the even
 // split against configd's shares), so the smaller of the quota in force
@@ -137,7 +142,13 @@ func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Durati
 	soon := NextBoundary(now+int64(margin), int64(next.Window))
 	st := Step{From: at}
 	if st.From == 0 || next.Source == SourceEven {
-		st.From = max(NextBoundary(at, int64(next.Window)), soon)
+		st.From = soon
+		// The grant that caps the even split counts from its record's
+		// boundary on: what the split adds to the quota in force waits
+		// for it. A shrink never waits.
+		if next.Source == SourceEven && share.In(next.Quota, next.Window, cur.Window) > cur.Quota {
+			st.From = max(NextBoundary(at, int64(next.Window)), soon)
+		}
 	}
 	if prev.Source != next.Source && prev.Source != "" && prev.Window == next.Window {
 		st.Cut, st.Interim = true, min(cur.Quota, next.Quota)

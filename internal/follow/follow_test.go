@@ -39,7 +39,12 @@ func TestSchedule(t *testing.T) {
 		// the others enforced the shares it replaced until 13 s.
 		{"even capped by a grant: not before the grant's boundary", even(10), even(20), 14 * w, Step{From: 14 * w}},
 		{"even capped by an old grant: the margin still holds", even(10), even(20), 3 * w, Step{From: 12 * w}},
-		{"shares to even capped by a grant ahead", shares(30), even(20), 14 * w, Step{Cut: true, Interim: 20, From: 14 * w}},
+		{"shares to even, growing, capped by a grant ahead", shares(10), even(20), 14 * w, Step{Cut: true, Interim: 10, From: 14 * w}},
+		// Found by the protocol search on the first fix: a grant from a
+		// configd whose clock was minutes ahead held the even split's
+		// shrink back until its boundary.
+		{"an even shrink never waits for its grant's boundary", even(30), even(20), 354 * w, Step{From: 12 * w}},
+		{"shares to even, shrinking, capped by a grant ahead", shares(30), even(20), 354 * w, Step{Cut: true, Interim: 20, From: 12 * w}},
 	}
 	for _, c := range cases {
 		cur := InForce{Quota: c.prev.Quota, Window: c.prev.Window}
