@@ -256,6 +256,7 @@ func TestHandoverIgnoresItsOwnStaleEcho(t *testing.T) {
 	if _, err := p.load(ctx); err != nil {
 		t.Fatal(err)
 	}
+	p.fences = map[string]fence{"pay": f}
 	sharesKV := func() *mvccpb.KeyValue {
 		resp, err := cli.Get(ctx, keys.Share("pay", "i-1"))
 		if err != nil || len(resp.Kvs) == 0 {
@@ -280,7 +281,7 @@ func TestHandoverIgnoresItsOwnStaleEcho(t *testing.T) {
 	}
 	publish := func(wantGen int64) schema.Shares {
 		t.Helper()
-		if err := p.publishAll(ctx, f); err != nil {
+		if err := p.publishAll(ctx); err != nil {
 			t.Fatal(err)
 		}
 		sh, _ := readShares(t, cli, "pay")
@@ -302,7 +303,7 @@ func TestHandoverIgnoresItsOwnStaleEcho(t *testing.T) {
 	}
 	// The watch delivers the echo of i-1's record of generation 1 now.
 	p.apply(mvccpb.PUT, gen1)
-	if err := p.publishAll(ctx, f); err != nil {
+	if err := p.publishAll(ctx); err != nil {
 		t.Fatal(err)
 	}
 	sh, _ := readShares(t, cli, "pay")

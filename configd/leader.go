@@ -18,8 +18,8 @@ import (
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
-// elector runs this replica's part in the leader election and, while it
-// leads, the publisher.
+// elector runs this replica's part in the leader election and the
+// publisher, which leads the providers assigned to this replica.
 type elector struct {
 	cli     *clientv3.Client
 	keys    schema.Keys   // the election's prefix is keys.Election()
@@ -92,26 +92,44 @@ func (e *elector) term(ctx context.Context) error {
 		}
 	}()
 
-	el := concurrency.NewElection(sess, e.keys.Election())
-	if err := el.Campaign(tctx, e.id); err != nil {
-		return err
-	}
-	e.leading.Store(true)
-	e.metrics.leader.Set(1)
-	e.metrics.leaderChanges.Inc()
-	e.log.Info("became leader", "replica", e.id, "key", el.Key(), "revision", el.Rev())
+	// The campaign puts this replica's key in the election at once, which
+	// makes it a live replica that leads providers (see owner.go), and
+	// returns once it is the oldest: the election's leader, to which a
+	// lone provider goes.
+	var wg sync.WaitGroup
 	defer func() {
-		e.leading.Store(false)
-		e.metrics.leader.Set(0)
-		e.log.Info("no longer leader", "replica", e.id)
+		cancel()
+		wg.Wait()
 	}()
-	err = e.pub.run(tctx, fence{key: el.Key(), rev: el.Rev()})
+	el := concurrency.NewElection(sess, e.keys.Election())
+	wg.Go(func() { e.campaign(tctx, cancel, el) })
+	err = e.pub.run(tctx, int64(lease.ID))
 	select {
 	case <-sess.Done():
 		return errors.New("session lost (etcd unreachable for longer than the session TTL?)")
 	default:
 	}
 	return err
+}
+
+// campaign runs for the election's leadership until ctx ends; it ends the
+// term (cancel) if the campaign fails.
+func (e *elector) campaign(ctx context.Context, cancel context.CancelFunc, el *concurrency.Election) {
+	if err := el.Campaign(ctx, e.id); err != nil {
+		if ctx.Err() == nil {
+			e.log.Warn("leader election: campaign failed", "error", err)
+			cancel()
+		}
+		return
+	}
+	e.leading.Store(true)
+	e.metrics.leader.Set(1)
+	e.metrics.leaderChanges.Inc()
+	e.log.Info("became leader", "replica", e.id, "key", el.Key(), "revision", el.Rev())
+	<-ctx.Done()
+	e.leading.Store(false)
+	e.metrics.leader.Set(0)
+	e.log.Info("no longer leader", "replica", e.id)
 }
 
 // Foreign election keys.
@@ -128,7 +146,7 @@ func (e *elector) term(ctx context.Context) error {
 // a value that is no replica ID), or what its lease shows (leaseProblem).
 // A replica campaigns on a session lease of its own, granted for
 // --session-ttl (at most schema.MaxSessionTTL), that holds its election
-// key and nothing else. A live replica's key — a slow standby's, or a
+// key and the owner keys of the providers it leads, nothing else. A live replica's key — a slow standby's, or a
 // stuck leader's whose session is still alive — passes every check; so
 // does a key that imitates one exactly, which only the end of its lease
 // removes (etcd must not be writable by others: docs/operations.md).
@@ -159,7 +177,9 @@ func leaseProblem(keys schema.Keys, resp *clientv3.LeaseTimeToLiveResponse) erro
 		return fmt.Errorf("%w: granted %ds", errLeaseTooLong, resp.GrantedTTL)
 	}
 	for _, k := range resp.Keys {
-		if !strings.HasPrefix(string(k), keys.Election()+"/") {
+		// A replica's session holds its election key and the owner keys
+		// of the providers it leads.
+		if !strings.HasPrefix(string(k), keys.Election()+"/") && !strings.HasPrefix(string(k), keys.Owners()) {
 			return fmt.Errorf("%w: %s", errLeaseShared, schema.QuoteValue(string(k)))
 		}
 	}
@@ -177,7 +197,7 @@ func checkElectionKey(ctx context.Context, cli *clientv3.Client, keys schema.Key
 	switch {
 	case errors.Is(err, rpctypes.ErrPermissionDenied):
 		// With etcd's auth on, only when the lease holds a key this user
-		// may not read: a replica's holds its election key alone.
+		// may not read: a replica's holds its election and owner keys alone.
 		return fmt.Errorf("%w: (etcd denies reading them)", errLeaseShared), nil
 	case err != nil:
 		return nil, etcdError(err)

@@ -11,6 +11,7 @@ type metrics struct {
 	httpRequests    *prometheus.CounterVec
 	leader          prometheus.Gauge
 	leaderChanges   prometheus.Counter
+	providersLed    prometheus.Gauge
 	publishes       *prometheus.CounterVec
 	publishFailures prometheus.Counter
 	publishFailing  *prometheus.GaugeVec
@@ -34,7 +35,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "configd_http_requests_total", Help: "Admin API requests by route and status code.",
 		}, []string{"route", "code"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "configd_leader", Help: "1 while this replica is the leader that publishes shares.",
+			Name: "configd_leader", Help: "1 while this replica leads the election (the oldest live replica; a lone provider goes to it).",
+		}),
+		providersLed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "configd_providers_led", Help: "Providers this replica leads (holds the owner key of): it publishes their shares.",
 		}),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "configd_leader_terms_total", Help: "Times this replica became leader.",
@@ -88,7 +92,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "configd_clock_uncertainty_seconds", Help: "Uncertainty of configd's clock measurement; publishes take effect that much further ahead.",
 		}),
 	}
-	reg.MustRegister(m.httpRequests, m.leader, m.leaderChanges, m.publishes, m.publishFailures, m.publishFailing,
+	reg.MustRegister(m.httpRequests, m.leader, m.leaderChanges, m.providersLed, m.publishes, m.publishFailures, m.publishFailing,
 		m.generation, m.liveInstances, m.total, m.malformed, m.foreignShares, m.damped, m.historyPruned, m.electionForeign, m.electionForeignRemoved,
 		m.clockKnown, m.clockOffset, m.clockUncertainty,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

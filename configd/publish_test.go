@@ -189,16 +189,16 @@ func TestFencedPublish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaderKey := keys.Election() + "/deposed"
-	put, err := cli.Put(ctx, leaderKey, "old-leader", clientv3.WithLease(lease.ID))
+	ownerKey := keys.Owner("pay")
+	put, err := cli.Put(ctx, ownerKey, "old-leader", clientv3.WithLease(lease.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := fence{key: leaderKey, rev: put.Header.Revision}
+	f := fence{key: ownerKey, rev: put.Header.Revision}
 	writeHistory(t, cli, "pay", 1, 3)
 	addInstance(t, cli, "pay", "i-1") // share records are written for live instances only
-	// Deposed: the session's lease is gone, so is the key; another replica
-	// may have created a key of its own.
+	// Deposed: the session's lease is gone, so is the owner key; another
+	// replica may have created one of its own.
 	if _, err := cli.Revoke(ctx, lease.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -206,11 +206,18 @@ func TestFencedPublish(t *testing.T) {
 		cli: cli, keys: keys, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry()),
 		margin: DefaultPropagationMargin, replica: "old-leader", historyKeep: 2, now: time.Now,
 	}
-	if err := p.run(ctx, f); !errors.Is(err, errNotLeader) {
-		t.Fatalf("run = %v, want errNotLeader", err)
+	if _, err := p.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.fences = map[string]fence{"pay": f}
+	if err := p.publishAll(ctx); err != nil {
+		t.Fatalf("publishAll = %v", err)
 	}
 	if _, ok := readShares(t, cli, "pay"); ok {
 		t.Fatal("a deposed leader published shares")
+	}
+	if _, led := p.fences["pay"]; led {
+		t.Fatal("the deposed leader still counts itself the provider's leader")
 	}
 	if err := p.prune(ctx, f, "pay"); !errors.Is(err, errNotLeader) {
 		t.Fatalf("prune = %v, want errNotLeader", err)
@@ -218,15 +225,20 @@ func TestFencedPublish(t *testing.T) {
 	if n := len(historyKeys(t, cli, "pay")); n != 3 {
 		t.Fatalf("a deposed leader pruned history: %d entries left of 3", n)
 	}
-	// The same publisher under a valid fence publishes.
-	put, err = cli.Put(ctx, leaderKey, "leader")
+	// The same publisher on a live session takes the provider over and
+	// publishes.
+	live, err := cli.Grant(ctx, 60)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := cli.Put(ctx, keys.ElectionKey(int64(live.ID)), "leader", clientv3.WithLease(live.ID)); err != nil {
+		t.Fatal(err)
+	}
+	p.replica = "leader"
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- p.run(rctx, fence{key: leaderKey, rev: put.Header.Revision}) }()
-	waitShares(t, cli, "pay", "publish under a valid fence", func(s schema.Shares) bool { return s.Total == 10 })
+	go func() { done <- p.run(rctx, int64(live.ID)) }()
+	waitShares(t, cli, "pay", "publish under a valid fence", func(s schema.Shares) bool { return s.Total == 10 && s.Leader == "leader" })
 	waitFor(t, 10*time.Second, "history pruned under a valid fence", func() bool { return len(historyKeys(t, cli, "pay")) == 2 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {

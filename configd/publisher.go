@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -94,10 +95,13 @@ type publisher struct {
 	// counted, plus one for every entry created since: never less than
 	// the true count, so it says when to count again and prune.
 	history map[string]int64
-	// loadRev is the revision the state was last read at (0 while it is
-	// read): a share record written after it at a revision this replica
-	// did not write is someone else's.
-	loadRev int64
+	// Who leads what (see owner.go): lease is this replica's session
+	// lease, replicas the live replicas' election keys, owners every
+	// provider's owner key, and fences the providers this replica leads.
+	lease    int64
+	replicas map[string]replicaKey
+	owners   map[string]ownerKey
+	fences   map[string]fence
 
 	// failing is, per provider, why its last publish failed; read by the
 	// admin API (publishError), so guarded by failMu.
@@ -313,20 +317,25 @@ func (st *providerState) heldGrants(now time.Time) (held map[string]int64, next 
 	return held, next
 }
 
-// run publishes until ctx ends or leadership is lost (errNotLeader). It
-// reloads everything after a broken watch.
-func (p *publisher) run(ctx context.Context, f fence) error {
+// run leads providers on session lease until ctx ends or the lease is
+// gone (errSessionGone). It reloads everything after a broken watch.
+func (p *publisher) run(ctx context.Context, lease int64) error {
 	for _, st := range p.providers {
 		clear(st.shares.own) // another replica may have published since this one last led
 	}
+	p.lease = lease
+	defer func() {
+		p.lease, p.fences = 0, nil
+		p.noteLed()
+	}()
 	for {
 		rev, err := p.load(ctx)
 		if err == nil {
-			if err = p.publishAll(ctx, f); err == nil {
-				err = p.watch(ctx, f, rev)
+			if err = p.step(ctx); err == nil {
+				err = p.watch(ctx, rev)
 			}
 		}
-		if errors.Is(err, errNotLeader) || ctx.Err() != nil {
+		if errors.Is(err, errSessionGone) || ctx.Err() != nil {
 			return err
 		}
 		p.log.Warn("publisher: reloading state from etcd", "error", err)
@@ -343,7 +352,7 @@ func (p *publisher) run(ctx context.Context, f fence) error {
 // replaced) and rebuilds the state; it returns the revision read at.
 func (p *publisher) load(ctx context.Context) (int64, error) {
 	old, oldMalformed, oldDirty, oldHistory := p.providers, p.malformed, p.dirty, p.history
-	p.loadRev = 0
+	p.fences = nil // no share record is foreign while it is read
 	p.providers = map[string]*providerState{}
 	p.malformed = map[string]string{}
 	p.dirty = map[string]bool{}
@@ -376,11 +385,14 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 	}
 	stray := func(kv *mvccpb.KeyValue) { p.apply(mvccpb.PUT, kv) }
 	rev, err := scanProviders(ctx, p.cli, p.keys, ops, visit, stray)
+	if err == nil {
+		err = p.loadOwnership(ctx, rev)
+	}
 	if err != nil {
 		p.providers, p.malformed, p.dirty, p.history = old, oldMalformed, oldDirty, oldHistory
+		p.rebuildFences()
 		return 0, err
 	}
-	p.loadRev = rev
 	// Keep last good configs and instance records across a reload.
 	for name, st := range p.providers {
 		if o := old[name]; o != nil {
@@ -424,12 +436,41 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 	return rev, nil
 }
 
+// loadOwnership reads the election and the owner keys at rev.
+func (p *publisher) loadOwnership(ctx context.Context, rev int64) error {
+	resp, err := p.cli.Txn(ctx).Then(
+		clientv3.OpGet(p.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev)),
+		clientv3.OpGet(p.keys.Owners(), clientv3.WithPrefix(), clientv3.WithRev(rev)),
+	).Commit()
+	if err != nil {
+		return etcdError(err)
+	}
+	p.replicas, p.owners = map[string]replicaKey{}, map[string]ownerKey{}
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			p.applyOwnership(mvccpb.PUT, kv)
+		}
+	}
+	p.rebuildFences()
+	return nil
+}
+
+// step acquires and releases providers as balance says, then publishes.
+func (p *publisher) step(ctx context.Context) error {
+	if err := p.reconcile(ctx); err != nil {
+		return err
+	}
+	return p.publishAll(ctx)
+}
+
 // watch applies changes from rev+1 on and publishes after each batch, and
-// when a damped change is due.
-func (p *publisher) watch(ctx context.Context, f fence, rev int64) error {
+// when a damped change is due. One watch of the whole prefix keeps the
+// changes in revision order: the writes of a provider's previous owner
+// before the deletion of its owner key (see owner.go).
+func (p *publisher) watch(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wch := p.cli.Watch(clientv3.WithRequireLeader(wctx), p.keys.Providers(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	wch := p.cli.Watch(clientv3.WithRequireLeader(wctx), p.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -461,7 +502,7 @@ func (p *publisher) watch(ctx context.Context, f fence, rev int64) error {
 			p.metrics.malformed.Set(float64(len(p.malformed)))
 		case <-timer.C:
 		}
-		if err := p.publishAll(ctx, f); err != nil {
+		if err := p.step(ctx); err != nil {
 			return err
 		}
 	}
@@ -514,6 +555,10 @@ func (p *publisher) state(name string) *providerState {
 // stays.
 func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 	key := string(kv.Key)
+	if !strings.HasPrefix(key, p.keys.Providers()) {
+		p.applyOwnership(typ, kv)
+		return
+	}
 	k, err := p.keys.Parse(key)
 	if err != nil {
 		p.bad(key, kv.ModRevision, err)
@@ -614,7 +659,7 @@ func (p *publisher) bad(key string, rev int64, err error) {
 // it was last published or whose damped change is due, and prunes the
 // history of every provider that has more than historyKeep entries. A
 // provider whose publish failed stays to be retried with the next change.
-func (p *publisher) publishAll(ctx context.Context, f fence) error {
+func (p *publisher) publishAll(ctx context.Context) error {
 	now := p.wall()
 	for name, st := range p.providers {
 		if !st.due.IsZero() && !now.Before(st.due) {
@@ -622,18 +667,21 @@ func (p *publisher) publishAll(ctx context.Context, f fence) error {
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(p.dirty)) {
-		st := p.providers[name]
-		if st == nil {
+		st, f, led := p.providers[name], p.fences[name], false
+		if _, led = p.fences[name]; st == nil || !led {
 			delete(p.dirty, name)
 			continue
 		}
 		err := p.publish(ctx, f, name, st)
-		if err == nil {
+		switch {
+		case err == nil:
 			p.noteFailure(name, nil)
 			delete(p.dirty, name)
 			continue
-		}
-		if errors.Is(err, errNotLeader) || ctx.Err() != nil {
+		case errors.Is(err, errNotLeader):
+			p.lost(name)
+			continue
+		case ctx.Err() != nil:
 			return err
 		}
 		p.noteFailure(name, err)
@@ -642,14 +690,19 @@ func (p *publisher) publishAll(ctx context.Context, f fence) error {
 		return nil
 	}
 	for _, name := range slices.Sorted(maps.Keys(p.history)) {
-		if p.history[name] <= p.historyKeep {
+		f, led := p.fences[name]
+		if p.history[name] <= p.historyKeep || !led {
 			continue
 		}
 		if err := p.prune(ctx, f, name); err != nil {
-			if errors.Is(err, errNotLeader) || ctx.Err() != nil {
+			switch {
+			case errors.Is(err, errNotLeader):
+				p.lost(name)
+			case ctx.Err() != nil:
 				return err
+			default:
+				p.log.Error("pruning history failed", "provider", name, "error", err)
 			}
-			p.log.Error("pruning history failed", "provider", name, "error", err)
 		}
 	}
 	return nil

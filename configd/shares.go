@@ -48,8 +48,8 @@ type shareState struct {
 	// even if nothing moved.
 	rewrite map[string]bool
 	// own is, per instance ID, the revision this replica last wrote its
-	// record at in this term: a record written after the state was read
-	// (publisher.loadRev) at another revision is not this replica's.
+	// record at since it leads the provider: a record written after its
+	// owner key, at another revision, is not this replica's.
 	own map[string]int64
 	// registered is, per live instance ID, the revision its key was
 	// created at: a share record older than that is a previous process's,
@@ -134,9 +134,9 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 		return
 	}
 	switch {
-	case p.loadRev != 0 && kv.ModRevision > p.loadRev && kv.ModRevision != s.own[id]:
-		// Written by someone else while this replica leads: a forgery or
-		// a hand edit. The instance may enforce it until this replica's
+	case p.fences[name].rev != 0 && kv.ModRevision > p.fences[name].rev && kv.ModRevision != s.own[id]:
+		// Written by someone else while this replica leads the provider:
+		// a forgery or a hand edit. The instance may enforce it until this replica's
 		// next publish, so it counts as a grant beside ours; its
 		// generation is not ours to continue from.
 		p.metrics.foreignShares.WithLabelValues(name).Inc()

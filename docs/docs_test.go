@@ -1425,7 +1425,10 @@ func checkKey(k string) error {
 	if rest, ok := strings.CutPrefix(k, keys.Election()+"/"); ok && (rest == "" || hexRE.MatchString(rest)) {
 		return nil
 	}
-	if k == keys.Prefix() || k == keys.Providers() || k == keys.Election() {
+	if k == keys.Prefix() || k == keys.Providers() || k == keys.Election() || k == keys.Owners() {
+		return nil
+	}
+	if name, ok := strings.CutPrefix(k, keys.Owners()); ok && schema.ValidateName(name) == nil {
 		return nil
 	}
 	if rest, ok := strings.CutPrefix(k, keys.Providers()); ok {

@@ -21,6 +21,7 @@ const (
 	evenDir      = "even/"
 	historyDir   = "history/"
 	electionDir  = "configd/leader"
+	ownersDir    = "configd/owners/"
 )
 
 var (
@@ -135,6 +136,14 @@ func (k Keys) HistoryEntry(name string, seq int64) string {
 // replicas ("<prefix>configd/leader"; the election adds "/<lease id>" for
 // each candidate). The leader's key is the fence for every publish.
 func (k Keys) Election() string { return k.Prefix() + electionDir }
+
+// Owners returns the prefix of the owner keys (ends with '/'): one per
+// provider, naming the configd replica that leads it, on that replica's
+// session lease. Every write for the provider is fenced on its owner key.
+func (k Keys) Owners() string { return k.Prefix() + ownersDir }
+
+// Owner returns the owner key of provider name.
+func (k Keys) Owner(name string) string { return k.Owners() + name }
 
 // MaxSessionTTL is the longest session lease a configd replica campaigns
 // with (serve's --session-ttl is at most this). A key under Election on a
