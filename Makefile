@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle bench sim accuracy soak scale faults demo clean
+.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle bench sim accuracy soak scale shards faults demo clean
 
 all: build test
 
@@ -137,6 +137,13 @@ soak:
 ## (SCALE_FLAGS=-n 100,1000 for fewer sizes).
 scale:
 	$(GO) run ./bench/scale $(SCALE_FLAGS)
+
+## shards: providers spread over configd replicas: P providers of I
+## instances (records and an acknowledger, not processes) led by 3 configd
+## processes: hand-out, retunes of every provider, CPU per replica, a
+## replica killed (SHARDS_FLAGS=-replicas 1 for one replica's capacity).
+shards:
+	$(GO) run ./bench/shards $(SHARDS_FLAGS)
 
 ## faults: the fault suite — real processes under a leader kill, a zombie
 ## instance, an etcd outage, a 3-member etcd losing its leader, a flood of

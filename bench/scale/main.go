@@ -337,25 +337,8 @@ func snapshot(ctx context.Context, f *fleet, cli *clientv3.Client, url string, c
 	if st, err := cli.Status(ctx, url); err == nil {
 		s.db = st.DbSize
 	}
-	s.configdCPU = cpuSeconds(configdPid)
+	s.configdCPU = harness.CPUSeconds(configdPid)
 	return s
-}
-
-// cpuSeconds returns the user and system CPU time of process pid, from
-// /proc (0 where there is none).
-func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command (which may hold spaces) start after ')'.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100 // USER_HZ is 100 on Linux
 }
 
 // retune is a change of the limit, from when it was made until every
