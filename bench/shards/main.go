@@ -41,6 +41,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/internal/schema"
@@ -56,6 +57,7 @@ type options struct {
 	retunes    int
 	sessionTTL time.Duration
 	timeout    time.Duration
+	keep       bool
 }
 
 type result struct {
@@ -76,6 +78,7 @@ func main() {
 	flag.IntVar(&o.retunes, "retunes", 4, "retunes of every provider per fleet")
 	flag.DurationVar(&o.sessionTTL, "session-ttl", 5*time.Second, "the replicas' --session-ttl")
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "how long a phase may take before the run fails")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (etcd data, configd logs)")
 	flag.Parse()
 	for _, f := range strings.Split(*fleets, ",") {
 		p, i, ok := strings.Cut(strings.TrimSpace(f), "x")
@@ -99,7 +102,7 @@ func main() {
 
 func run(o options) error {
 	fmt.Println(harness.Facts())
-	dir, bins, cleanup, err := harness.WorkDir("sluice-shards-", false, "./configd")
+	dir, bins, cleanup, err := harness.WorkDir("sluice-shards-", o.keep, "./configd")
 	if err != nil {
 		return err
 	}
@@ -148,7 +151,7 @@ func measure(o options, f fleetSize, dir, bin string) (result, error) {
 		return res, err
 	}
 	defer etcd.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, MaxCallSendMsgSize: 8 << 20})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return res, err
 	}
@@ -171,7 +174,10 @@ func measure(o options, f fleetSize, dir, bin string) (result, error) {
 		cds = append(cds, cd)
 	}
 
-	ack := newAcker(ctx, cli, f)
+	ack, err := newAcker(ctx, cli, f)
+	if err != nil {
+		return res, err
+	}
 	defer ack.stop()
 	limit := int64(f.instances) * 1000
 	if err := putConfigs(ctx, cli, f.providers, limit); err != nil {
@@ -342,7 +348,7 @@ func register(ctx context.Context, cli *clientv3.Client, f fleetSize, a *acker) 
 	}
 	for p := range f.providers {
 		for i := range f.instances {
-			a.queue <- ackReq{p, i, 0}
+			a.send(ctx, ackReq{p, i, 0})
 		}
 	}
 	return nil
@@ -360,7 +366,7 @@ type acker struct {
 	cli    *clientv3.Client
 	f      fleetSize
 	leases []clientv3.LeaseID
-	queue  chan ackReq
+	queues []chan ackReq // an instance's writes all go through one, in order
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	errs   atomic.Int64
@@ -369,18 +375,27 @@ type acker struct {
 	shares []map[string]schema.ShareRecord // per provider, per instance
 }
 
-func newAcker(ctx context.Context, cli *clientv3.Client, f fleetSize) *acker {
+func newAcker(ctx context.Context, cli *clientv3.Client, f fleetSize) (*acker, error) {
+	// The watch starts at a revision read now: a share record written
+	// before the goroutine gets to watching is not missed.
+	resp, err := cli.Get(ctx, keys.Providers(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	a := &acker{cli: cli, f: f, leases: make([]clientv3.LeaseID, f.providers), queue: make(chan ackReq, 1<<16), cancel: cancel,
+	a := &acker{cli: cli, f: f, leases: make([]clientv3.LeaseID, f.providers), cancel: cancel,
 		shares: make([]map[string]schema.ShareRecord, f.providers)}
 	for p := range a.shares {
 		a.shares[p] = map[string]schema.ShareRecord{}
 	}
 	for range 16 {
-		a.wg.Go(func() { a.write(ctx) })
+		q := make(chan ackReq, 1<<12)
+		a.queues = append(a.queues, q)
+		a.wg.Go(func() { a.write(ctx, q) })
 	}
-	a.wg.Go(func() { a.follow(ctx) })
-	return a
+	wch := cli.Watch(ctx, keys.Providers(), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	a.wg.Go(func() { a.follow(ctx, wch) })
+	return a, nil
 }
 
 func (a *acker) stop() {
@@ -388,12 +403,20 @@ func (a *acker) stop() {
 	a.wg.Wait()
 }
 
-func (a *acker) write(ctx context.Context) {
+// send queues r on its instance's writer.
+func (a *acker) send(ctx context.Context, r ackReq) {
+	select {
+	case a.queues[(r.p*a.f.instances+r.i)%len(a.queues)] <- r:
+	case <-ctx.Done():
+	}
+}
+
+func (a *acker) write(ctx context.Context, queue chan ackReq) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case r := <-a.queue:
+		case r := <-queue:
 			rec := schema.InstanceRecord{ID: instanceID(r.i), Host: "shards", PID: 1, Started: time.Now().UTC(), Updated: time.Now().UTC(),
 				Demand: 1000, AppliedGeneration: r.gen}
 			b, err := schema.Encode(rec)
@@ -408,8 +431,12 @@ func (a *acker) write(ctx context.Context) {
 }
 
 // follow watches every share record and acknowledges it.
-func (a *acker) follow(ctx context.Context) {
-	for wr := range a.cli.Watch(ctx, keys.Providers(), clientv3.WithPrefix()) {
+func (a *acker) follow(ctx context.Context, wch clientv3.WatchChan) {
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			a.errs.Add(1)
+			return
+		}
 		for _, ev := range wr.Events {
 			k, err := keys.Parse(string(ev.Kv.Key))
 			if err != nil || k.Kind != schema.KindShares || k.Instance == "" {
@@ -432,11 +459,7 @@ func (a *acker) follow(ctx context.Context) {
 			a.mu.Unlock()
 			i, _ := strconv.Atoi(strings.TrimPrefix(k.Instance, "i"))
 			if err == nil {
-				select {
-				case a.queue <- ackReq{p, i, rec.Generation}:
-				case <-ctx.Done():
-					return
-				}
+				a.send(ctx, ackReq{p, i, rec.Generation})
 			}
 		}
 	}
@@ -447,7 +470,7 @@ func (a *acker) follow(ctx context.Context) {
 func (a *acker) settled(limit int64) (bool, string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	short := 0
+	short, example := 0, ""
 	for p := range a.shares {
 		var sum int64
 		n := 0
@@ -459,9 +482,10 @@ func (a *acker) settled(limit int64) (bool, string) {
 		}
 		if sum != limit || n != a.f.instances {
 			short++
+			example = fmt.Sprintf("%s: %d records at %d, shares adding up to %d", name(p), n, limit, sum)
 		}
 	}
-	return short == 0, fmt.Sprintf("%d of %d providers not at %d", short, len(a.shares), limit)
+	return short == 0, fmt.Sprintf("%d of %d providers not at %d (%s)", short, len(a.shares), limit, example)
 }
 
 func (a *acker) wait(ctx context.Context, limit int64, timeout time.Duration) error {
