@@ -64,6 +64,11 @@ func printStatus(w io.Writer, v statusView, now time.Time) {
 		fmt.Fprintf(w, "publish:   FAILING: %s\n", v.PublishError)
 	}
 	printElection(w, v)
+	if v.Owner != "" {
+		fmt.Fprintf(w, "led by:    %s (it publishes this provider's shares)\n", printable(v.Owner))
+	} else if v.ElectionError == "" && len(v.Election) > 0 {
+		fmt.Fprintf(w, "led by:    no replica now (being handed over, or its replica's session is expiring)\n")
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tHOST\tSHARE\tDEMAND\tADMITTED\tCLOCK OFFSET\tLAST SEEN\tGENERATION")

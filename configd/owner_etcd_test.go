@@ -90,6 +90,9 @@ func TestProvidersSpreadOverReplicas(t *testing.T) {
 		return own
 	}
 	before := wait("nine providers led three per replica", true, "r1", "r2", "r3")
+	if out := cliOK(t, "status", "api-0", "--server", reps["r3"].url()); !strings.Contains(out, "led by:    "+before["api-0"].replica+" ") {
+		t.Errorf("status does not say api-0 is led by %s:\n%s", before["api-0"].replica, out)
+	}
 
 	reps["r4"] = startReplica(t, srv, "r4")
 	after := wait("a fourth replica to take its share", false, "r1", "r2", "r3", "r4")

@@ -151,6 +151,9 @@ type statusView struct {
 	// PublishError is why the leader's last attempt to publish this
 	// provider's shares failed; only the leading replica's API knows it.
 	PublishError string `json:"publish_error,omitempty"`
+	// Owner is the replica that leads this provider (its owner key);
+	// empty: none does now.
+	Owner string `json:"owner"`
 	// Election lists configd's election keys, oldest first (see
 	// readElection), and ElectionMore how many more there are;
 	// ElectionError says why they could not be read.
@@ -456,6 +459,9 @@ func (s *store) status(ctx context.Context, name string) (statusView, error) {
 	// still sees the rest.
 	if out.Election, out.ElectionMore, err = readElection(ctx, s.cli, s.keys); err != nil {
 		out.ElectionError = err.Error()
+	}
+	if own, err := s.cli.Get(ctx, s.keys.Owner(name)); err == nil && len(own.Kvs) > 0 {
+		out.Owner = clip(string(own.Kvs[0].Value))
 	}
 	return out, nil
 }
