@@ -36,10 +36,13 @@ import (
 // replica an assignment names acquires, and the owner key's create-if-
 // absent settles any race between two views.
 //
-// A replica reads everything through one watch of the whole prefix, so
-// its view of a provider has every write of the provider's previous owner
-// (fenced on a key whose deletion comes after them) before it sees that
-// owner key go and takes the provider over.
+// A replica keeps the state of the providers it leads only: it decodes
+// and plans nothing of the others, so adding replicas divides that work.
+// It reads a provider's keys afresh when it takes it over, after its
+// owner key is created: every write of the previous owner, fenced on the
+// key it replaces, is in what it reads. It still receives every key's
+// changes, through one watch of the whole prefix, and counts each
+// provider's keys: a provider with any needs a leader.
 
 // replicaKey is a live replica as its election key shows it.
 type replicaKey struct {
@@ -158,6 +161,7 @@ func (p *publisher) applyOwnership(typ mvccpb.Event_EventType, kv *mvccpb.KeyVal
 // lost forgets that this replica leads provider name.
 func (p *publisher) lost(name string) {
 	delete(p.fences, name)
+	p.forgetProvider(name)
 	p.metrics.forget(name) // its owner reports them now
 	p.log.Info("no longer leads provider", "provider", name)
 	p.noteLed()
@@ -195,8 +199,8 @@ var errSessionGone = errors.New("configd: session lease gone")
 
 // reconcile releases and acquires providers as balance says.
 func (p *publisher) reconcile(ctx context.Context) error {
-	names := make([]string, 0, len(p.providers))
-	for name := range p.providers {
+	names := make([]string, 0, len(p.known))
+	for name := range p.known {
 		if schema.ValidateName(name) == nil {
 			names = append(names, name)
 		}
@@ -207,7 +211,7 @@ func (p *publisher) reconcile(ctx context.Context) error {
 	}
 	acquire, release := balance(p.lease, p.liveReplicas(), names, owners)
 	for name := range p.fences {
-		if p.providers[name] == nil {
+		if p.known[name] == 0 {
 			release = append(release, name) // nothing of it is left
 		}
 	}
@@ -242,13 +246,9 @@ func (p *publisher) acquire(ctx context.Context, name string) error {
 	p.owners[name] = ownerKey{replica: p.replica, lease: p.lease, rev: rev}
 	p.fences[name] = fence{key: key, rev: rev}
 	p.noteLed()
-	if st := p.providers[name]; st != nil {
-		// Another replica may have led it since this one last did.
-		clear(st.shares.own)
-	}
-	p.dirty[name] = true
 	p.log.Info("leads provider", "provider", name, "revision", rev)
-	return nil
+	// It followed nothing of the provider while another led it.
+	return p.readProvider(ctx, name)
 }
 
 // release deletes provider name's owner key, if it is still this

@@ -102,6 +102,15 @@ type publisher struct {
 	replicas map[string]replicaKey
 	owners   map[string]ownerKey
 	fences   map[string]fence
+	// known counts every provider's keys (config, instances, shares): a
+	// provider with any needs a leader. A replica on a session keeps the
+	// state (providers) of the providers it leads only, read when it
+	// takes one over, at readAt; watch events at or before that are in
+	// what it read. Without a session (tests, benchmarks) it keeps every
+	// provider's.
+	known   map[string]int
+	readAt  map[string]int64
+	loading bool // the state is being read: no share record is foreign
 
 	// failing is, per provider, why its last publish failed; read by the
 	// admin API (publishError), so guarded by failMu.
@@ -351,46 +360,26 @@ func (p *publisher) run(ctx context.Context, lease int64) error {
 // and the newest replacedScan read for the fail_static values they
 // replaced) and rebuilds the state; it returns the revision read at.
 func (p *publisher) load(ctx context.Context) (int64, error) {
-	old, oldMalformed, oldDirty, oldHistory := p.providers, p.malformed, p.dirty, p.history
-	p.fences = nil // no share record is foreign while it is read
+	old, oldMalformed, oldDirty, oldHistory, oldKnown := p.providers, p.malformed, p.dirty, p.history, p.known
+	p.loading = true
+	defer func() { p.loading = false }()
 	p.providers = map[string]*providerState{}
 	p.malformed = map[string]string{}
 	p.dirty = map[string]bool{}
 	p.history = map[string]int64{}
+	p.known = map[string]int{}
+	p.readAt = map[string]int64{}
 	// Per provider, two key ranges around history/ (config before it;
 	// instances and shares after it) and the newest replacedScan entries of
 	// history/, whose response counts them all.
-	ops := func(name string, rev int64) []clientv3.Op {
-		prov, hist := p.keys.Provider(name), p.keys.History(name)
-		return []clientv3.Op{
-			clientv3.OpGet(prov, clientv3.WithRange(hist), clientv3.WithRev(rev)),
-			clientv3.OpGet(clientv3.GetPrefixRangeEnd(hist), clientv3.WithRange(clientv3.GetPrefixRangeEnd(prov)), clientv3.WithRev(rev)),
-			clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend),
-				clientv3.WithLimit(replacedScan), clientv3.WithRev(rev)),
-		}
-	}
-	visit := func(name string, resps []*etcdserverpb.ResponseOp) {
-		for _, r := range resps[:2] {
-			for _, kv := range r.GetResponseRange().Kvs {
-				p.apply(mvccpb.PUT, kv)
-			}
-		}
-		hist := resps[2].GetResponseRange()
-		if hist.Count > 0 && schema.ValidateName(name) == nil {
-			p.history[name] = hist.Count
-		}
-		if st := p.providers[name]; st != nil {
-			st.replacedFrom(hist.Kvs, p.wall())
-		}
-	}
 	stray := func(kv *mvccpb.KeyValue) { p.apply(mvccpb.PUT, kv) }
-	rev, err := scanProviders(ctx, p.cli, p.keys, ops, visit, stray)
+	rev, err := p.loadOwnership(ctx)
 	if err == nil {
-		err = p.loadOwnership(ctx, rev)
+		visit := func(name string, resps []*etcdserverpb.ResponseOp) { p.visit(name, resps, true) }
+		_, err = scanProviders(ctx, p.cli, p.keys, rev, p.readOps, visit, stray)
 	}
 	if err != nil {
-		p.providers, p.malformed, p.dirty, p.history = old, oldMalformed, oldDirty, oldHistory
-		p.rebuildFences()
+		p.providers, p.malformed, p.dirty, p.history, p.known = old, oldMalformed, oldDirty, oldHistory, oldKnown
 		return 0, err
 	}
 	// Keep last good configs and instance records across a reload.
@@ -436,14 +425,108 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 	return rev, nil
 }
 
-// loadOwnership reads the election and the owner keys at rev.
-func (p *publisher) loadOwnership(ctx context.Context, rev int64) error {
-	resp, err := p.cli.Txn(ctx).Then(
-		clientv3.OpGet(p.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev)),
-		clientv3.OpGet(p.keys.Owners(), clientv3.WithPrefix(), clientv3.WithRev(rev)),
-	).Commit()
+// readOps are the reads of one provider's keys at rev (0: the current
+// revision): two key ranges around history/ (config before it; instances
+// and shares after it) and the newest replacedScan entries of history/,
+// whose response counts them all. History entries are never read whole.
+func (p *publisher) readOps(name string, rev int64) []clientv3.Op {
+	prov, hist := p.keys.Provider(name), p.keys.History(name)
+	return []clientv3.Op{
+		clientv3.OpGet(prov, clientv3.WithRange(hist), clientv3.WithRev(rev)),
+		clientv3.OpGet(clientv3.GetPrefixRangeEnd(hist), clientv3.WithRange(clientv3.GetPrefixRangeEnd(prov)), clientv3.WithRev(rev)),
+		clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend),
+			clientv3.WithLimit(replacedScan), clientv3.WithRev(rev)),
+	}
+}
+
+// visit folds the responses of readOps into the state; count says to
+// count the provider's keys too (a full load: known starts empty).
+func (p *publisher) visit(name string, resps []*etcdserverpb.ResponseOp, count bool) {
+	for _, r := range resps[:2] {
+		for _, kv := range r.GetResponseRange().Kvs {
+			if k, err := p.keys.Parse(string(kv.Key)); count && err == nil && k.Kind != schema.KindEven && k.Kind != schema.KindHistory {
+				p.count(k.Provider, 1)
+			}
+			p.applyKV(mvccpb.PUT, kv, true)
+		}
+	}
+	if !p.keeps(name) {
+		return
+	}
+	hist := resps[2].GetResponseRange()
+	if hist.Count > 0 && schema.ValidateName(name) == nil {
+		p.history[name] = hist.Count
+	}
+	if st := p.providers[name]; st != nil {
+		st.replacedFrom(hist.Kvs, p.wall())
+	}
+}
+
+// keeps reports whether the state of provider name is kept: this replica
+// leads it, or runs without a session.
+func (p *publisher) keeps(name string) bool {
+	_, led := p.fences[name]
+	return led || p.lease == 0
+}
+
+// readProvider reads provider name's state afresh, as this replica takes
+// it over: what another replica led, this one did not follow.
+func (p *publisher) readProvider(ctx context.Context, name string) error {
+	resp, err := p.cli.Txn(ctx).Then(p.readOps(name, 0)...).Commit()
 	if err != nil {
 		return etcdError(err)
+	}
+	delete(p.providers, name)
+	delete(p.history, name)
+	p.readAt[name] = 0
+	p.loading = true
+	p.visit(name, resp.Responses, false)
+	p.loading = false
+	p.readAt[name] = resp.Header.Revision
+	if st := p.providers[name]; st != nil {
+		st.holdMissing(p.now())
+	}
+	p.dirty[name] = true
+	return nil
+}
+
+// count adds d to the number of provider name's keys.
+func (p *publisher) count(name string, d int) {
+	if p.known == nil {
+		p.known = map[string]int{}
+	}
+	if p.known[name] += d; p.known[name] <= 0 {
+		delete(p.known, name)
+	}
+}
+
+// forgetProvider drops the state of provider name, which this replica no
+// longer leads.
+func (p *publisher) forgetProvider(name string) {
+	if p.lease == 0 {
+		return
+	}
+	delete(p.providers, name)
+	delete(p.history, name)
+	delete(p.readAt, name)
+	delete(p.dirty, name)
+	prefix := p.keys.Provider(name)
+	for key := range p.malformed {
+		if strings.HasPrefix(key, prefix) {
+			delete(p.malformed, key)
+		}
+	}
+}
+
+// loadOwnership reads the election and the owner keys, and returns the
+// revision it read them at.
+func (p *publisher) loadOwnership(ctx context.Context) (int64, error) {
+	resp, err := p.cli.Txn(ctx).Then(
+		clientv3.OpGet(p.keys.Election()+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(p.keys.Owners(), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return 0, etcdError(err)
 	}
 	p.replicas, p.owners = map[string]replicaKey{}, map[string]ownerKey{}
 	for _, r := range resp.Responses {
@@ -452,7 +535,7 @@ func (p *publisher) loadOwnership(ctx context.Context, rev int64) error {
 		}
 	}
 	p.rebuildFences()
-	return nil
+	return resp.Header.Revision, nil
 }
 
 // step acquires and releases providers as balance says, then publishes.
@@ -554,6 +637,11 @@ func (p *publisher) state(name string) *providerState {
 // once, listed in p.malformed, and otherwise ignored: the last good value
 // stays.
 func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
+	p.applyKV(typ, kv, false)
+}
+
+// applyKV is apply; loaded says kv was read, not watched.
+func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loaded bool) {
 	key := string(kv.Key)
 	if !strings.HasPrefix(key, p.keys.Providers()) {
 		p.applyOwnership(typ, kv)
@@ -567,6 +655,17 @@ func (p *publisher) apply(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 	put := typ == mvccpb.PUT
 	if k.Kind == schema.KindEven {
 		return // the instances' own business, while no configd leads
+	}
+	if k.Kind != schema.KindHistory && !loaded {
+		switch {
+		case !put:
+			p.count(k.Provider, -1)
+		case kv.Version == 1: // created
+			p.count(k.Provider, 1)
+		}
+	}
+	if !p.keeps(k.Provider) || kv.ModRevision <= p.readAt[k.Provider] {
+		return // another replica's, or in what was read when taken over
 	}
 	if k.Kind == schema.KindHistory {
 		if put && kv.Version == 1 { // created

@@ -18,6 +18,8 @@ import (
 // fetched as one prefix, so however long its history, it costs nothing
 // unless ops asks for it.
 //
+// at is the revision to read at; 0: the current one.
+//
 // It is a skip scan, one transaction per provider (P+1 round trips for P
 // providers): the reads ops(name, rev) returns, which should read at rev
 // (clientv3.WithRev) so that the scan is one snapshot, plus a keys-only
@@ -27,7 +29,7 @@ import (
 // provider name (a key written by hand); visit decides what to do with the
 // keys it reads. A stray key directly under keys.Providers() (no provider
 // segment) is passed to stray, keys only, and stepped over.
-func scanProviders(ctx context.Context, cli *clientv3.Client, keys schema.Keys,
+func scanProviders(ctx context.Context, cli *clientv3.Client, keys schema.Keys, at int64,
 	ops func(name string, rev int64) []clientv3.Op,
 	visit func(name string, resps []*etcdserverpb.ResponseOp),
 	stray func(kv *mvccpb.KeyValue),
@@ -41,7 +43,7 @@ func scanProviders(ctx context.Context, cli *clientv3.Client, keys schema.Keys,
 		}
 		return clientv3.OpGet(from, opts...)
 	}
-	resp, err := cli.Do(ctx, first(root, 0))
+	resp, err := cli.Do(ctx, first(root, at))
 	if err != nil {
 		return 0, etcdError(err)
 	}

@@ -134,7 +134,7 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 		return
 	}
 	switch {
-	case p.fences[name].rev != 0 && kv.ModRevision > p.fences[name].rev && kv.ModRevision != s.own[id]:
+	case !p.loading && p.fences[name].rev != 0 && kv.ModRevision > p.fences[name].rev && kv.ModRevision != s.own[id]:
 		// Written by someone else while this replica leads the provider:
 		// a forgery or a hand edit. The instance may enforce it until this replica's
 		// next publish, so it counts as a grant beside ours; its

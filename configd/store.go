@@ -234,7 +234,7 @@ func (s *store) list(ctx context.Context) (listView, error) {
 			out.Providers = append(out.Providers, providerView{Config: cfg, Revision: kv.ModRevision})
 		}
 	}
-	if _, err := scanProviders(ctx, s.cli, s.keys, configOnly, visit, func(*mvccpb.KeyValue) {}); err != nil {
+	if _, err := scanProviders(ctx, s.cli, s.keys, 0, configOnly, visit, func(*mvccpb.KeyValue) {}); err != nil {
 		return listView{}, err
 	}
 	slices.SortFunc(out.Providers, func(a, b providerView) int { return strings.Compare(a.Config.Name, b.Config.Name) })

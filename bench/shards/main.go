@@ -12,8 +12,8 @@
 //     adding up to its whole limit, split over all its instances;
 //
 //   - retune: every provider's limit changed at once (down by 10%, then
-//     back), until every provider's shares add up to the new limit
-//     (p50/p99 over -retunes);
+//     back, -every apart), until every provider's shares add up to the
+//     new limit (p50/p99 over -retunes);
 //
 //   - per replica: providers led, and CPU seconds per retune (/proc);
 //
@@ -55,6 +55,7 @@ type options struct {
 	fleets     []fleetSize
 	replicas   int
 	retunes    int
+	every      time.Duration
 	sessionTTL time.Duration
 	timeout    time.Duration
 	keep       bool
@@ -76,6 +77,7 @@ func main() {
 	fleets := flag.String("fleets", "100x100,1000x100", "fleets as PROVIDERSxINSTANCES, comma-separated")
 	flag.IntVar(&o.replicas, "replicas", 3, "configd replicas")
 	flag.IntVar(&o.retunes, "retunes", 4, "retunes of every provider per fleet")
+	flag.DurationVar(&o.every, "every", 3*time.Second, "time between the starts of two retunes")
 	flag.DurationVar(&o.sessionTTL, "session-ttl", 5*time.Second, "the replicas' --session-ttl")
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "how long a phase may take before the run fails")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (etcd data, configd logs)")
@@ -219,6 +221,10 @@ func measure(o options, f fleetSize, dir, bin string) (result, error) {
 			return res, fmt.Errorf("retune %d to %d: %w", i, next, err)
 		}
 		lat = append(lat, time.Since(start))
+		fmt.Fprintf(os.Stderr, "%dx%d: retune %d to %d in %v\n", f.providers, f.instances, i, next, lat[len(lat)-1].Round(10*time.Millisecond))
+		if rest := o.every - time.Since(start); rest > 0 {
+			time.Sleep(rest) // the pace of the retunes, not a synchronisation
+		}
 	}
 	cpu1 := cpus(cds)
 	for r := range cds {
