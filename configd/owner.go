@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -56,6 +57,7 @@ type ownerKey struct {
 	replica string
 	lease   int64 // the owner's session lease: it identifies the owner
 	rev     int64 // create revision: the fence of every write for the provider
+	mod     int64 // mod revision
 }
 
 // releases returns how many providers the replica of session lease self
@@ -150,7 +152,7 @@ func (p *publisher) applyOwnership(typ mvccpb.Event_EventType, kv *mvccpb.KeyVal
 	}
 	delete(p.owners, name)
 	if put {
-		p.owners[name] = ownerKey{replica: string(kv.Value), lease: kv.Lease, rev: kv.CreateRevision}
+		p.owners[name] = ownerKey{replica: string(kv.Value), lease: kv.Lease, rev: kv.CreateRevision, mod: kv.ModRevision}
 	}
 	if f, led := p.fences[name]; led && (!put || kv.CreateRevision != f.rev) {
 		p.lost(name)
@@ -205,11 +207,14 @@ func (p *publisher) reconcile(ctx context.Context) error {
 			names = append(names, name)
 		}
 	}
+	live := p.liveReplicas()
 	owners := make(map[string]int64, len(p.owners))
 	for name, o := range p.owners {
-		owners[name] = o.lease
+		if slices.Contains(live, o.lease) {
+			owners[name] = o.lease
+		}
 	}
-	acquire, release := balance(p.lease, p.liveReplicas(), names, owners)
+	acquire, release := balance(p.lease, live, names, owners)
 	for name := range p.fences {
 		if p.known[name] == 0 {
 			release = append(release, name) // nothing of it is left
@@ -232,6 +237,9 @@ func (p *publisher) reconcile(ctx context.Context) error {
 // it is still free.
 func (p *publisher) acquire(ctx context.Context, name string) error {
 	key := p.keys.Owner(name)
+	if o, ok := p.owners[name]; ok {
+		return p.removeForeignOwner(ctx, name, o)
+	}
 	resp, err := p.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, p.replica, clientv3.WithLease(clientv3.LeaseID(p.lease)))).Commit()
 	switch {
@@ -249,6 +257,24 @@ func (p *publisher) acquire(ctx context.Context, name string) error {
 	p.log.Info("leads provider", "provider", name, "revision", rev)
 	// It followed nothing of the provider while another led it.
 	return p.readProvider(ctx, name)
+}
+
+// removeForeignOwner deletes provider name's owner key o, which is on no
+// live replica's session lease: without a lease, or on one that is not a
+// replica's (no live replica holds a key in the election on it). A
+// replica's owner keys and its election key share its session lease and
+// go together, so o can only be someone else's, and it would keep every
+// replica from leading the provider. The watch brings the deletion, and
+// the replica balance names acquires the provider then.
+func (p *publisher) removeForeignOwner(ctx context.Context, name string, o ownerKey) error {
+	key := p.keys.Owner(name)
+	p.log.Warn("owner key on no live replica's session; removing it", "provider", name, "key", key,
+		"value", clip(o.replica), "lease", fmt.Sprintf("%x", o.lease), "revision", o.mod)
+	_, err := p.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", o.mod)).Then(clientv3.OpDelete(key)).Commit()
+	if err != nil {
+		return etcdError(err)
+	}
+	return nil
 }
 
 // release deletes provider name's owner key, if it is still this

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/schema"
 )
 
 // owners reads every provider's owner key: provider → replica ID and
@@ -121,4 +122,24 @@ func TestProvidersSpreadOverReplicas(t *testing.T) {
 func metricLed(t *testing.T, r *replica) string {
 	t.Helper()
 	return r.metricValue(t, "configd_providers_led")
+}
+
+// TestForeignOwnerKeyRemoved: an owner key on no live replica's session
+// (leaseless here, written by hand) would keep every replica from leading
+// the provider; the replica that would lead it removes it, says so, and
+// leads the provider.
+func TestForeignOwnerKeyRemoved(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putKV(t, cli, keys.Owner("pay"), "r9")
+	r := startReplica(t, srv, "r1")
+	cliOK(t, "set", "pay", "--limit", "10", "--server", r.url())
+	addInstance(t, cli, "pay", "i-1")
+	waitShares(t, cli, "pay", "r1 to lead pay and publish", func(s schema.Shares) bool { return s.Leader == "r1" && s.Total == 10 })
+	if o := owners(t, cli)["pay"]; o.replica != "r1" || o.lease == 0 {
+		t.Errorf("pay's owner key: %+v, want r1's on its lease", o)
+	}
+	if !strings.Contains(r.log.String(), `msg="owner key on no live replica's session; removing it"`) || !strings.Contains(r.log.String(), `provider=pay key=`+keys.Owner("pay")) {
+		t.Errorf("the removal was not logged:\n%s", r.log.String())
+	}
 }
