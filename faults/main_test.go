@@ -590,7 +590,8 @@ func newWatcher(t *testing.T, cli *clientv3.Client, provider string) *watcher {
 
 func (w *watcher) apply(keys schema.Keys, evs []*clientv3.Event) {
 	now := time.Now()
-	var rev int64 // the last share record written in evs; 0: none
+	var rev int64  // the last share record written or deleted in evs; 0: none
+	wrote := false // a share record was written, not only deleted
 	for _, ev := range evs {
 		k, err := keys.Parse(string(ev.Kv.Key))
 		if err != nil {
@@ -598,8 +599,10 @@ func (w *watcher) apply(keys schema.Keys, evs []*clientv3.Event) {
 		}
 		switch {
 		case k.Kind == schema.KindShares:
-			if ok, _ := w.set.Apply(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete); ok {
+			deleted := ev.Type == clientv3.EventTypeDelete
+			if ok, _ := w.set.Apply(string(ev.Kv.Key), ev.Kv.Value, deleted); ok {
 				rev = ev.Kv.ModRevision
+				wrote = wrote || !deleted
 			}
 		case k.Kind == schema.KindInstance && ev.Type == clientv3.EventTypeDelete:
 			w.mu.Lock()
@@ -619,14 +622,20 @@ func (w *watcher) apply(keys schema.Keys, evs []*clientv3.Event) {
 	var prev *schema.Shares
 	if n := len(w.events); n > 0 {
 		prev = &w.events[n-1].sh
+		if !wrote {
+			// Only deletions (a record no longer holding a grant): no
+			// publish, and the view's generation, the newest of the
+			// records left, may be lower than the publish's.
+			se.sh.Generation = max(se.sh.Generation, prev.Generation)
+		}
 	}
 	hook := w.hook
 	w.mu.Unlock()
-	if hook != nil {
+	if hook != nil && wrote {
 		hook(prev, se)
 	}
 	w.mu.Lock()
-	if n := len(w.events); n > 0 && w.events[n-1].sh.Generation == sh.Generation {
+	if n := len(w.events); n > 0 && w.events[n-1].sh.Generation == se.sh.Generation {
 		// The same publish: a held record's deletion, or a publish
 		// written in several transactions.
 		w.events[n-1] = se
