@@ -177,3 +177,102 @@ func BenchmarkWaiters(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMulti is the hot path of several limits (Multi) beside one
+// limit, in the same run: a permit available in every limit. The issue's
+// bound: two limits at most about twice one, 0 allocations.
+func BenchmarkMulti(b *testing.B) {
+	ctx := context.Background()
+	newMulti := func(b *testing.B, limits ...limiter.Limit) *limiter.Multi {
+		m, err := limiter.NewMulti(limits)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { m.Close() })
+		return m
+	}
+	perSecond := limiter.Limit{Quota: plenty, Window: time.Hour}
+	perDay := limiter.Limit{Quota: plenty, Window: 24 * time.Hour}
+	tokens := limiter.Limit{Dimension: "tokens", Quota: plenty, Window: time.Hour}
+	cases := []struct {
+		name string
+		make func(b *testing.B) func()
+	}{
+		{"limits=1/sluice=TryAcquire", func(b *testing.B) func() {
+			l := newPlenty(b)
+			return func() {
+				if !l.TryAcquire() {
+					b.Fatal("refused")
+				}
+			}
+		}},
+		{"limits=1/multi=TryAcquire", func(b *testing.B) func() {
+			m := newMulti(b, perSecond)
+			return func() {
+				if _, ok := m.TryAcquire(); !ok {
+					b.Fatal("refused")
+				}
+			}
+		}},
+		{"limits=2/requests+day/multi=TryAcquire", func(b *testing.B) func() {
+			m := newMulti(b, perSecond, perDay)
+			return func() {
+				if _, ok := m.TryAcquire(); !ok {
+					b.Fatal("refused")
+				}
+			}
+		}},
+		{"limits=2/requests+tokens/multi=TryAcquire", func(b *testing.B) func() {
+			m := newMulti(b, perSecond, tokens)
+			return func() {
+				if _, ok := m.TryAcquire(limiter.Cost("tokens", 700)); !ok {
+					b.Fatal("refused")
+				}
+			}
+		}},
+		{"limits=2/requests+tokens/multi=Acquire", func(b *testing.B) func() {
+			m := newMulti(b, perSecond, tokens)
+			return func() {
+				if _, err := m.Acquire(ctx, time.Second, limiter.Cost("tokens", 700)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"limits=2/requests+tokens/multi=Acquire+Settle", func(b *testing.B) func() {
+			m := newMulti(b, perSecond, tokens)
+			return func() {
+				g, err := m.Acquire(ctx, time.Second, limiter.Cost("tokens", 700))
+				if err != nil {
+					b.Fatal(err)
+				}
+				g.Settle(limiter.Cost("tokens", 500))
+			}
+		}},
+		{"x-time-rate=Allow", func(b *testing.B) func() {
+			l := rate.NewLimiter(1e12, 1<<40)
+			return func() {
+				if !l.Allow() {
+					b.Fatal("refused")
+				}
+			}
+		}},
+	}
+	for _, c := range cases {
+		b.Run(c.name+"/serial", func(b *testing.B) {
+			f := c.make(b)
+			b.ReportAllocs()
+			for b.Loop() {
+				f()
+			}
+		})
+		b.Run(c.name+"/parallel", func(b *testing.B) {
+			f := c.make(b)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					f()
+				}
+			})
+		})
+	}
+}

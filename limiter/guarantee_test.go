@@ -135,7 +135,7 @@ func TestHoleBackwardCorrectionAtTheWakeUp(t *testing.T) {
 		// that the correction lands between its wake-up and its lock.
 		l.mu.Lock()
 		time.Sleep(1)
-		l.setClockOffsetLocked(-300 * time.Millisecond)
+		l.setClockOffsetLocked(-300*time.Millisecond, time.Now())
 		l.mu.Unlock()
 		err := <-done
 		if d := time.Since(t0); d > maxWait {

@@ -129,7 +129,7 @@ func New(quota int64, window time.Duration, opts ...Option) (*Limiter, error) {
 	}
 	l.shadow.Store(cfg.shadow)
 	l.base = time.Now()
-	l.setOffsetLocked(cfg.offset)
+	l.setOffsetLocked(cfg.offset, time.Now())
 	// Start on an exhausted placeholder window that ends at once, so the
 	// first call rolls the word into the real window under mu.
 	l.cur = span{start: math.MinInt64, end: math.MinInt64}
@@ -151,11 +151,11 @@ func (l *Limiter) now() int64 {
 	return int64(time.Since(l.base)) + l.delta.Load()
 }
 
-// setOffsetLocked re-anchors the system clock mapping, so that drift between
-// the monotonic and the wall clock since the last anchor is dropped too.
-func (l *Limiter) setOffsetLocked(d time.Duration) {
+// setOffsetLocked re-anchors the system clock mapping at t (a reading of
+// time.Now), so that drift between the monotonic and the wall clock since
+// the last anchor is dropped too.
+func (l *Limiter) setOffsetLocked(d time.Duration, t time.Time) {
 	l.offset.Store(int64(d))
-	t := time.Now()
 	l.delta.Store(t.UnixNano() + int64(d) - int64(t.Sub(l.base)))
 }
 
@@ -180,28 +180,37 @@ func (l *Limiter) fast(n int64) bool {
 	if n < 1 || n > MaxQuota {
 		return false
 	}
-	now := l.now()
+	_, ok := l.fastAt(n, l.now())
+	return ok
+}
+
+// fastAt takes n permits from the current window at time now, lock-free,
+// and returns the window's rollover count as the state word held it (see
+// seqOf), which names the window the permits were charged to.
+func (l *Limiter) fastAt(n, now int64) (seq uint64, ok bool) {
 	for {
 		s := l.state.Load()
 		if s&slowBit != 0 || int64(s&remMask) < n || now >= l.end.Load() {
-			return false
+			return 0, false
 		}
 		next := s - uint64(n)
 		var skipped int64
 		if w := l.paced.Load(); w != 0 {
-			var ok bool
 			if next, skipped, ok = pacedTake(s, n, now, l.start.Load(), w, l.quota.Load()); !ok {
-				return false
+				return 0, false
 			}
 		}
 		if l.state.CompareAndSwap(s, next) {
 			if skipped > 0 {
 				l.wasted.Add(skipped)
 			}
-			return true
+			return s & seqMask, true
 		}
 	}
 }
+
+// seqOf is the rollover count n as the state word holds it: modulo 2^23.
+func seqOf(n uint64) uint64 { return (n << seqShift) & seqMask }
 
 // pacedTake takes n paced slots from state word s at time now, in a window
 // of length w and quota q starting at start: the newest n of the slots valid
@@ -223,22 +232,31 @@ func (l *Limiter) tryAcquireSlow(n int64) bool {
 	if n < 1 || n > MaxQuota {
 		return false
 	}
+	_, _, ok := l.trySlow(n)
+	return ok
+}
+
+// trySlow is TryAcquireN's slow path: it rolls the window on and takes n
+// permits if they are valid now, or counts the refusal. charged says
+// whether it took permits, and seq names their window (see fastAt): shadow
+// mode admits without taking any when none are free.
+func (l *Limiter) trySlow(n int64) (seq uint64, charged, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return false
+		return 0, false, false
 	}
 	now := l.now()
 	l.advanceLocked(now)
 	if l.takeLocked(n, now) {
-		return true
+		return seqOf(l.seq), true, true
 	}
 	if l.shadow.Load() {
 		l.counts.shadow(shadowRejected, n)
-		return true
+		return 0, false, true
 	}
 	l.counts.rejected += n
-	return false
+	return 0, false, false
 }
 
 // advanceLocked brings the state word up to time now: rolls it over to the
@@ -290,7 +308,7 @@ func (l *Limiter) roll(now int64) {
 	rem := max(0, l.cur.quota-charged)
 	for {
 		s := l.state.Load()
-		next := s&slowBit | (l.seq<<seqShift)&seqMask | uint64(rem)
+		next := s&slowBit | seqOf(l.seq) | uint64(rem)
 		if l.state.CompareAndSwap(s, next) {
 			// Count what the old window consumed from the word swapped
 			// out, so admissions racing the roll are not lost.

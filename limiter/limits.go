@@ -167,22 +167,24 @@ func (l *Limiter) SetShadow(on bool) { l.shadow.Store(on) }
 func (l *Limiter) SetClockOffset(d time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.setClockOffsetLocked(d)
+	l.setClockOffsetLocked(d, time.Now())
 }
 
-func (l *Limiter) setClockOffsetLocked(d time.Duration) {
+// setClockOffsetLocked sets the offset, anchoring the system clock's
+// mapping at anchor (a Multi gives all its limits the same).
+func (l *Limiter) setClockOffsetLocked(d time.Duration, anchor time.Time) {
 	d = clampOffset(d)
 	if time.Duration(l.offset.Load()) == d {
 		return
 	}
 	before := l.now()
 	if l.closed {
-		l.setOffsetLocked(d)
+		l.setOffsetLocked(d, anchor)
 		return
 	}
 	l.advanceLocked(before)
 	rs := l.unplaceLocked(before)
-	l.setOffsetLocked(d)
+	l.setOffsetLocked(d, anchor)
 	now := l.now()
 	if l.sched.expires {
 		// The expiry names an instant of real time (a lease's end, say):
@@ -205,6 +207,10 @@ func (l *Limiter) setClockOffsetLocked(d time.Duration) {
 func (l *Limiter) SetClockUncertainty(u time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.setClockUncertaintyLocked(u)
+}
+
+func (l *Limiter) setClockUncertaintyLocked(u time.Duration) {
 	g := max(int64(u), 0)
 	if g == l.guard || l.closed {
 		return

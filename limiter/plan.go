@@ -59,7 +59,7 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 		// Admit at once; count what enforcing would have done: place the
 		// permits within the wait, wait for a quota, or refuse.
 		kind := shadowRejected
-		if err := l.placeLocked(n, now, deadline, math.MinInt64, nil); err == nil || (wait && l.waitsForQuotaLocked(err, now, deadline)) {
+		if _, err := l.placeLocked(n, now, deadline, math.MinInt64, nil); err == nil || (wait && l.waitsForQuotaLocked(err, now, deadline)) {
 			kind = shadowDelayed
 		}
 		l.counts.shadow(kind, n)
@@ -69,7 +69,7 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 		return &Reservation{l: l, n: n, win: math.MinInt64, due: now, state: resDone, shadow: kind}, nil
 	}
 	r := l.newReservation(n, now, deadline, !wait)
-	err := l.placeLocked(n, now, deadline, math.MinInt64, r)
+	_, err := l.placeLocked(n, now, deadline, math.MinInt64, r)
 	switch {
 	case err == nil:
 		return r, nil
@@ -130,7 +130,7 @@ func (l *Limiter) newReservation(n, now, deadline int64, holder bool) *Reservati
 // deadline, and, if r is not nil, charges r to it. It returns ErrTimeout
 // when that place lies beyond deadline and ErrNoQuota when the quota in
 // force is below n for good.
-func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation) error {
+func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation) (placement, error) {
 	t := max(now, l.backoffUntil, minDue)
 	if t < l.cur.end {
 		p, st := l.placeCurrentLocked(n, t, deadline, r != nil)
@@ -139,14 +139,14 @@ func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation) er
 			if r != nil {
 				l.bookLocked(r, p)
 			}
-			return nil
+			return p, nil
 		case late:
-			return ErrTimeout
+			return placement{}, ErrTimeout
 		}
 	}
 	p, err := l.placeFutureLocked(n, t, deadline)
 	if err != nil || r == nil {
-		return err
+		return p, err
 	}
 	bw := l.bookWindowLocked(p.win.start)
 	bw.charged += n
@@ -155,7 +155,7 @@ func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation) er
 		l.scanFrom = p.win.end
 	}
 	l.bookLocked(r, p)
-	return nil
+	return p, nil
 }
 
 // placeCurrentLocked places n permits in the current window, valid at t or
@@ -323,10 +323,10 @@ func (l *Limiter) replaceLocked(rs []*Reservation, now, shift int64) {
 	for _, r := range rs {
 		r.deadline = addClamped(r.deadline, time.Duration(shift))
 		minDue := int64(math.MinInt64)
-		if r.holder && r.due != math.MaxInt64 {
+		if (r.holder || r.part) && r.due != math.MaxInt64 {
 			minDue = addClamped(r.due, time.Duration(shift))
 		}
-		err := l.placeLocked(r.n, now, r.deadline, minDue, r)
+		_, err := l.placeLocked(r.n, now, r.deadline, minDue, r)
 		switch {
 		case err == nil:
 		case !r.holder && l.waitsForQuotaLocked(err, now, r.deadline):

@@ -28,6 +28,8 @@ type counts struct {
 	shadowAdmitted int64
 	shadowDelayed  int64
 	shadowRejected int64
+	settled        int64 // what Grant.Settle changed: actual less charged
+	overdrawn      int64 // what Settle charged beyond a window's quota
 	waitSum        time.Duration
 	waitHist       [len(waitBuckets) + 1]int64
 }
@@ -83,6 +85,14 @@ type Stats struct {
 	// ShadowDelayed and ShadowRejected split them by what enforcing would
 	// have done: delay them within the caller's wait, or refuse them.
 	ShadowAdmitted, ShadowDelayed, ShadowRejected int64
+	// Settled is what Grant.Settle changed, actual less charged: negative
+	// when calls cost less than they were charged. Admitted counts the
+	// actual cost.
+	Settled int64
+	// Overdrawn is what Settle counted beyond a window's quota: calls that
+	// cost more than they were charged where their window had no room left
+	// for the excess, or had closed.
+	Overdrawn int64
 	// Wasted is the paced slots that passed unused.
 	Wasted int64
 	// Waiting is the reservations not yet valid (sleeping Acquire calls and
@@ -143,6 +153,8 @@ func (l *Limiter) Stats() Stats {
 		ShadowAdmitted:   c.shadowAdmitted,
 		ShadowDelayed:    c.shadowDelayed,
 		ShadowRejected:   c.shadowRejected,
+		Settled:          c.settled,
+		Overdrawn:        c.overdrawn,
 		Wasted:           l.wasted.Load(),
 		Waiting:          waiting,
 		WaitingPermits:   waitingN,

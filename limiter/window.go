@@ -11,8 +11,9 @@ import (
 const (
 	// MinWindow is the shortest window a Limiter accepts.
 	MinWindow = 10 * time.Millisecond
-	// MaxWindow is the longest window a Limiter accepts.
-	MaxWindow = time.Hour
+	// MaxWindow is the longest window a Limiter accepts: a day, for a
+	// provider's daily quota beside its per-second limit (see Multi).
+	MaxWindow = 24 * time.Hour
 	// MaxQuota is the largest quota (permits per window) and the largest n a
 	// single call may ask for: 2^40-1, about 1.1e12.
 	MaxQuota = 1<<40 - 1

@@ -1,0 +1,563 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// MultiReservation is a Multi's promise of permits from every limit, all
+// valid at one instant, made by Multi.Reserve (or inside Multi.Acquire).
+//
+// Each limit holds its part as a Reservation charged to the window that
+// contains the instant. A change of one limit can move its part (see
+// Reservation); the others then follow, so that every part is charged to
+// the window, of its own limit, that contains the new instant: the
+// instant only ever moves for all of them at once. A reservation made by
+// Reserve never moves earlier than the time it first gave. Wait follows
+// such moves; a holder that sleeps until ReadyAt itself should check Err
+// when it wakes.
+type MultiReservation struct {
+	m      *Multi
+	ns     [MaxLimits]int64
+	holder bool
+	// The deadline less the clock offset when it was made: it stands for
+	// an instant of real time, so it moves with the offset, as a
+	// Reservation's does (see deadlineLocked).
+	realDeadline int64
+	wake         chan struct{} // every part pokes it
+
+	// Guarded by every limit's mu (Multi.lock).
+	rs     [MaxLimits]*Reservation // nil where the cost takes nothing
+	placed [MaxLimits]bool         // rs[i] is charged to a window, or waits for quota
+	due    int64                   // the instant; math.MaxInt64 while a part waits for quota
+	state  int
+	err    error
+	grant  Grant
+	shadow [MaxLimits]int // what shadow mode counted each part as
+}
+
+// deadlineLocked is r's deadline on the limits' clock as it reads now.
+func (r *MultiReservation) deadlineLocked() int64 {
+	return addClamped(r.realDeadline, time.Duration(r.m.lims[0].offset.Load()))
+}
+
+// reserve is the slow path of Acquire and Reserve, taking ns from each
+// limit.
+func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.Duration, holder bool) (*MultiReservation, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, canceledError(err)
+	}
+	m.lock()
+	defer m.unlock()
+	now := m.lims[0].now()
+	for _, l := range m.lims {
+		if l.closed {
+			return nil, ErrClosed
+		}
+		l.advanceLocked(now)
+	}
+	r := &MultiReservation{m: m, ns: ns, holder: holder, wake: make(chan struct{}, 1)}
+	if m.takeAllLocked(r, now) {
+		return r, nil
+	}
+	deadline := addClamped(now, max(maxWait, 0))
+	if d, ok := ctx.Deadline(); ok {
+		deadline = min(deadline, addClamped(now, time.Until(d)))
+	}
+	r.realDeadline = addClamped(deadline, -time.Duration(m.lims[0].offset.Load()))
+	if m.lims[0].shadow.Load() {
+		m.shadowLocked(r, now)
+		return r, nil
+	}
+	for i, l := range m.lims {
+		if ns[i] > 0 {
+			r.rs[i] = l.newReservation(ns[i], now, deadline, holder)
+			r.rs[i].wake, r.rs[i].part = r.wake, true
+		}
+	}
+	k, err := m.placeAllLocked(r, now, math.MinInt64)
+	switch {
+	case err == nil:
+		return r, nil
+	case !holder && m.lims[k].waitsForQuotaLocked(err, now, deadline):
+		m.waitForQuotaLocked(r, k)
+		return r, nil
+	}
+	for i := range m.lims {
+		m.lims[i].counts.timedOut += ns[i]
+	}
+	if err == ErrNoQuota {
+		return nil, fmt.Errorf("%w: %w: limit %v: %s", ErrTimeout, ErrNoQuota, m.limits[k], m.lims[k].noQuotaLocked(ns[k], "is"))
+	}
+	return nil, fmt.Errorf("%w: %s not available within %v", ErrTimeout, m.describe(ns), time.Duration(deadline-now))
+}
+
+// describe says what ns takes, for errors: "3 requests, 700 tokens".
+func (m *Multi) describe(ns [MaxLimits]int64) string {
+	var per [MaxLimits]int64
+	for i, d := range m.dim {
+		per[d] = max(per[d], ns[i])
+	}
+	s := ""
+	for d, name := range m.names {
+		if per[d] > 0 {
+			if s != "" {
+				s += ", "
+			}
+			s += fmt.Sprintf("%d %s", per[d], name)
+		}
+	}
+	return s
+}
+
+// takeAllLocked takes r's permits from every limit's current window if
+// each has them valid now, and marks r granted; otherwise it takes none.
+func (m *Multi) takeAllLocked(r *MultiReservation, now int64) bool {
+	for i, l := range m.lims {
+		if r.ns[i] > 0 && !l.takeLocked(r.ns[i], now) {
+			for j := range i {
+				if r.ns[j] > 0 {
+					m.lims[j].addRemainingLocked(r.ns[j])
+				}
+			}
+			return false
+		}
+	}
+	for i, l := range m.lims {
+		if r.ns[i] > 0 {
+			r.grant.seq[i], r.grant.charged[i] = seqOf(l.seq), true
+		}
+	}
+	r.grant.m, r.grant.at, r.grant.n = m, now, r.ns
+	r.due, r.state = now, resDone
+	return true
+}
+
+// shadowLocked admits r at once in shadow mode, counting in each limit
+// what enforcing would have done with its part.
+func (m *Multi) shadowLocked(r *MultiReservation, now int64) {
+	for i, l := range m.lims {
+		if r.ns[i] == 0 {
+			continue
+		}
+		kind := shadowRejected
+		if _, err := l.placeLocked(r.ns[i], now, r.deadlineLocked(), math.MinInt64, nil); err == nil {
+			kind = shadowDelayed
+		}
+		l.counts.shadow(kind, r.ns[i])
+		r.shadow[i] = kind
+	}
+	r.grant.m, r.grant.at, r.grant.n = m, now, r.ns
+	r.due, r.state = now, resDone
+}
+
+// placeAllLocked charges every part of r to the window of its limit that
+// contains the earliest instant, at or after now and minDue, at which
+// every limit has room for its part by r's deadline. On failure nothing is
+// charged, and k is the limit that had no room.
+func (m *Multi) placeAllLocked(r *MultiReservation, now, minDue int64) (k int, err error) {
+	t := max(now, minDue)
+	deadline := r.deadlineLocked()
+	for _, rr := range r.rs {
+		if rr != nil {
+			rr.deadline = deadline
+		}
+	}
+	for {
+		// The earliest instant each limit allows from t; where one allows
+		// only a later one, ask every limit again from there.
+		agreed := true
+		for i, l := range m.lims {
+			if r.ns[i] == 0 {
+				continue
+			}
+			p, err := l.placeLocked(r.ns[i], now, deadline, t, nil)
+			if err != nil {
+				return i, err
+			}
+			if p.due > t {
+				t, agreed = p.due, false
+			}
+		}
+		if !agreed {
+			continue
+		}
+		// Charge them. The hot path may have taken room in a current
+		// window since: then a part lands later, and all go again from
+		// there.
+		for i, l := range m.lims {
+			if r.ns[i] == 0 {
+				continue
+			}
+			p, err := l.placeLocked(r.ns[i], now, deadline, t, r.rs[i])
+			if err == nil {
+				r.placed[i] = true
+			}
+			if err != nil || p.due != t {
+				m.unplaceAllLocked(r)
+				if err != nil {
+					return i, err
+				}
+				t = p.due
+				agreed = false
+				break
+			}
+		}
+		if agreed {
+			r.due = t
+			return -1, nil
+		}
+	}
+}
+
+// unplaceAllLocked gives back every part of r that is charged or waits
+// for quota, leaving r pending.
+func (m *Multi) unplaceAllLocked(r *MultiReservation) {
+	for i, l := range m.lims {
+		if !r.placed[i] {
+			continue
+		}
+		rr := r.rs[i]
+		switch {
+		case rr.due == math.MaxInt64:
+			l.dropNoQuotaLocked(rr)
+		case rr.win >= l.cur.start:
+			l.releaseLocked(rr)
+		default:
+			// Its window closed before the others agreed (a waiter that
+			// woke late): unused, and nothing can go back to it.
+			if bw := l.book[rr.win]; bw != nil {
+				delete(bw.res, rr)
+			}
+			l.counts.closedConsumed -= rr.n
+		}
+		rr.state = resPending
+		r.placed[i] = false
+	}
+}
+
+// waitForQuotaLocked makes r wait, unplaced, for limit k's quota to
+// become large enough for its part; limit k places that part when it
+// does, and r follows.
+func (m *Multi) waitForQuotaLocked(r *MultiReservation, k int) {
+	m.unplaceAllLocked(r)
+	rr := r.rs[k]
+	rr.due, rr.state = math.MaxInt64, resPending
+	m.lims[k].noQuota = append(m.lims[k].noQuota, rr)
+	r.placed[k] = true
+	r.due = math.MaxInt64
+}
+
+// reconcileLocked brings r's parts back to one instant after a limit
+// changed under one of them: a part failed fails r; a part moved moves
+// every part to the new instant (for a holder, never earlier than the
+// time it was given).
+func (m *Multi) reconcileLocked(r *MultiReservation, now int64) {
+	if r.state != resPending {
+		return
+	}
+	for _, l := range m.lims {
+		l.advanceLocked(now)
+	}
+	t, waiting, complete := int64(math.MinInt64), -1, true
+	for i, rr := range r.rs {
+		switch {
+		case rr == nil:
+		case !r.placed[i]:
+			complete = false
+		case rr.state == resFailed:
+			m.failLocked(r, rr.err)
+			return
+		case rr.due == math.MaxInt64:
+			waiting = i
+		default:
+			t = max(t, rr.due)
+		}
+	}
+	if waiting >= 0 {
+		r.due = math.MaxInt64
+		if complete && t != math.MinInt64 {
+			m.waitForQuotaLocked(r, waiting) // the others hold nothing meanwhile
+		}
+		return
+	}
+	if complete && m.agreeLocked(r, t) {
+		// Every part is valid from t only: one valid earlier would stay
+		// valid through a change of its limit (see unplaceLocked) while
+		// the others are not yet.
+		for _, rr := range r.rs {
+			if rr != nil {
+				rr.due = t
+			}
+		}
+		r.due = t
+		return
+	}
+	minDue := t
+	if r.holder && r.due != math.MaxInt64 {
+		minDue = max(minDue, r.due)
+	}
+	m.unplaceAllLocked(r)
+	k, err := m.placeAllLocked(r, now, minDue)
+	switch {
+	case err == nil:
+	case !r.holder && m.lims[k].waitsForQuotaLocked(err, now, r.deadlineLocked()):
+		m.waitForQuotaLocked(r, k)
+	default:
+		if err == ErrNoQuota {
+			err = fmt.Errorf("%w: %w", ErrTimeout, ErrNoQuota)
+		} else {
+			err = ErrTimeout
+		}
+		m.failLocked(r, err)
+	}
+	r.poke()
+}
+
+// agreeLocked reports whether every part of r is valid at t in the window
+// it is charged to. A part due at t was placed there by its limit; one due
+// earlier (the others moved later) must have t in its window.
+func (m *Multi) agreeLocked(r *MultiReservation, t int64) bool {
+	for i, rr := range r.rs {
+		if rr == nil || rr.due == t {
+			continue
+		}
+		sp := m.lims[i].spanLocked(rr.win)
+		if rr.due > t || sp.start != rr.win || t < sp.open() || t >= sp.shut() {
+			return false
+		}
+	}
+	return true
+}
+
+// failLocked ends r with err, giving every part back: counted as timed
+// out in every limit when err is a timeout.
+func (m *Multi) failLocked(r *MultiReservation, err error) {
+	for i, l := range m.lims {
+		rr := r.rs[i]
+		if rr == nil {
+			continue
+		}
+		if rr.state != resFailed { // a part that failed was counted by its limit
+			if r.placed[i] {
+				rr.cancelLocked()
+				l.counts.canceled -= rr.n
+			}
+			if errors.Is(err, ErrTimeout) {
+				l.counts.timedOut += rr.n
+			}
+		}
+		rr.state, rr.err = resFailed, err
+		r.placed[i] = false
+	}
+	r.state, r.err = resFailed, err
+}
+
+// grantLocked makes r's permits valid: the caller's from now on.
+func (m *Multi) grantLocked(r *MultiReservation, now int64) {
+	for i, l := range m.lims {
+		rr := r.rs[i]
+		if rr == nil {
+			continue
+		}
+		rr.state = resDone
+		r.grant.seq[i], r.grant.charged[i] = noWindow, true
+		if rr.win == l.cur.start {
+			r.grant.seq[i] = seqOf(l.seq)
+		}
+	}
+	r.grant.m, r.grant.at, r.grant.n = m, now, r.ns
+	r.state = resDone
+}
+
+func (r *MultiReservation) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dropNoQuotaLocked takes r off the list of waiters for quota.
+func (l *Limiter) dropNoQuotaLocked(r *Reservation) {
+	for i, x := range l.noQuota {
+		if x == r {
+			l.noQuota = append(l.noQuota[:i], l.noQuota[i+1:]...)
+			return
+		}
+	}
+}
+
+// Delay returns how long from now until the permits become valid: 0 if
+// they are valid already, and math.MaxInt64 (as a Duration) for a
+// reservation that failed, was cancelled or still waits for quota.
+func (r *MultiReservation) Delay() time.Duration {
+	m := r.m
+	m.lock()
+	defer m.unlock()
+	now := m.lims[0].now()
+	m.reconcileLocked(r, now)
+	switch {
+	case r.state == resDone:
+		return 0
+	case r.state != resPending || r.due == math.MaxInt64:
+		return math.MaxInt64
+	}
+	return time.Duration(max(0, r.due-now))
+}
+
+// Err returns nil while the reservation holds, or the error that ended it
+// (see Reservation.Err).
+func (r *MultiReservation) Err() error {
+	m := r.m
+	m.lock()
+	defer m.unlock()
+	m.reconcileLocked(r, m.lims[0].now())
+	if r.state == resCanceled {
+		return ErrCanceled
+	}
+	return r.err
+}
+
+// Cancel gives every limit its permits back, as Reservation.Cancel does;
+// it is idempotent.
+func (r *MultiReservation) Cancel() {
+	m := r.m
+	m.lock()
+	defer m.unlock()
+	r.cancelLocked()
+}
+
+func (r *MultiReservation) cancelLocked() {
+	if r.state != resPending && r.state != resDone {
+		return
+	}
+	for i, rr := range r.rs {
+		if rr != nil && (r.placed[i] || r.state == resDone) {
+			rr.cancelLocked()
+		}
+		r.placed[i] = false
+	}
+	if r.state == resDone && r.rs == [MaxLimits]*Reservation{} {
+		// Taken at once, or admitted by shadow mode: the parts were
+		// never reservations.
+		for i, l := range r.m.lims {
+			switch {
+			case r.grant.charged[i]:
+				l.releaseTakenLocked(r.grant.seq[i], r.grant.at, r.ns[i])
+			case r.shadow[i] != shadowNone:
+				l.counts.shadow(r.shadow[i], -r.ns[i])
+				l.counts.canceled += r.ns[i]
+			}
+		}
+	}
+	r.state = resCanceled
+}
+
+// releaseTakenLocked gives back n permits taken at once at time at from
+// window seq, as Cancel does for a reservation.
+func (l *Limiter) releaseTakenLocked(seq uint64, at, n int64) {
+	now := l.now()
+	if !l.closed {
+		l.advanceLocked(now)
+	}
+	w := l.cur.end - l.cur.start
+	if l.cur.end != math.MinInt64 && seq == seqOf(l.seq) && at < l.cur.end && at >= l.cur.start-w {
+		l.addRemainingLocked(n)
+	} else {
+		l.counts.closedConsumed -= n
+	}
+	l.counts.canceled += n
+}
+
+// Wait sleeps until the permits are valid and returns the Grant, following
+// any move of the reservation. If ctx ends first it cancels the
+// reservation and returns an error matching ErrCanceled (ErrTimeout for an
+// expired deadline) and ctx.Err(). It returns the reservation's error if it
+// failed.
+func (r *MultiReservation) Wait(ctx context.Context) (Grant, error) {
+	m := r.m
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		m.lock()
+		now := m.lims[0].now()
+		d, g, err, done := r.stepLocked(now)
+		m.unlock()
+		if done {
+			return g, err
+		}
+		if t == nil {
+			t = time.NewTimer(time.Duration(d))
+		} else {
+			t.Reset(time.Duration(d))
+		}
+		select {
+		case <-t.C:
+		case <-r.wake:
+		case <-ctx.Done():
+			m.lock()
+			g, err := r.endLocked(ctx.Err())
+			m.unlock()
+			return g, err
+		}
+	}
+}
+
+// stepLocked is one look of Wait at r: the outcome if there is one, else
+// how long to sleep.
+func (r *MultiReservation) stepLocked(now int64) (sleep int64, g Grant, err error, done bool) {
+	m := r.m
+	m.reconcileLocked(r, now)
+	switch r.state {
+	case resDone:
+		return 0, r.grant, nil, true
+	case resFailed:
+		return 0, Grant{}, r.err, true
+	case resCanceled:
+		return 0, Grant{}, ErrCanceled, true
+	}
+	if r.due == math.MaxInt64 {
+		deadline := r.deadlineLocked()
+		if now >= deadline {
+			m.failLocked(r, fmt.Errorf("%w: %w: %s stayed without quota", ErrTimeout, ErrNoQuota, m.describe(r.ns)))
+			return 0, Grant{}, r.err, true
+		}
+		return deadline - now, Grant{}, nil, false
+	}
+	if now >= r.due {
+		m.grantLocked(r, now)
+		return 0, r.grant, nil, true
+	}
+	return r.due - now, Grant{}, nil, false
+}
+
+// endLocked ends a Wait whose context ended with ctxErr: the permits win
+// if they are valid at this instant, else every limit gets them back.
+func (r *MultiReservation) endLocked(ctxErr error) (Grant, error) {
+	m := r.m
+	now := m.lims[0].now()
+	m.reconcileLocked(r, now)
+	switch {
+	case r.state == resDone:
+		return r.grant, nil
+	case r.state == resFailed:
+		return Grant{}, r.err
+	case r.state == resPending && r.due != math.MaxInt64 && now >= r.due:
+		m.grantLocked(r, now)
+		return r.grant, nil
+	}
+	err := canceledError(ctxErr)
+	if errors.Is(err, ErrTimeout) {
+		m.failLocked(r, err)
+		return Grant{}, err
+	}
+	r.cancelLocked()
+	return Grant{}, err
+}
