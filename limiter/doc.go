@@ -36,6 +36,21 @@
 // instance cut off from its cluster's coordinator gives up its share by
 // itself.
 //
+// A provider with several limits — 100 requests per second and 50,000 per
+// day, or 500 requests and 200,000 tokens per minute — is a Multi: each
+// acquisition names its cost per dimension and is granted only when every
+// limit has room in its own aligned window, taking nothing otherwise; its
+// Grant settles the actual cost once the provider answered:
+//
+//	m, err := limiter.NewMulti([]limiter.Limit{
+//		{Quota: 500, Window: time.Minute},
+//		{Dimension: "tokens", Quota: 200_000, Window: time.Minute},
+//	})
+//	…
+//	g, err := m.Acquire(ctx, 200*time.Millisecond, limiter.Cost("tokens", maxTokens))
+//	…
+//	g.Settle(limiter.Cost("tokens", usedTokens))
+//
 // Time comes from the system clock, or from a Clock given to WithClock.
 // Tests of waits run under testing/synctest, whose fake time the system
 // clock follows.

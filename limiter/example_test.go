@@ -90,3 +90,36 @@ func ExampleLimiter_SetExpiry() {
 	// true
 	// true
 }
+
+// A provider that allows 500 requests and 20,000 tokens per minute: each
+// call names its estimated tokens, is granted only when both limits have
+// room, and settles the tokens it really used once the provider answered.
+func ExampleMulti() {
+	m, err := limiter.NewMulti([]limiter.Limit{
+		{Quota: 500, Window: time.Minute}, // requests
+		{Dimension: "tokens", Quota: 20_000, Window: time.Minute},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+
+	ctx := context.Background()
+	for i, estimate := range []int64{8_000, 8_000, 8_000} {
+		g, err := m.Acquire(ctx, 100*time.Millisecond, limiter.Cost("tokens", estimate))
+		if errors.Is(err, limiter.ErrTimeout) {
+			fmt.Println("call", i, "refused: not enough tokens left this minute")
+			continue
+		}
+		used := estimate / 2 // what the provider's answer says
+		g.Settle(limiter.Cost("tokens", used))
+		fmt.Println("call", i, "used", used, "tokens")
+	}
+	st := m.Stats()
+	fmt.Println("requests admitted:", st[0].Admitted, "tokens admitted:", st[1].Admitted)
+	// Output:
+	// call 0 used 4000 tokens
+	// call 1 used 4000 tokens
+	// call 2 used 4000 tokens
+	// requests admitted: 3 tokens admitted: 12000
+}
