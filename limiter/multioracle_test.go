@@ -683,9 +683,9 @@ func (h *mhist) check() (string, oracleCover) {
 	for x := range k {
 		for s, q := range quota[x] {
 			cov.windows++
-			if q > 0 {
-				cov.fullest = max(cov.fullest, float64(count[x][s])/float64(q))
-				if count[x][s] == q {
+			if n := count[x][s] - excess[x][s]; q > 0 {
+				cov.fullest = max(cov.fullest, float64(n)/float64(q))
+				if n == q {
 					cov.full++
 				}
 			}
