@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -402,5 +403,74 @@ func TestEtcdOutage(t *testing.T) {
 	sh2 := waitShares(t, cli, "pay", "publish after the outage", func(s schema.Shares) bool { return s.Instances == 2 })
 	if sh2.Generation <= sh.Generation {
 		t.Errorf("generation %d after the outage, %d before", sh2.Generation, sh.Generation)
+	}
+}
+
+// TestPublishInParallelTransactions: a publish larger than one transaction
+// is written in several, sent together, each fenced: every record lands,
+// with the publisher's books in step, and a transaction whose config
+// revision no longer holds writes nothing.
+func TestPublishInParallelTransactions(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ctx := ctxT(t)
+	const n = 3*recordsPerTxn + 17
+	cfg, _ := schema.Encode(schema.ProviderConfig{Name: "wide", Limit: 100 * n}.WithDefaults())
+	if _, err := cli.Put(ctx, keys.Config("wide"), string(cfg)); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("i-%03d", i)
+	}
+	for _, id := range ids {
+		addInstance(t, cli, "wide", id)
+	}
+	lease, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(ctx, keys.Owner("wide"), "r1", clientv3.WithLease(lease.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &publisher{
+		cli: cli, keys: keys, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry()),
+		margin: DefaultPropagationMargin, replica: "r1", now: time.Now,
+	}
+	if _, err := p.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.fences = map[string]fence{"wide": {key: keys.Owner("wide"), rev: put.Header.Revision}}
+	if err := p.publishAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, keys.Provider("wide")+"shares/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	revs := map[int64]int{}
+	for _, kv := range resp.Kvs {
+		revs[kv.ModRevision]++
+	}
+	st := p.providers["wide"]
+	if len(resp.Kvs) != n || len(revs) != (n+recordsPerTxn-1)/recordsPerTxn || len(st.shares.records) != n {
+		t.Fatalf("%d records in %d transactions, %d in the books; want %d in %d", len(resp.Kvs), len(revs), len(st.shares.records), n, (n+recordsPerTxn-1)/recordsPerTxn)
+	}
+	for _, kv := range resp.Kvs {
+		id := strings.TrimPrefix(string(kv.Key), keys.Provider("wide")+"shares/")
+		if st.shares.records[id].rev != kv.ModRevision {
+			t.Fatalf("%s written at revision %d, the books say %d", id, kv.ModRevision, st.shares.records[id].rev)
+		}
+	}
+	// A config changed under the publish: no transaction writes.
+	f := p.fences["wide"]
+	ops := make([]clientv3.Op, n)
+	for i := range ops {
+		ops[i] = clientv3.OpPut(keys.Share("wide", ids[i]), "x")
+	}
+	revsAfter, err := p.commitChunks(ctx, f, clientv3.Compare(clientv3.ModRevision(keys.Config("wide")), "=", 1), ops)
+	if err != nil || slices.ContainsFunc(revsAfter, func(r int64) bool { return r != 0 }) {
+		t.Fatalf("commitChunks under a stale config revision = %v, %v; want nothing written", revsAfter, err)
 	}
 }

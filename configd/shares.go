@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -19,8 +20,9 @@ import (
 // Keys.Share(provider, id), each written only when it changes. An instance
 // watches its own record and nothing else, so what it receives does not
 // grow with the fleet; a publish writes the records that changed, in
-// transactions of at most recordsPerTxn operations (under etcd's default of
-// 128), each fenced on leadership and on the config's revision.
+// transactions of at most recordsPerTxn operations (under etcd's default
+// --max-txn-ops of 128), up to txnsInFlight at once, each fenced on
+// leadership and on the config's revision.
 //
 // A publish cut short (the leader lost, a config change) leaves some
 // records new and the others as they were. That is safe: a share grows
@@ -29,7 +31,16 @@ import (
 // and a new leader resumes from the records as they are.
 
 // recordsPerTxn is how many share records one transaction writes.
-const recordsPerTxn = 64
+const recordsPerTxn = 100
+
+// txnsInFlight is how many of a publish's transactions are sent at once.
+// They are independent (each fenced on its own, and any mix of old and new
+// records is safe, above), and a publish that moves every share of a large
+// fleet is dozens of them: sent one after the other, a retune of 2,000
+// instances took 3-4 s to write on 2 cores, while the instances
+// acknowledged the first records, and reached most of them after its
+// boundary (BENCHMARKS.md, section 12).
+const txnsInFlight = 16
 
 // shareEntry is one instance's share record as the leader knows it, and
 // the etcd revision it was written at.
@@ -285,13 +296,14 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 		ops = append(ops, clientv3.OpDelete(p.keys.LegacyShares(name)))
 		ids = append(ids, "")
 	}
-	for len(ops) > 0 {
-		n := min(len(ops), recordsPerTxn)
-		rev, err := p.commitRev(ctx, f, cond, ops[:n]...)
-		if err != nil || rev == 0 {
-			return written, false, err
+	revs, err := p.commitChunks(ctx, f, cond, ops)
+	ok = err == nil
+	for c, rev := range revs {
+		if rev == 0 {
+			ok = false // cond did not hold: the config changed meanwhile
+			continue
 		}
-		for _, id := range ids[:n] {
+		for _, id := range ids[c*recordsPerTxn : min(len(ids), (c+1)*recordsPerTxn)] {
 			switch {
 			case id == "":
 				s.legacy = false
@@ -304,7 +316,31 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 				written++
 			}
 		}
-		ops, ids = ops[n:], ids[n:]
 	}
-	return written, true, nil
+	return written, ok, err
+}
+
+// commitChunks commits ops in transactions of recordsPerTxn, up to
+// txnsInFlight at once, each fenced on f and cond, and returns the
+// revision each was written at (0: not written). The error is the first
+// any transaction met; the others may have been written.
+func (p *publisher) commitChunks(ctx context.Context, f fence, cond clientv3.Cmp, ops []clientv3.Op) ([]int64, error) {
+	revs := make([]int64, (len(ops)+recordsPerTxn-1)/recordsPerTxn)
+	errs := make([]error, len(revs))
+	sem := make(chan struct{}, txnsInFlight)
+	var wg sync.WaitGroup
+	for c := range revs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			revs[c], errs[c] = p.commitRev(ctx, f, cond, ops[c*recordsPerTxn:min(len(ops), (c+1)*recordsPerTxn)]...)
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return revs, err
+		}
+	}
+	return revs, nil
 }
