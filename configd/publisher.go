@@ -844,7 +844,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))
 	now := p.wall()
 	held, holdEnds := st.heldGrants(p.now())
-	d := plan.Decide(plan.Input{
+	in := plan.Input{
 		Total:          cfg.Limit,
 		Window:         cfg.Window.D(),
 		ConfigRevision: st.cfgRev,
@@ -856,7 +856,15 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 		Moving:         st.target,
 		Held:           held,
 		Now:            now,
-	})
+	}
+	d := plan.Decide(in)
+	if d.Publish {
+		// A publish of many records (a retune moves every share) takes a
+		// while to write: its boundary leaves room for that.
+		if in.WriteTime = st.shares.writeTime(p.toWrite(name, cfg, st, d, now)); in.WriteTime > 0 {
+			d = plan.Decide(in)
+		}
+	}
 	st.target, st.due = d.Target, d.Due
 	if end := p.onWall(holdEnds); !end.IsZero() && (st.due.IsZero() || end.Before(st.due)) {
 		st.due = end
@@ -884,18 +892,34 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 		gen = 1
 	}
 	want := p.records(name, cfg, st.cfgRev, d, gen, now)
+	began := time.Now()
 	written, ok, err := p.writeRecords(ctx, f, name, st, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", st.keyRev), want)
+	if ok && err == nil {
+		st.shares.wrote(written, time.Since(began))
+	}
 	if written > 0 {
 		st.published, st.maxGen = now, gen
 		p.metrics.publishes.WithLabelValues(name).Inc()
 		p.metrics.generation.WithLabelValues(name).Set(float64(gen))
 		p.log.Info("shares published", "provider", name, "generation", gen, "total", cfg.Limit,
-			"instances", len(d.Shares), "records_written", written, "effective_from", d.EffectiveFrom.UTC())
+			"instances", len(d.Shares), "records_written", written, "effective_from", d.EffectiveFrom.UTC(),
+			"took", time.Since(began).Round(time.Millisecond))
 	}
 	if err != nil || !ok {
 		return err // !ok: the config changed meanwhile, and the watch brings it
 	}
 	return nil
+}
+
+// toWrite is how many share records publishing d would write.
+func (p *publisher) toWrite(name string, cfg schema.ProviderConfig, st *providerState, d plan.Decision, now time.Time) int {
+	n := 0
+	for id, r := range p.records(name, cfg, st.cfgRev, d, st.maxGen+1, now) {
+		if st.shares.needsWrite(id, r) {
+			n++
+		}
+	}
+	return n
 }
 
 // prune deletes the oldest history entries of provider name beyond

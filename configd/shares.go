@@ -66,6 +66,9 @@ type shareState struct {
 	// created at: a share record older than that is a previous process's,
 	// which gives the new one nothing, so it is written again.
 	registered map[string]int64
+	// perRecord is how long one record took to write in the last publish
+	// of at least a transaction's worth (see writeTime).
+	perRecord time.Duration
 }
 
 func newShareState() shareState {
@@ -257,6 +260,32 @@ func sameRecord(a, b schema.ShareRecord) bool {
 	return a == b
 }
 
+// needsWrite reports whether instance id's record must be written as r:
+// it differs from the one held, or is older than the instance's
+// registration, or is to be rewritten.
+func (s *shareState) needsWrite(id string, r schema.ShareRecord) bool {
+	e, have := s.records[id]
+	return !have || !sameRecord(e.rec, r) || e.rev < s.registered[id] || s.rewrite[id]
+}
+
+// writeTime is how long writing n records is expected to take, from the
+// last publish that wrote at least a transaction's worth; 0 for fewer
+// (one transaction's latency is within the margin) or with nothing
+// measured yet.
+func (s *shareState) writeTime(n int) time.Duration {
+	if n < recordsPerTxn || s.perRecord <= 0 {
+		return 0
+	}
+	return time.Duration(n) * s.perRecord
+}
+
+// wrote notes that n records took d to write.
+func (s *shareState) wrote(n int, d time.Duration) {
+	if n >= recordsPerTxn {
+		s.perRecord = d / time.Duration(n)
+	}
+}
+
 // writeRecords writes want (instance ID → record) where it differs from
 // what st holds or is older than its instance's registration, and deletes
 // the records of instances want no longer names, with the legacy record,
@@ -268,8 +297,7 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 	var ops []clientv3.Op
 	var ids []string // per op: the instance ID; "-" and the ID for a deletion, "" for the legacy record's
 	for _, id := range slices.Sorted(maps.Keys(want)) {
-		e, have := s.records[id]
-		if have && sameRecord(e.rec, want[id]) && e.rev >= s.registered[id] && !s.rewrite[id] {
+		if !s.needsWrite(id, want[id]) {
 			continue
 		}
 		val, err := schema.Encode(want[id]) // validates

@@ -111,6 +111,11 @@ type Input struct {
 	Window         time.Duration // the provider's window
 	ConfigRevision int64         // the revision of the config Target was computed under
 	Margin         time.Duration // a publish takes effect at least this far after Now
+	// WriteTime is how long writing the publish's records is expected to
+	// take; it is added to Margin, so that a large publish reaches its
+	// instances before its boundary rather than after it (an instance
+	// that receives a record late applies it a window later).
+	WriteTime time.Duration
 
 	// Target is the allocation just computed over the live instances:
 	// instance ID → share, one entry per live instance.
@@ -262,7 +267,7 @@ func (p Planner) Decide(in Input) Decision {
 	if cur != nil && cur.Window != in.Window {
 		step = lcm(cur.Window, in.Window)
 	}
-	d.EffectiveFrom = NextBoundary(in.Now.Add(in.Margin+1), step)
+	d.EffectiveFrom = NextBoundary(in.Now.Add(in.Margin+max(in.WriteTime, 0)+1), step)
 	if cur != nil {
 		if last := NextBoundary(cur.EffectiveFrom, step); last.After(d.EffectiveFrom) {
 			d.EffectiveFrom = last

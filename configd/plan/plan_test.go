@@ -218,6 +218,23 @@ func TestEffectiveFromNeverGoesBack(t *testing.T) {
 	}
 }
 
+// TestWriteTimeMovesTheBoundary: the time a publish takes to write is
+// added to the margin, so its boundary lies after the last record lands;
+// it changes nothing else.
+func TestWriteTimeMovesTheBoundary(t *testing.T) {
+	in := Input{Total: 100, Window: time.Second, ConfigRevision: 1, Margin: 200 * time.Millisecond,
+		Target: map[string]int64{"a": 50, "b": 50}, Now: time.Unix(1000, 300*int64(time.Millisecond))}
+	d := Decide(in)
+	in.WriteTime = 900 * time.Millisecond
+	dw := Decide(in)
+	if d.EffectiveFrom != time.Unix(1001, 0) || dw.EffectiveFrom != time.Unix(1002, 0) {
+		t.Errorf("boundaries %v and, with 900ms to write, %v; want 1001 s and 1002 s", d.EffectiveFrom, dw.EffectiveFrom)
+	}
+	if !maps.Equal(d.Shares, dw.Shares) || !maps.Equal(d.Granted, dw.Granted) || d.Publish != dw.Publish {
+		t.Errorf("the write time changed the decision: %+v and %+v", d, dw)
+	}
+}
+
 func TestNextBoundary(t *testing.T) {
 	w := time.Second
 	cases := []struct{ t, want int64 }{
