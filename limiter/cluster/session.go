@@ -125,29 +125,105 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	defer wg.Wait() // after cancel: deferred calls run last in, first out
 	defer cancel()
 
-	octx, ocancel := m.opCtx(sctx)
+	s, err := m.grant(sctx, v, ap, rep)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if ctx.Err() != nil {
+			s.leave()
+		}
+	}()
+	s.startOver()
+	if err := m.report(sctx, s.lease, ap, rep, true); err != nil {
+		return err
+	}
+	// The latest lease end, never blocking the keep-alive loop: a renewal
+	// replaces one the main loop has not read yet.
+	renewed := make(chan time.Time, 1)
+	kaDone := make(chan error, 1)
+	wg.Go(func() { kaDone <- m.keepAlive(sctx, s.lease, s.leaseEnd, renewed) })
+
+	rev, err := s.load(sctx)
+	if err != nil {
+		return err
+	}
+	m.connected(connected, s)
+	// Its config, its own share record, and the leader keys: nothing of
+	// the other instances.
+	s.w = m.watch(sctx, rev)
+	defer func() { s.w.stop() }()
+	tick := time.NewTicker(m.cfg.report)
+	defer tick.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return ctx.Err() // the deferred call leaves
+		case s.leaseEnd = <-renewed:
+			rep.failStatic = m.arm(v, ap, s.leaseEnd)
+		case err = <-kaDone:
+			return err
+		case wr, ok := <-s.w.config:
+			err = s.keyEvents(sctx, wr, ok, "config")
+		case wr, ok := <-s.w.share:
+			err = s.keyEvents(sctx, wr, ok, "share record")
+		case wr, ok := <-s.w.leader:
+			err = s.leaderEvents(sctx, wr, ok)
+		case <-tick.C:
+			err = s.tick(sctx)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// following is one session's state: the lease it registered with and the
+// watches it follows the provider through, beside the Member's view of
+// the provider, what it applied and what it last reported, which outlive
+// the session. Only the run goroutine touches it.
+type following struct {
+	m        *Member
+	v        *view
+	ap       *applied
+	rep      *reporter
+	lease    clientv3.LeaseID
+	leaseEnd time.Time // on the monotonic clock: it bounds safety
+	w        watches
+}
+
+// grant starts a session with a fresh lease.
+func (m *Member) grant(ctx context.Context, v *view, ap *applied, rep *reporter) (*following, error) {
+	octx, cancel := m.opCtx(ctx)
 	sent := time.Now()
 	lease, err := m.cli.Grant(octx, int64(math.Ceil(m.cfg.leaseTTL.Seconds())))
-	ocancel()
+	cancel()
 	if err != nil {
-		return fmt.Errorf("grant lease: %w", err)
+		return nil, fmt.Errorf("grant lease: %w", err)
 	}
 	// The lease cannot expire before leaseEnd: etcd counts its TTL from
 	// when it received the request, which is after it was sent. A
 	// duration that bounds safety: on the monotonic clock (time.Now's
 	// reading), never on the corrected one, which NTP moves.
 	leaseEnd := sent.Add(time.Duration(lease.TTL) * time.Second)
-	defer func() {
-		if ctx.Err() == nil {
-			return
-		}
-		// Close: stop admitting, say so, and leave at once rather than
-		// after the TTL. Best effort: etcd may be unreachable.
-		m.leave(lease.ID, rep)
-		rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
-		m.cli.Revoke(rctx, lease.ID)
-		rcancel()
-	}()
+	return &following{m: m, v: v, ap: ap, rep: rep, lease: lease.ID, leaseEnd: leaseEnd}, nil
+}
+
+// leave is the end of a session on Close: stop admitting, say so, and
+// leave at once rather than after the TTL. Best effort: etcd may be
+// unreachable.
+func (s *following) leave() {
+	s.m.leave(s.lease, s.rep)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	s.m.cli.Revoke(ctx, s.lease)
+	cancel()
+}
+
+// startOver drops a share that lapsed before this session, and forgets
+// what the last session wrote and confirmed: both were on its lease.
+func (s *following) startOver() {
+	m, ap := s.m, s.ap
 	if exp := m.lim.Expiry(); !exp.IsZero() && !m.lim.Now().Before(exp) {
 		// The last share lapsed (the horizon passed before this lease):
 		// configd may have handed it on since. Start from nothing, as a
@@ -161,151 +237,131 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		*ap = applied{Source: follow.SourceLapsed, Window: ap.Window}
 		m.log.Warn("the last share lapsed while etcd was out of reach; starting from nothing", "expired", exp.UTC())
 	}
-	rep.haveWrite = false
+	s.rep.haveWrite = false
 	m.evenMarked = false // a confirmation is on the lease of the session that wrote it
-	if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
-		return err
-	}
-	// The latest lease end, never blocking the keep-alive loop: a renewal
-	// replaces one the main loop has not read yet.
-	renewed := make(chan time.Time, 1)
-	kaDone := make(chan error, 1)
-	wg.Go(func() { kaDone <- m.keepAlive(sctx, lease.ID, leaseEnd, renewed) })
+}
 
-	rev, err := m.load(sctx, v)
+// load reads the provider's keys this instance follows, applies them, and
+// returns the revision to watch from.
+func (s *following) load(ctx context.Context) (int64, error) {
+	rev, err := s.m.load(ctx, s.v)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	// follow applies the view and moves the limiter's expiry with it.
-	follow := func() bool {
-		acked := m.apply(v, ap)
-		rep.failStatic = m.arm(v, ap, leaseEnd)
-		return acked
+	if err := s.follow(ctx); err != nil {
+		return 0, err
 	}
-	if follow() {
-		if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
-			return err
-		}
+	return rev, s.m.confirmEven(ctx, s.v, s.lease)
+}
+
+// follow applies the view, moves the limiter's expiry with it, and
+// acknowledges at once a new shares generation applied.
+func (s *following) follow(ctx context.Context) error {
+	if !s.applyView() {
+		return nil
 	}
-	if err := m.confirmEven(sctx, v, lease.ID); err != nil {
-		return err
+	return s.m.report(ctx, s.lease, s.ap, s.rep, true)
+}
+
+// applyView applies the view and moves the limiter's expiry with it, and
+// reports whether a new shares generation was applied.
+func (s *following) applyView() bool {
+	acked := s.m.apply(s.v, s.ap)
+	s.rep.failStatic = s.m.arm(s.v, s.ap, s.leaseEnd)
+	return acked
+}
+
+// connected says the session is up: in the status, once in the log, and
+// to Join, which waits for the first.
+func (m *Member) connected(was *bool, s *following) {
+	if !*was {
+		*was = true
+		m.log.Info("connected to etcd", "lease", fmt.Sprintf("%x", s.lease), "share", s.ap.Quota, "source", s.ap.Source)
 	}
-	if !*connected {
-		*connected = true
-		m.log.Info("connected to etcd", "lease", fmt.Sprintf("%x", lease.ID), "share", ap.Quota, "source", ap.Source)
-	}
-	m.setStatus(func(s *Status) { s.Connected, s.LastError = true, "" })
+	m.setStatus(func(st *Status) { st.Connected, st.LastError = true, "" })
 	select {
 	case <-m.ready:
 	default:
 		close(m.ready)
 	}
+}
 
-	// Its config, its own share record, and the leader keys: nothing of
-	// the other instances.
-	w := m.watch(sctx, rev)
-	defer func() { w.stop() }()
-	// reload reads the three keys again and watches from there, keeping
-	// the lease, after a watch ended on a compaction (etcd no longer has
-	// the revision it would resume from): after a jitter of up to a
-	// report interval or a second, so that a fleet does not read all at
-	// once.
-	reload := func(err error) error {
-		if !errors.Is(err, rpctypes.ErrCompacted) {
-			return err // the session ends: etcd or the leader is gone
-		}
-		w.stop()
-		m.log.Warn("watch behind etcd's compaction; reading this instance's keys again", "err", err)
-		select {
-		case <-sctx.Done():
-			return sctx.Err()
-		case <-time.After(rand.N(min(m.cfg.report, time.Second))):
-		}
-		rev, err := m.load(sctx, v)
-		if err != nil {
+// keyEvents folds in the events of the config's or the share record's
+// watch, acknowledging a new generation at once.
+func (s *following) keyEvents(ctx context.Context, wr clientv3.WatchResponse, ok bool, what string) error {
+	if ended, err := s.ended(ctx, wr, ok, what); ended || err != nil {
+		return err
+	}
+	if s.m.observeAll(s.v, wr, s.applyView) {
+		return s.m.report(ctx, s.lease, s.ap, s.rep, true)
+	}
+	return nil
+}
+
+// leaderEvents folds in the election's keys: a configd replica alive
+// or not decides between the shares and the even split.
+func (s *following) leaderEvents(ctx context.Context, wr clientv3.WatchResponse, ok bool) error {
+	if ended, err := s.ended(ctx, wr, ok, "configd leader"); ended || err != nil {
+		return err
+	}
+	m, v := s.m, s.v
+	for _, ev := range wr.Events {
+		if err := m.leaderKey(ctx, v, ev.Kv, ev.Type == clientv3.EventTypeDelete); err != nil {
 			return err
 		}
-		if follow() {
-			if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
-				return err
-			}
-		}
-		if err := m.confirmEven(sctx, v, lease.ID); err != nil {
-			return err
-		}
-		w = m.watch(sctx, rev)
-		return nil
 	}
-	// broken reports whether wr ended its watch, having read the keys
-	// again where that is enough (reload); an error ends the session.
-	broken := func(wr clientv3.WatchResponse, ok bool, what string) (bool, error) {
-		if err := watchErr(wr, ok, what); err != nil {
-			return true, reload(err)
-		}
-		return false, nil
+	if len(v.leaders) > 0 {
+		v.even.Reset()
 	}
-	// keyEvents folds in the events of the config's or the share
-	// record's watch, acknowledging a new generation at once.
-	keyEvents := func(wr clientv3.WatchResponse, ok bool, what string) error {
-		if ended, err := broken(wr, ok, what); ended || err != nil {
-			return err
-		}
-		if m.observeAll(v, wr, follow) {
-			return m.report(sctx, lease.ID, ap, rep, true)
-		}
-		return nil
+	if err := m.confirmEven(ctx, v, s.lease); err != nil {
+		return err
 	}
-	tick := time.NewTicker(m.cfg.report)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err() // the deferred call leaves
-		case leaseEnd = <-renewed:
-			rep.failStatic = m.arm(v, ap, leaseEnd)
-		case err := <-kaDone:
-			return err
-		case wr, ok := <-w.config:
-			if err := keyEvents(wr, ok, "config"); err != nil {
-				return err
-			}
-		case wr, ok := <-w.share:
-			if err := keyEvents(wr, ok, "share record"); err != nil {
-				return err
-			}
-		case wr, ok := <-w.leader:
-			if ended, err := broken(wr, ok, "configd leader"); ended || err != nil {
-				if err != nil {
-					return err
-				}
-				continue
-			}
-			for _, ev := range wr.Events {
-				if err := m.leaderKey(sctx, v, ev.Kv, ev.Type == clientv3.EventTypeDelete); err != nil {
-					return err
-				}
-			}
-			if len(v.leaders) > 0 {
-				v.even.Reset()
-			}
-			if err := m.confirmEven(sctx, v, lease.ID); err != nil {
-				return err
-			}
-			if follow() {
-				if err := m.report(sctx, lease.ID, ap, rep, true); err != nil {
-					return err
-				}
-			}
-		case <-tick.C:
-			if err := m.pollEven(sctx, v); err != nil {
-				return err
-			}
-			follow() // follows the clock measurement, and the counts
-			if err := m.report(sctx, lease.ID, ap, rep, false); err != nil {
-				return err
-			}
-		}
+	return s.follow(ctx)
+}
+
+// tick is the report interval's work: the even split's counts, the clock
+// measurement and the counts applied, and the instance record written if
+// something in it moved.
+func (s *following) tick(ctx context.Context) error {
+	if err := s.m.pollEven(ctx, s.v); err != nil {
+		return err
 	}
+	s.applyView()
+	return s.m.report(ctx, s.lease, s.ap, s.rep, false)
+}
+
+// ended reports whether wr ended its watch; where reading the keys again
+// is enough (reload) the session goes on, else the error ends it.
+func (s *following) ended(ctx context.Context, wr clientv3.WatchResponse, ok bool, what string) (bool, error) {
+	if err := watchErr(wr, ok, what); err != nil {
+		return true, s.reload(ctx, err)
+	}
+	return false, nil
+}
+
+// reload reads the three keys again and watches from there, keeping the
+// lease, after a watch ended on a compaction (etcd no longer has the
+// revision it would resume from): after a jitter of up to a report
+// interval or a second, so that a fleet does not read all at once. Any
+// other end of a watch ends the session: etcd or the leader is gone.
+func (s *following) reload(ctx context.Context, err error) error {
+	if !errors.Is(err, rpctypes.ErrCompacted) {
+		return err
+	}
+	m := s.m
+	s.w.stop()
+	m.log.Warn("watch behind etcd's compaction; reading this instance's keys again", "err", err)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(rand.N(min(m.cfg.report, time.Second))):
+	}
+	rev, err := s.load(ctx)
+	if err != nil {
+		return err
+	}
+	s.w = m.watch(ctx, rev)
+	return nil
 }
 
 // load reads the config, this instance's share record, the leader keys and
