@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,6 +54,7 @@ import (
 const provider = "scale"
 
 type options struct {
+	keep    bool
 	sizes   []int
 	limit   int64
 	window  time.Duration
@@ -85,7 +87,20 @@ func main() {
 	flag.IntVar(&o.retunes, "retunes", 8, "retunes per fleet size")
 	flag.DurationVar(&o.every, "every", 2*time.Second, "time between retunes")
 	flag.DurationVar(&o.sample, "sample", 50*time.Millisecond, "how often every member's quota is sampled")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (etcd's data, configd's log)")
+	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile (members, etcd, the harness) to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scale: -cpuprofile:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for _, f := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
@@ -95,6 +110,7 @@ func main() {
 		o.sizes = append(o.sizes, n)
 	}
 	if err := run(o); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		os.Exit(1)
 	}
@@ -102,7 +118,7 @@ func main() {
 
 func run(o options) error {
 	fmt.Println(harness.Facts())
-	dir, bins, cleanup, err := harness.WorkDir("sluice-scale-", false, "./configd")
+	dir, bins, cleanup, err := harness.WorkDir("sluice-scale-", o.keep, "./configd")
 	if err != nil {
 		return err
 	}
@@ -193,16 +209,19 @@ func measure(o options, n int, dir, configdBin string) (result, error) {
 	var lat []time.Duration
 	for i := range o.retunes {
 		next := limits[i%2]
-		start := time.Now()
+		begun := time.Now()
 		if _, err := cd.Run("set", provider, "--limit", strconv.FormatInt(next, 10)); err != nil {
 			return res, err
 		}
+		// From set returning, the config written: what the coordination
+		// takes, not the start of the CLI's process.
+		start := time.Now()
 		if err := settle(ctx, f, next); err != nil {
 			return res, fmt.Errorf("retune %d to %d: %w", i, next, err)
 		}
 		lat = append(lat, time.Since(start))
-		rec.retuned(start, time.Now(), limits[(i+1)%2], next)
-		if rest := o.every - time.Since(start); rest > 0 {
+		rec.retuned(begun, time.Now(), limits[(i+1)%2], next)
+		if rest := o.every - time.Since(begun); rest > 0 {
 			time.Sleep(rest) // the pace of the retunes, not a synchronisation
 		}
 	}
