@@ -31,10 +31,7 @@ func newPlenty(b *testing.B, opts ...limiter.Option) *limiter.Limiter {
 
 func BenchmarkHotPath(b *testing.B) {
 	ctx := context.Background()
-	cases := []struct {
-		name string
-		make func(b *testing.B) func()
-	}{
+	cases := []benchCase{
 		{"floor=atomic.Add", func(b *testing.B) func() {
 			var n atomic.Int64
 			return func() { n.Add(1) }
@@ -70,24 +67,7 @@ func BenchmarkHotPath(b *testing.B) {
 			return func() { l.Take() }
 		}},
 	}
-	for _, c := range cases {
-		b.Run(c.name+"/serial", func(b *testing.B) {
-			f := c.make(b)
-			b.ReportAllocs()
-			for b.Loop() {
-				f()
-			}
-		})
-		b.Run(c.name+"/parallel", func(b *testing.B) {
-			f := c.make(b)
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					f()
-				}
-			})
-		})
-	}
+	runSerialParallel(b, cases)
 }
 
 // BenchmarkPaced is the paced hot path: a window of one hour whose slots
@@ -194,10 +174,7 @@ func BenchmarkMulti(b *testing.B) {
 	perSecond := limiter.Limit{Quota: plenty, Window: time.Hour}
 	perDay := limiter.Limit{Quota: plenty, Window: 24 * time.Hour}
 	tokens := limiter.Limit{Dimension: "tokens", Quota: plenty, Window: time.Hour}
-	cases := []struct {
-		name string
-		make func(b *testing.B) func()
-	}{
+	cases := []benchCase{
 		{"limits=1/sluice=TryAcquire", func(b *testing.B) func() {
 			l := newPlenty(b)
 			return func() {
@@ -257,6 +234,19 @@ func BenchmarkMulti(b *testing.B) {
 			}
 		}},
 	}
+	runSerialParallel(b, cases)
+}
+
+// benchCase is one decision to measure: make returns the call, made once
+// per iteration.
+type benchCase struct {
+	name string
+	make func(b *testing.B) func()
+}
+
+// runSerialParallel runs each case from one goroutine and from
+// GOMAXPROCS goroutines at once.
+func runSerialParallel(b *testing.B, cases []benchCase) {
 	for _, c := range cases {
 		b.Run(c.name+"/serial", func(b *testing.B) {
 			f := c.make(b)
