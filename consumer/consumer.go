@@ -102,6 +102,8 @@ func hasPrefixFold(s, prefix string) bool {
 type Consumer struct {
 	cfg     Config
 	lim     Limiter
+	take    permits // one permit, or the message's cost (WithCost)
+	costed  bool    // WithCost: each call's Grant is in its context, for Settle
 	handler Handler
 	log     *slog.Logger
 	rcfg    kafka.ReaderConfig
@@ -129,8 +131,14 @@ func New(cfg Config, lim Limiter, handler Handler, opts ...Option) (*Consumer, e
 	if err := cfg.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	o := buildOptions(opts)
+	var take permits
 	if lim == nil {
 		errs = append(errs, &ConfigError{Field: "lim", Value: nil, Rule: "a Limiter is required"})
+	} else if t, err := newPermits(lim, o.cost); err != nil {
+		errs = append(errs, err)
+	} else {
+		take = t
 	}
 	if handler == nil {
 		errs = append(errs, &ConfigError{Field: "handler", Value: nil, Rule: "a Handler is required"})
@@ -138,8 +146,7 @@ func New(cfg Config, lim Limiter, handler Handler, opts ...Option) (*Consumer, e
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	o := buildOptions(opts)
-	c := &Consumer{cfg: cfg, lim: lim, handler: handler, log: o.log.With("topic", cfg.Topic, "group", cfg.GroupID)}
+	c := &Consumer{cfg: cfg, lim: lim, take: take, costed: o.cost != nil, handler: handler, log: o.log.With("topic", cfg.Topic, "group", cfg.GroupID)}
 
 	c.rcfg = kafka.ReaderConfig{
 		// Closing the Reader waits for the fetches in progress, which the
@@ -569,13 +576,22 @@ func (c *Consumer) process(g *generation, msg kafka.Message) (outcome, error) {
 	ctx := g.calls
 	attempts := 0
 	for {
-		if err := c.acquire(g.queued); err != nil {
-			if errors.Is(err, ErrLimiterClosed) {
-				return outFatal, err
-			}
+		grant, err := c.acquire(g.queued, msg)
+		switch {
+		case errors.Is(err, limiter.ErrInvalid):
+			// The message's cost (WithCost) is one the limiter cannot
+			// take: no retry can help.
+			return c.deadLetter(ctx, msg, Permanent(fmt.Errorf("the message's cost: %w", err)), attempts)
+		case errors.Is(err, ErrLimiterClosed):
+			return outFatal, err
+		case err != nil:
 			return outAbandoned, nil
 		}
-		err := c.call(ctx, msg)
+		callCtx := ctx
+		if c.costed {
+			callCtx = withGrant(ctx, &grant)
+		}
+		err = c.call(callCtx, msg)
 		if err == nil {
 			c.count.handled.Add(1)
 			return outDone, nil
@@ -625,22 +641,25 @@ func (c *Consumer) call(ctx context.Context, msg kafka.Message) (err error) {
 // it waits as long as needed, bounded only by ctx.
 const foreverWait = 24 * time.Hour
 
-// acquire waits for one permit, as long as it takes. It returns an error
-// only when ctx ends or the limiter is closed.
-func (c *Consumer) acquire(ctx context.Context) error {
+// acquire waits for the permits of one handler call of msg, as long as it
+// takes. It returns an error only when ctx ends, the limiter is closed, or
+// the message's cost is invalid (limiter.ErrInvalid).
+func (c *Consumer) acquire(ctx context.Context, msg kafka.Message) (limiter.Grant, error) {
 	start := time.Now()
-	err := c.lim.AcquireN(ctx, 1, c.cfg.maxWait())
+	g, err := c.take(ctx, msg, c.cfg.maxWait())
 	if err == nil {
 		c.col.observeWait(time.Since(start))
-		return nil
+		return g, nil
 	}
 	throttled := false
 	for failures := 0; ; {
 		switch {
 		case ctx.Err() != nil:
-			return context.Cause(ctx)
+			return g, context.Cause(ctx)
 		case errors.Is(err, limiter.ErrClosed):
-			return fmt.Errorf("%w: %w", ErrLimiterClosed, err)
+			return g, fmt.Errorf("%w: %w", ErrLimiterClosed, err)
+		case errors.Is(err, limiter.ErrInvalid):
+			return g, err
 		case errors.Is(err, limiter.ErrTimeout) && !throttled:
 			throttled = true
 			c.count.throttled.Add(1)
@@ -651,12 +670,12 @@ func (c *Consumer) acquire(ctx context.Context) error {
 			failures++
 			c.log.Debug("no permit; trying again", "err", err, "failures", failures)
 			if !wait(ctx, backoff(failures, 10*time.Millisecond, time.Second)) {
-				return context.Cause(ctx)
+				return g, context.Cause(ctx)
 			}
 		}
-		if err = c.lim.AcquireN(ctx, 1, foreverWait); err == nil {
+		if g, err = c.take(ctx, msg, foreverWait); err == nil {
 			c.col.observeWait(time.Since(start))
-			return nil
+			return g, nil
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/sluice-go/sluice/limiter"
 )
 
 // Option configures what a Consumer is wired to (logger, metrics registry,
@@ -17,6 +19,7 @@ type options struct {
 	reg          prometheus.Registerer
 	readerConfig func(*kafka.ReaderConfig)
 	dlq          MessageWriter
+	cost         func(kafka.Message) []limiter.Amount
 }
 
 type optionFunc func(*options)

@@ -320,6 +320,14 @@ func (m *Multi) Acquire(ctx context.Context, maxWait time.Duration, cost ...Amou
 	return r.Wait(ctx)
 }
 
+// AcquireN is Acquire of n requests and nothing of any other dimension,
+// for callers that count permits (consumer.Limiter); it returns
+// ErrInvalid when no limit counts requests.
+func (m *Multi) AcquireN(ctx context.Context, n int64, maxWait time.Duration) error {
+	_, err := m.Acquire(ctx, maxWait, Cost(Requests, n))
+	return err
+}
+
 // Reserve reserves cost from every limit at the earliest instant each has
 // room for it within maxWait, and returns at once: the MultiReservation
 // says when, and Cancel gives every limit its permits back. It returns an
