@@ -22,6 +22,22 @@
 //	if err != nil { … }
 //	err = c.Run(ctx) // until ctx is cancelled; then drains, commits and returns
 //
+// A provider that limits a cost too, such as tokens per minute beside
+// requests, takes a limiter.Multi and WithCost: each call takes its
+// message's estimated cost, and the handler reports what the call used:
+//
+//	m, err := limiter.NewMulti([]limiter.Limit{
+//		{Quota: 500, Window: time.Minute},
+//		{Dimension: "tokens", Quota: 200_000, Window: time.Minute},
+//	})
+//	c, err := consumer.New(cfg, m, func(ctx context.Context, msg kafka.Message) error {
+//		resp, err := model.Complete(ctx, msg.Value)
+//		…
+//		return consumer.Settle(ctx, limiter.Cost("tokens", resp.Usage.TotalTokens))
+//	}, consumer.WithCost(func(msg kafka.Message) []limiter.Amount {
+//		return []limiter.Amount{limiter.Cost("tokens", maxTokens(msg))}
+//	}))
+//
 // # Flow and guarantees
 //
 // One goroutine fetches messages (kafka-go's Reader, FetchMessage), a pool
