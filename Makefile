@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle quarantine bench sim accuracy soak scale shards faults demo clean
+.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim accuracy soak scale shards faults demo clean
 
 all: build test
 
@@ -114,11 +114,11 @@ oracle:
 	$(GO) test -count=1 -run '^TestMultiOracle$$' -v -timeout 60m ./limiter -multi.n=$(MULTI_N)
 	$(GO) test -count=1 -run '^TestSearch$$' -v -timeout 60m ./internal/sim -sim.n=$(SIM_N)
 
-## quarantine: tests taken out of make test because they fail on a known,
-## open bug (each says which, and why, when skipped): the Kafka consumer's
-## rebalance oracle (issue 17).
-quarantine:
-	SLUICE_QUARANTINE=1 $(GO) test -race -count=1 -v -run '^TestRevokedPartitionsStartNoCall$$' ./consumer/
+## rebalance: the Kafka consumer's rebalance oracle over REBALANCE_ROUNDS
+## random rounds (make test runs 4), on kfake; ~1 s a round.
+REBALANCE_ROUNDS ?= 100
+rebalance:
+	$(GO) test -race -count=1 -v -timeout 30m -run '^TestRevokedPartitionsStartNoCall$$' ./consumer/ -consumer.rounds=$(REBALANCE_ROUNDS)
 
 ## bench: the hot-path and slow-path benchmarks, repeated for benchstat.
 bench:

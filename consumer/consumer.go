@@ -242,6 +242,7 @@ type run struct {
 
 	drain       chan chan<- struct{} // cap 1: revoke asks the fetch loop to drain kafka-go's queue
 	fetchMu     sync.Mutex
+	commitMu    sync.Mutex         // held while a commit is sent: commits of one generation do not overtake each other
 	fetchCancel context.CancelFunc // of the FetchMessage call in progress
 
 	stopFetch context.CancelFunc
@@ -279,7 +280,9 @@ func (r *run) fail(err error) {
 // before its JoinGroup request (through the GroupBalancers, which it wraps)
 // and, before it lets the member join:
 //   - drops every fetched message of the partitions given up that has not
-//     started: no permit, no handler call (counted in Stats.Abandoned);
+//     started: no permit, no handler call (counted in Stats.Abandoned); a
+//     worker whose permit came just as the revocation was known does not
+//     call the handler either (the permit is spent);
 //   - lets the handler calls in progress finish for up to
 //     min(Config.DrainTimeout, half the group's rebalance timeout), then
 //     cancels their context (counted in Stats.Abandoned);
@@ -405,6 +408,9 @@ func (c *Consumer) RunWithAbort(ctx context.Context, abort <-chan struct{}) erro
 	<-workersDone
 	close(commitStop)
 	<-commitDone
+	// Generations joined since the fetch loop last asked (it asks when a
+	// message comes).
+	c.count.rebalances.Add(r.reader.Stats().Rebalances)
 	if err := r.reader.Close(); err != nil {
 		c.log.Warn("closing the reader", "err", err)
 	}
@@ -591,7 +597,11 @@ func (c *Consumer) process(g *generation, msg kafka.Message) (outcome, error) {
 		if c.costed {
 			callCtx = withGrant(ctx, &grant)
 		}
+		if !g.startCall() {
+			return outAbandoned, nil // revoked while the permit came: its permit is spent, no call made
+		}
 		err = c.call(callCtx, msg)
+		g.endCall()
 		if err == nil {
 			c.count.handled.Add(1)
 			return outDone, nil
@@ -827,79 +837,6 @@ func tooLarge(err error) bool {
 		}
 	}
 	return false
-}
-
-// commitLoop commits progress whenever there is some, at most once per
-// Config.CommitInterval, and once more when stop is closed (after the
-// workers have finished). Each commit may take up to commitTimeout; ctx
-// is not cancelled, not even when Run aborts.
-func (c *Consumer) commitLoop(ctx context.Context, r *run, stop <-chan struct{}) {
-	failures := 0
-	for {
-		select {
-		case <-r.dirty:
-		case <-stop:
-			c.commit(ctx, r) // the final commit
-			return
-		}
-		pause := c.cfg.CommitInterval
-		if c.commit(ctx, r) {
-			failures = 0
-		} else {
-			failures++
-			pause = max(pause, backoff(failures, 100*time.Millisecond, 5*time.Second))
-			select { // try again even without new progress
-			case r.dirty <- struct{}{}:
-			default:
-			}
-		}
-		if pause > 0 {
-			t := time.NewTimer(pause)
-			select {
-			case <-t.C:
-			case <-stop:
-				t.Stop()
-			}
-		}
-	}
-}
-
-// commitTimeout bounds one offset commit, the final one of a shutdown
-// included. It does not depend on Config.DrainTimeout: a drain cut short
-// must not cut the commit of what was done short too.
-const commitTimeout = 10 * time.Second
-
-// commit sends one commit covering every partition that has progress. It
-// reports false when the commit failed.
-func (c *Consumer) commit(ctx context.Context, r *run) bool {
-	r.genMu.Lock()
-	if r.revoking {
-		r.genMu.Unlock()
-		return true // revoke commits what is done, in the generation that ended
-	}
-	g := r.gen
-	pts := r.tr.ready()
-	r.genMu.Unlock()
-	if len(pts) == 0 {
-		return true
-	}
-	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
-	defer cancel()
-	// A commit of partitions given up is cut: kafka-go would otherwise
-	// send it in the next generation, over the new owner's commits.
-	defer context.AfterFunc(g.revoked, cancel)()
-	if err := r.reader.CommitMessages(ctx, messages(pts)...); err != nil {
-		if g.isRevoked() {
-			c.log.Debug("offset commit of revoked partitions dropped", "partitions", len(pts))
-			return true
-		}
-		c.count.commitErrors.Add(1)
-		c.log.Warn("offset commit failed; retrying", "err", err, "partitions", len(pts))
-		return false
-	}
-	c.count.commits.Add(1)
-	r.tr.committed(pts)
-	return true
 }
 
 // wait waits for d or until ctx ends; it reports whether d passed.

@@ -590,3 +590,36 @@ func TestRebalanceMidStreamLosesNothing(t *testing.T) {
 	}
 	t.Logf("%d duplicates across the rebalance (bound %d)", dups, 2*inFlight)
 }
+
+// TestJoinRecordKnown checks that the consumer learns its member ID and
+// generation from the kafka-go version in go.mod: without them every
+// commit goes through the Reader, whose queued requests can be sent in
+// the next generation, and revocations commit nothing (commit.go).
+func TestJoinRecordKnown(t *testing.T) {
+	const n = 20
+	k := newKafka(t)
+	topic, group := name(t, "topic"), name(t, "group")
+	k.createTopic(t, topic, 1)
+	k.produce(t, topic, 1, testMessages(n))
+	rec := newRecord(n)
+	c, err := consumer.New(consumer.Config{Brokers: k.brokers, Topic: topic, GroupID: group},
+		newLimiter(t, 1_000_000, 100*time.Millisecond), func(ctx context.Context, m kafka.Message) error {
+			rec.add(m)
+			return nil
+		}, consumer.WithReaderConfig(fastGroup))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := started(t, c)
+	waitFor(t, rec.all, "every message handled")
+	member, gen, ok := c.JoinedGeneration()
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if !ok || member == "" || gen < 1 {
+		t.Fatalf("JoinedGeneration() = %q, %d, %v; want the member and generation of kafka-go's %q record", member, gen, ok, "Joined group")
+	}
+	if off := k.committed(t, group, topic, 1)[0]; off != n {
+		t.Errorf("partition 0 committed at %d, want %d", off, n)
+	}
+}

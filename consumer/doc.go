@@ -112,6 +112,11 @@
 // messages done behind one that is not (offsets are committed
 // contiguously). See Run for the details.
 //
+// Every offset commit names the group generation whose messages it
+// covers, so the broker refuses one that arrives after the partitions
+// were assigned again: a commit never lands over the next owner's, nor
+// moves a committed offset back.
+//
 // # Observability
 //
 // Stats returns the counters at any time. WithRegisterer exports them to

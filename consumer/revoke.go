@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,7 +23,9 @@ import (
 //   - the messages still in kafka-go's queue are fetched and dropped, so
 //     that none of them is handled after the next assignment;
 //   - the calls in progress may finish for a grace period (see
-//     revokeGrace); then their context is cancelled;
+//     revokeGrace); then their context is cancelled. A worker whose
+//     permit came just before the revocation does not call the handler
+//     (generation.startCall): the permit is spent, the call not made;
 //   - the done prefix of every partition given up is committed, in the
 //     generation that ended (commitRevoked): what was handled before the
 //     first message not done, the calls that finished in the grace
@@ -39,12 +40,14 @@ import (
 // UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS). So the commit cannot land
 // over the partitions' next owners: either it is in the old generation,
 // before anyone was assigned them, or it is refused and its messages are
-// handled again. kafka-go keeps the generation's ID and the member's to
-// itself; it logs them when it joins ("Joined group G as member M in
-// generation N"), and joinLogger, the Reader's Logger, keeps them from
-// that record's arguments. If a kafka-go version logs it otherwise, no
-// revocation is committed: messages done since the last commit are
-// handled again, as before this commit existed, and none is lost.
+// handled again. Every other commit is sent the same way (commit.go).
+// kafka-go keeps the generation's ID and the member's to itself; it logs
+// them when it joins ("Joined group G as member M in generation N"), and
+// joinLogger, the Reader's Logger, keeps them from that record's
+// arguments. If a kafka-go version logs it otherwise, no revocation is
+// committed (messages done since the last commit are handled again; none
+// is lost), and other commits go through the Reader (see sendCommit);
+// TestJoinRecordKnown fails on such a version.
 
 // generation is what the consumer fetched between two (re)joins of its
 // group, and the handler calls made for it.
@@ -56,9 +59,10 @@ type generation struct {
 	revoked context.Context // ends at the revocation only: cuts a commit of this generation
 	revoke  context.CancelFunc
 
-	mu   sync.Mutex
-	busy int           // workers handling a message of this generation
-	idle chan struct{} // made at the revocation; closed once busy is 0
+	mu      sync.Mutex
+	busy    int           // workers handling a message of this generation
+	calling int           // of them, those in a handler call
+	idle    chan struct{} // made at the revocation; closed once busy is 0
 }
 
 func newGeneration(work context.Context) *generation {
@@ -89,9 +93,30 @@ func (g *generation) exit() {
 	}
 }
 
+// startCall reports whether a busy worker, holding its permit, may call
+// the handler: not once g is revoked, even if the permit came just
+// before. It is the one gate a handler call passes, so that the calls in
+// progress at a revocation are exactly those end counts.
+func (g *generation) startCall() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.idle != nil {
+		return false
+	}
+	g.calling++
+	return true
+}
+
+func (g *generation) endCall() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calling--
+}
+
 // end revokes g: no call starts for it any more. It returns how many
-// workers were busy with it, and a channel closed when none is.
-func (g *generation) end() (busy int, idle <-chan struct{}) {
+// handler calls were in progress, and a channel closed when no worker is
+// busy with g.
+func (g *generation) end() (calling int, idle <-chan struct{}) {
 	g.revoke()
 	g.drop()
 	g.mu.Lock()
@@ -102,7 +127,7 @@ func (g *generation) end() (busy int, idle <-chan struct{}) {
 			close(g.idle)
 		}
 	}
-	return g.busy, g.idle
+	return g.calling, g.idle
 }
 
 // isRevoked reports whether g's partitions were given up.
@@ -181,9 +206,9 @@ func (c *Consumer) revoke() {
 		r.revoking = false
 		r.genMu.Unlock()
 	}()
-	busy, idle := old.end()
-	if len(parts) > 0 || busy > 0 {
-		c.log.Info("partitions revoked", "partitions", parts, "in_flight", int64(busy))
+	calling, idle := old.end()
+	if len(parts) > 0 || calling > 0 {
+		c.log.Info("partitions revoked", "partitions", parts, "in_flight", int64(calling))
 	}
 
 	// kafka-go's queue: the fetch loop drains it.
@@ -208,63 +233,6 @@ func (c *Consumer) revoke() {
 	case <-r.work.Done():
 	}
 	c.commitRevoked(r)
-}
-
-// commitRevoked commits the done prefix of every partition of the
-// generation that ended, in that generation (see the top of this file).
-// It runs while r.revoking holds: nothing else commits, and no message is
-// added to the books.
-func (c *Consumer) commitRevoked(r *run) {
-	pts := r.tr.ready()
-	if len(pts) == 0 {
-		return
-	}
-	j := c.joined.Load()
-	if j == nil {
-		c.log.Warn("the group generation that ended is not known: its done messages are not committed, their partitions' next owners handle them again", "partitions", len(pts))
-		return
-	}
-	topics := map[string][]kafka.OffsetCommit{}
-	for _, pt := range pts {
-		tp := pt.seg.part.tp
-		topics[tp.topic] = append(topics[tp.topic], kafka.OffsetCommit{Partition: tp.partition, Offset: pt.last + 1})
-	}
-	// Not cut by an abort, like a shutdown's final commit; bounded so that
-	// the member joins again within the rebalance timeout, after the grace.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), c.revokeCommitTimeout())
-	defer cancel()
-	resp, err := c.group.OffsetCommit(ctx, &kafka.OffsetCommitRequest{
-		GroupID:      c.cfg.GroupID,
-		GenerationID: int(j.generation),
-		MemberID:     j.member,
-		Topics:       topics,
-	})
-	if err == nil {
-		var errs []error
-		for _, ps := range resp.Topics {
-			for _, p := range ps {
-				if p.Error != nil {
-					errs = append(errs, fmt.Errorf("partition %d: %w", p.Partition, p.Error))
-				}
-			}
-		}
-		err = errors.Join(errs...)
-	}
-	if err != nil {
-		c.count.commitErrors.Add(1)
-		c.log.Warn("offset commit of revoked partitions failed: their next owners handle their done messages again",
-			"err", err, "partitions", len(pts), "generation", j.generation)
-		return
-	}
-	c.count.commits.Add(1)
-	r.tr.committed(pts)
-	c.log.Debug("revoked partitions committed", "partitions", len(pts), "generation", j.generation)
-}
-
-// revokeCommitTimeout bounds commitRevoked: commitTimeout, but at most a
-// quarter of the group's rebalance timeout (the grace takes at most half).
-func (c *Consumer) revokeCommitTimeout() time.Duration {
-	return min(commitTimeout, c.rebalanceTimeout()/4)
 }
 
 // groupJoin is a member's join of its group: its member ID and generation.
