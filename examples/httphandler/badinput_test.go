@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +41,48 @@ func TestBadBudgetHeader(t *testing.T) {
 	for _, budget := range []string{"2562047h", "1ns", "1h0m0.000000001s"} {
 		if rec := serve(h, budget); rec.Code != http.StatusOK && rec.Code != http.StatusServiceUnavailable {
 			t.Errorf("budget %q: %d %q", budget, rec.Code, rec.Body)
+		}
+	}
+}
+
+// TestBadTokensHeader: a malformed X-Tokens is answered 400 naming the
+// header and the rule, with no downstream call and nothing taken from
+// either limit; an estimate beyond the tokens limit is refused (503), not
+// a panic or a wait.
+func TestBadTokensHeader(t *testing.T) {
+	m, err := limiter.NewMulti([]limiter.Limit{
+		{Quota: 1000, Window: time.Second},
+		{Dimension: tokens, Quota: 10_000, Window: time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	down := &fakeDown{}
+	h := &handler{multi: m, tokens: 10, down: down, budget: 300 * time.Millisecond, callTime: 20 * time.Millisecond}
+	for _, v := range []string{"-1", "1.5", "ten", " 5", "5 ", "0x10", "99999999999999999999", "\x00"} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set(TokensHeader, v)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), TokensHeader) ||
+			!strings.Contains(rec.Body.String(), "whole number of tokens") {
+			t.Errorf("X-Tokens %q: %d %q, want 400 naming the header and the rule", v, rec.Code, rec.Body)
+		}
+	}
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.Header.Set(TokensHeader, "10001")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("an estimate beyond the tokens limit: %d %q, want 503 with Retry-After", rec.Code, rec.Body)
+	}
+	if n := down.calls.Load(); n != 0 {
+		t.Errorf("the downstream was called %d times", n)
+	}
+	for i, st := range m.Stats() {
+		if st.Admitted != 0 {
+			t.Errorf("limit %d admitted %d", i, st.Admitted)
 		}
 	}
 }

@@ -17,9 +17,22 @@ import (
 // "150ms"); without it the server's default budget applies.
 const BudgetHeader = "X-Latency-Budget"
 
+// TokensHeader carries a request's estimated cost in tokens (an upper
+// bound, such as the max_tokens of a model API call), and the
+// downstream's TokensUsedHeader the tokens the call really used. They
+// matter only with a tokens limit (-tokens-limit).
+const (
+	TokensHeader     = "X-Tokens"
+	TokensUsedHeader = "X-Tokens-Used"
+)
+
+// tokens is the dimension of the tokens limit.
+const tokens = "tokens"
+
 // downstream is the rate-limited API the handler calls once per request.
+// Call sends the call's estimated tokens and returns those it used.
 type downstream interface {
-	Call(ctx context.Context) error
+	Call(ctx context.Context, estimate int64) (used int64, err error)
 }
 
 // tooManyRequests is the downstream's 429 (or 503) with its Retry-After.
@@ -36,8 +49,15 @@ func (e *tooManyRequests) Error() string {
 // latency budget: it waits for a permit only as long as the budget allows
 // (keeping callTime for the call itself), and otherwise fails fast with 503
 // and a Retry-After saying when the next window opens.
+//
+// With one limit (lim) a call takes one permit. With a requests and a
+// tokens limit (multi) it takes one request and its estimated tokens, all
+// or nothing, and settles the tokens the downstream says it used: what
+// was charged too much goes back to the window for later requests.
 type handler struct {
-	lim      *limiter.Limiter
+	lim      *limiter.Limiter // one limit; nil when multi is set
+	multi    *limiter.Multi   // requests and tokens
+	tokens   int64            // estimated tokens of a request that does not send TokensHeader
 	down     downstream
 	budget   time.Duration // when the request gives none
 	callTime time.Duration // part of the budget kept for the downstream call
@@ -46,14 +66,10 @@ type handler struct {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	budget := h.budget
-	if s := r.Header.Get(BudgetHeader); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 {
-			http.Error(w, BudgetHeader+": want a positive duration such as 150ms", http.StatusBadRequest)
-			return
-		}
-		budget = d
+	budget, estimate, err := h.request(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
 	}
 	// The request's deadline: the budget, or sooner if the client's
 	// context already has one.
@@ -64,18 +80,25 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Wait for a permit only as long as the budget leaves room for the
 	// call. Acquire says ErrTimeout at once, without sleeping, when the
 	// earliest permit lies further away.
-	wait := time.Until(deadline) - h.callTime
-	if err := h.lim.Acquire(ctx, max(0, wait)); err != nil {
+	wait := max(0, time.Until(deadline)-h.callTime)
+	grant, err := h.acquire(ctx, wait, estimate)
+	if err != nil {
 		if errors.Is(err, limiter.ErrTimeout) || errors.Is(err, limiter.ErrNoQuota) {
 			h.refused.Add(1)
-			h.unavailable(w, h.retryAfter(), "no permit within the latency budget")
+			h.unavailable(w, h.retryAfter(estimate), "no permit within the latency budget")
 			return
 		}
 		h.failed.Add(1)
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	err := h.down.Call(ctx)
+	used, err := h.down.Call(ctx, estimate)
+	if h.multi != nil {
+		// A call refused or failed used no tokens: all go back. One the
+		// provider answered used what it says; more than the estimate is
+		// counted in Stats.Overdrawn (estimate an upper bound).
+		grant.Settle(limiter.Cost(tokens, max(used, 0)))
+	}
 	var tmr *tooManyRequests
 	switch {
 	case err == nil:
@@ -85,9 +108,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Our limit is set higher than the provider's: pause the limiter
 		// for as long as the provider asks, so the instance stops
 		// hammering it, and pass the wait on to our client.
-		h.lim.Backoff(tmr.retryAfter)
+		h.backoff(tmr.retryAfter)
 		h.backedOff.Add(1)
-		h.unavailable(w, max(tmr.retryAfter, h.retryAfter()), "the provider asked us to slow down")
+		h.unavailable(w, max(tmr.retryAfter, h.retryAfter(estimate)), "the provider asked us to slow down")
 	case ctx.Err() != nil:
 		h.failed.Add(1)
 		http.Error(w, "downstream: latency budget spent", http.StatusGatewayTimeout)
@@ -97,6 +120,44 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// request reads a request's latency budget and estimated tokens.
+func (h *handler) request(r *http.Request) (budget time.Duration, estimate int64, err error) {
+	budget, estimate = h.budget, h.tokens
+	if s := r.Header.Get(BudgetHeader); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return 0, 0, errors.New(BudgetHeader + ": want a positive duration such as 150ms")
+		}
+		budget = d
+	}
+	if s := r.Header.Get(TokensHeader); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			return 0, 0, errors.New(TokensHeader + ": want a whole number of tokens, 0 or more")
+		}
+		estimate = n
+	}
+	return budget, estimate, nil
+}
+
+// acquire waits up to wait for one call's permits: one request, and
+// estimate tokens when there is a tokens limit. The Grant is the zero one
+// with one limit.
+func (h *handler) acquire(ctx context.Context, wait time.Duration, estimate int64) (limiter.Grant, error) {
+	if h.multi == nil {
+		return limiter.Grant{}, h.lim.Acquire(ctx, wait)
+	}
+	return h.multi.Acquire(ctx, wait, limiter.Cost(tokens, estimate))
+}
+
+func (h *handler) backoff(d time.Duration) {
+	if h.multi != nil {
+		h.multi.Backoff(d)
+		return
+	}
+	h.lim.Backoff(d)
+}
+
 // unavailable answers 503 with Retry-After d, in whole seconds rounded up
 // (at least 1), as HTTP wants.
 func (h *handler) unavailable(w http.ResponseWriter, d time.Duration, why string) {
@@ -104,15 +165,32 @@ func (h *handler) unavailable(w http.ResponseWriter, d time.Duration, why string
 	http.Error(w, why, http.StatusServiceUnavailable)
 }
 
-// retryAfter returns how long until the limiter can admit again: the start
-// of the next window, or the end of a Backoff if that is later.
-func (h *handler) retryAfter() time.Duration {
-	st := h.lim.Stats()
-	next := st.WindowStart.Add(st.Window)
-	if st.BackoffUntil.After(next) {
-		next = st.BackoffUntil
+// retryAfter returns how long until a call of estimate tokens may be
+// admitted again: the start of the next window of each limit without room
+// for it (of the requests limit if every one has room), or the end of a
+// Backoff if that is later.
+func (h *handler) retryAfter(estimate int64) time.Duration {
+	var sts []limiter.Stats
+	var now time.Time
+	if h.multi != nil {
+		sts, now = h.multi.Stats(), h.multi.Now()
+	} else {
+		sts, now = []limiter.Stats{h.lim.Stats()}, h.lim.Now()
 	}
-	return next.Sub(h.lim.Now())
+	next := sts[0].WindowStart.Add(sts[0].Window)
+	for i, st := range sts {
+		need := int64(1)
+		if i > 0 {
+			need = estimate // the Multi's second limit is tokens
+		}
+		if end := st.WindowStart.Add(st.Window); st.Remaining < need && end.After(next) {
+			next = end
+		}
+		if st.BackoffUntil.After(next) {
+			next = st.BackoffUntil
+		}
+	}
+	return next.Sub(now)
 }
 
 // httpDownstream calls a URL with POST; 429 and 503 become
@@ -122,24 +200,29 @@ type httpDownstream struct {
 	client *http.Client
 }
 
-func (d *httpDownstream) Call(ctx context.Context) error {
+func (d *httpDownstream) Call(ctx context.Context, estimate int64) (used int64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
+	req.Header.Set(TokensHeader, strconv.FormatInt(estimate, 10))
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 	switch resp.StatusCode {
 	case http.StatusOK, http.StatusNoContent:
-		return nil
+		// A provider that does not say charges the estimate.
+		if n, err := strconv.ParseInt(resp.Header.Get(TokensUsedHeader), 10, 64); err == nil && n >= 0 {
+			return n, nil
+		}
+		return estimate, nil
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
-		return &tooManyRequests{status: resp.StatusCode, retryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+		return 0, &tooManyRequests{status: resp.StatusCode, retryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
-	return fmt.Errorf("downstream: %s", resp.Status)
+	return 0, fmt.Errorf("downstream: %s", resp.Status)
 }
 
 // parseRetryAfter reads Retry-After as seconds or an HTTP date; missing or

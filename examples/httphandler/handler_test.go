@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -21,7 +25,10 @@ type fakeDown struct {
 	err   error
 }
 
-func (f *fakeDown) Call(context.Context) error { f.calls.Add(1); return f.err }
+func (f *fakeDown) Call(_ context.Context, estimate int64) (int64, error) {
+	f.calls.Add(1)
+	return estimate, f.err
+}
 
 func serve(h http.Handler, budget string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
@@ -158,4 +165,94 @@ func TestHTTPDownstreamAgainstStub(t *testing.T) {
 	if parseRetryAfter("Wed, 21 Oct 2015 07:28:00 GMT", time.Date(2015, 10, 21, 7, 27, 0, 0, time.UTC)) != time.Minute {
 		t.Fatal("Retry-After as an HTTP date")
 	}
+}
+
+// stubDown calls a provider stub in process (no network, so that synctest's
+// fake time runs it).
+type stubDown struct{ st *stub.Stub }
+
+func (d stubDown) Call(ctx context.Context, estimate int64) (int64, error) {
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/", nil)
+	req.Header.Set(TokensHeader, strconv.FormatInt(estimate, 10))
+	rec := httptest.NewRecorder()
+	d.st.ServeHTTP(rec, req)
+	switch rec.Code {
+	case http.StatusOK:
+		return strconv.ParseInt(rec.Header().Get(TokensUsedHeader), 10, 64)
+	case http.StatusTooManyRequests:
+		return 0, &tooManyRequests{status: rec.Code, retryAfter: parseRetryAfter(rec.Header().Get("Retry-After"), time.Now())}
+	}
+	return 0, fmt.Errorf("stub: %d %s", rec.Code, rec.Body)
+}
+
+// Two limits, requests and tokens, against a provider stub with the same
+// limits whose calls use a random 25–75% of their estimate: clients send
+// more than both limits allow for 20 windows. No window at the stub goes
+// over in either dimension, the tokens are the binding limit, and the
+// windows admit more calls than the estimates alone would let in, which
+// only the tokens given back by settling allow.
+func TestTwoLimitsSettleAgainstStub(t *testing.T) {
+	const requests, tokenLimit, estimate, clients, windows = 100, 2_000, 100, 40, 20
+	synctest.Test(t, func(t *testing.T) {
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+		rng := rand.New(rand.NewPCG(1, 2))
+		var rngMu sync.Mutex
+		st := stub.New(requests, time.Second)
+		tok := stub.New(tokenLimit, time.Second)
+		st.Tokens(tok, func(e int64) int64 {
+			rngMu.Lock()
+			defer rngMu.Unlock()
+			return e/4 + rng.Int64N(e/2+1)
+		})
+		m, err := limiter.NewMulti([]limiter.Limit{
+			{Quota: requests, Window: time.Second},
+			{Dimension: tokens, Quota: tokenLimit, Window: time.Second},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		h := &handler{multi: m, tokens: estimate, down: stubDown{st}, budget: 300 * time.Millisecond, callTime: 10 * time.Millisecond}
+		end := time.Now().Add(windows * time.Second)
+		var wg sync.WaitGroup
+		for range clients {
+			wg.Go(func() {
+				for time.Now().Before(end) {
+					if rec := serve(h, ""); rec.Code != http.StatusOK && rec.Code != http.StatusServiceUnavailable {
+						t.Errorf("status %d %s", rec.Code, rec.Body)
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+		}
+		wg.Wait()
+		time.Sleep(time.Second) // the last window closes
+		calls, toks := st.Windows(), tok.Windows()
+		if len(calls) < windows || len(toks) < windows {
+			t.Fatalf("%d windows of calls and %d of tokens, want %d", len(calls), len(toks), windows)
+		}
+		var sum int64
+		for i, w := range calls {
+			if w.Over() {
+				t.Errorf("calls window %d: %d calls, limit %d", i, w.Calls, w.Limit)
+			}
+			sum += w.Calls
+		}
+		for i, w := range toks {
+			if w.Over() {
+				t.Errorf("tokens window %d: %d tokens, limit %d", i, w.Calls, w.Limit)
+			}
+		}
+		// Without settling, a window admits tokenLimit/estimate = 20 calls.
+		if perWindow := float64(sum) / float64(len(calls)); perWindow <= tokenLimit/estimate*1.5 {
+			t.Errorf("%.1f calls per window: settling gave nothing back (the estimates alone allow %d)", perWindow, tokenLimit/estimate)
+		}
+		stats := m.Stats()
+		if stats[1].Settled >= 0 || stats[1].Overdrawn != 0 || h.backedOff.Load() != 0 {
+			t.Errorf("tokens settled %d (want < 0), overdrawn %d, provider backoffs %d (want 0)", stats[1].Settled, stats[1].Overdrawn, h.backedOff.Load())
+		}
+		t.Logf("%d calls in %d windows; %d tokens admitted (as used), %d given back; ok %d, refused %d",
+			sum, len(calls), stats[1].Admitted, -stats[1].Settled, h.ok.Load(), h.refused.Load())
+	})
 }

@@ -13,8 +13,18 @@
 //	curl -i -H 'X-Latency-Budget: 50ms' http://127.0.0.1:8080/
 //	curl -s http://127.0.0.1:8080/metrics | grep sluice_
 //
+// With -tokens-limit it enforces two limits at once, requests and tokens,
+// as for a model API: each request names its estimated tokens (X-Tokens,
+// or -tokens), is admitted only when both limits have room, and settles
+// the tokens the downstream says it used (X-Tokens-Used), giving back
+// what was charged too much. The stub then limits tokens too, each call
+// using a random 50–100% of its estimate:
+//
+//	go run ./examples/httphandler -limit 100 -tokens-limit 20000 -downstream-tokens-limit 20000
+//	curl -i -H 'X-Tokens: 800' http://127.0.0.1:8080/
+//
 // With -etcd-endpoints it joins a provider and enforces the share configd
-// gives it:
+// gives it (one limit: sharing several through etcd is not built yet):
 //
 //	go run ./examples/httphandler -etcd-endpoints http://127.0.0.1:2379 -provider payments-api \
 //	    -downstream http://payments.internal/charge
@@ -29,6 +39,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -41,16 +52,20 @@ import (
 
 	"github.com/sluice-go/sluice/examples/internal/join"
 	"github.com/sluice-go/sluice/examples/internal/stub"
+	"github.com/sluice-go/sluice/limiter"
 )
 
 type config struct {
-	listen          string
-	downstream      string
-	downstreamLimit int64
-	budget          time.Duration
-	callTime        time.Duration
-	duration        time.Duration
-	join            join.Config
+	listen           string
+	downstream       string
+	downstreamLimit  int64
+	downstreamTokens int64
+	tokensLimit      int64
+	tokens           int64
+	budget           time.Duration
+	callTime         time.Duration
+	duration         time.Duration
+	join             join.Config
 }
 
 func main() {
@@ -82,6 +97,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.callTime, "call-time", 20*time.Millisecond, "part of the budget kept for the downstream call; the rest may be spent waiting for a permit")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long; 0: until signalled")
 	fs.Int64Var(&c.join.Limit, "limit", 100, "the local limiter's quota per window (without -etcd-endpoints)")
+	fs.Int64Var(&c.tokensLimit, "tokens-limit", 0, "a second limit: tokens per window (-window), enforced with the requests limit; 0: none")
+	fs.Int64Var(&c.tokens, "tokens", 100, "estimated tokens of a request that does not send "+TokensHeader+" (with -tokens-limit)")
+	fs.Int64Var(&c.downstreamTokens, "downstream-tokens-limit", 0, "the in-process stub's tokens limit per window; 0: it does not limit tokens")
 	fs.DurationVar(&c.join.Window, "window", time.Second, "the local limiter's window, and the fallback's")
 	fs.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd URLs: join -provider and enforce the share configd publishes")
 	fs.StringVar(&c.join.Username, "etcd-username", "", "etcd user (configd's embedded etcd: instance)")
@@ -106,6 +124,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("-call-time %v: must be ≥ 0 and less than -budget", c.callTime)
 	case c.downstreamLimit <= 0:
 		return c, fmt.Errorf("-downstream-limit %d: must be > 0", c.downstreamLimit)
+	case c.tokensLimit < 0 || c.downstreamTokens < 0 || c.tokens < 0:
+		return c, fmt.Errorf("-tokens-limit %d, -downstream-tokens-limit %d, -tokens %d: must be ≥ 0", c.tokensLimit, c.downstreamTokens, c.tokens)
+	case c.tokensLimit > 0 && len(c.join.Endpoints) > 0:
+		return c, errors.New("-tokens-limit with -etcd-endpoints: sharing several limits through etcd is not built yet; use -tokens-limit with a local limiter")
 	case len(c.join.NTPServers) > 0 && len(c.join.Endpoints) == 0:
 		return c, errors.New("-ntp-servers needs -etcd-endpoints")
 	}
@@ -130,6 +152,11 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	down := cfg.downstream
 	if down == "" {
 		st := stub.New(cfg.downstreamLimit, cfg.join.Window)
+		if cfg.downstreamTokens > 0 {
+			st.Tokens(stub.New(cfg.downstreamTokens, cfg.join.Window), func(estimate int64) int64 {
+				return estimate/2 + rand.Int64N(estimate/2+1) // 50–100% of the estimate
+			})
+		}
 		sln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
@@ -138,19 +165,22 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		go ssrv.Serve(sln)
 		defer ssrv.Close()
 		down = "http://" + sln.Addr().String() + "/"
-		fmt.Fprintf(stdout, "downstream: in-process provider stub at %s, %d calls per %v\n", down, cfg.downstreamLimit, cfg.join.Window)
+		fmt.Fprintf(stdout, "downstream: in-process provider stub at %s, %d calls per %v", down, cfg.downstreamLimit, cfg.join.Window)
+		if cfg.downstreamTokens > 0 {
+			fmt.Fprintf(stdout, " and %d tokens", cfg.downstreamTokens)
+		}
+		fmt.Fprintln(stdout)
 	}
 
-	j, err := join.Open(ctx, cfg.join)
+	h := &handler{
+		tokens: cfg.tokens, budget: cfg.budget, callTime: cfg.callTime,
+		down: &httpDownstream{url: down, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}}},
+	}
+	reg, describe, closeLimits, err := h.openLimits(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer j.Close()
-	h := &handler{
-		lim: j.Limiter, budget: cfg.budget, callTime: cfg.callTime,
-		down: &httpDownstream{url: down, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}}},
-	}
-	reg := j.Registry
+	defer closeLimits()
 	for _, c := range []struct {
 		result string
 		n      func() int64
@@ -167,7 +197,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	fmt.Fprintf(stdout, "%s\n", j.Describe())
+	fmt.Fprintln(stdout, describe)
 	fmt.Fprintf(stdout, "listening on http://%s/ (budget %v unless %s says otherwise; metrics at /metrics)\n", ln.Addr(), cfg.budget, BudgetHeader)
 
 	select {
@@ -179,5 +209,33 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	defer cancel()
 	err = srv.Shutdown(sctx)
 	fmt.Fprintf(stdout, "served: ok %d, refused (503) %d, provider backoff %d, failed %d\n", h.ok.Load(), h.refused.Load(), h.backedOff.Load(), h.failed.Load())
+	if h.multi != nil {
+		st := h.multi.Stats()[1]
+		fmt.Fprintf(stdout, "tokens: %d admitted (as used), %d given back by settling, %d used beyond a window's limit\n", st.Admitted, -st.Settled, st.Overdrawn)
+	}
 	return err
+}
+
+// openLimits sets h's limits: a requests and a tokens limit, local, with
+// -tokens-limit; else the one limit cfg.join selects (local, or a share
+// of a provider's). It returns the registry of the limits' metrics, a
+// start-up line saying where they come from, and how to close them.
+func (h *handler) openLimits(ctx context.Context, cfg config) (reg *prometheus.Registry, describe string, closeFn func() error, err error) {
+	if cfg.tokensLimit > 0 {
+		m, err := limiter.NewMulti([]limiter.Limit{
+			{Quota: cfg.join.Limit, Window: cfg.join.Window},
+			{Dimension: tokens, Quota: cfg.tokensLimit, Window: cfg.join.Window},
+		})
+		if err != nil {
+			return nil, "", nil, err
+		}
+		h.multi = m
+		return prometheus.NewRegistry(), fmt.Sprintf("limits: %v (local, all or nothing)", m.Limits()), m.Close, nil
+	}
+	j, err := join.Open(ctx, cfg.join)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	h.lim = j.Limiter
+	return j.Registry, j.Describe(), j.Close, nil
 }
