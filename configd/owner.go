@@ -139,6 +139,7 @@ func (p *publisher) applyOwnership(typ mvccpb.Event_EventType, kv *mvccpb.KeyVal
 	key := string(kv.Key)
 	put := typ == mvccpb.PUT
 	if strings.HasPrefix(key, p.keys.Election()+"/") {
+		p.balanced = false
 		delete(p.replicas, key)
 		// A foreign key is no replica: the guard removes it.
 		if put && p.keys.CheckElectionKey(key, kv.Lease, kv.Value) == nil {
@@ -150,6 +151,7 @@ func (p *publisher) applyOwnership(typ mvccpb.Event_EventType, kv *mvccpb.KeyVal
 	if !ok {
 		return false
 	}
+	p.balanced = false
 	delete(p.owners, name)
 	if put {
 		p.owners[name] = ownerKey{replica: string(kv.Value), lease: kv.Lease, rev: kv.CreateRevision, mod: kv.ModRevision}
@@ -162,6 +164,7 @@ func (p *publisher) applyOwnership(typ mvccpb.Event_EventType, kv *mvccpb.KeyVal
 
 // lost forgets that this replica leads provider name.
 func (p *publisher) lost(name string) {
+	p.balanced = false
 	delete(p.fences, name)
 	p.forgetProvider(name)
 	p.metrics.forget(name) // its owner reports them now
@@ -187,6 +190,7 @@ func (p *publisher) liveReplicas() []int64 {
 // rebuildFences sets the providers this replica leads from the owner keys
 // on its lease.
 func (p *publisher) rebuildFences() {
+	p.balanced = false
 	p.fences = map[string]fence{}
 	for name, o := range p.owners {
 		if o.lease == p.lease && p.lease != 0 {
@@ -201,6 +205,9 @@ var errSessionGone = errors.New("configd: session lease gone")
 
 // reconcile releases and acquires providers as balance says.
 func (p *publisher) reconcile(ctx context.Context) error {
+	if p.balanced {
+		return nil
+	}
 	names := make([]string, 0, len(p.known))
 	for name := range p.known {
 		if schema.ValidateName(name) == nil {
@@ -230,6 +237,7 @@ func (p *publisher) reconcile(ctx context.Context) error {
 			return err
 		}
 	}
+	p.balanced = true
 	return nil
 }
 

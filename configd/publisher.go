@@ -111,6 +111,12 @@ type publisher struct {
 	known   map[string]int
 	readAt  map[string]int64
 	loading bool // the state is being read: no share record is foreign
+	// balanced says that reconcile has acted on the replicas, owner keys
+	// and providers as they are: nothing it reads changed since. It runs
+	// after every watch batch, and otherwise validated and sorted every
+	// provider's name each time (8% of a replica's CPU leading 200
+	// providers of 100 instances; BENCHMARKS.md, section 13).
+	balanced bool
 
 	// failing is, per provider, why its last publish failed; read by the
 	// admin API (publishError), so guarded by failMu.
@@ -369,6 +375,7 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 	p.history = map[string]int64{}
 	p.known = map[string]int{}
 	p.readAt = map[string]int64{}
+	p.balanced = false
 	// Per provider, two key ranges around history/ (config before it;
 	// instances and shares after it) and the newest replacedScan entries of
 	// history/, whose response counts them all.
@@ -403,7 +410,7 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 				// grants still bound what the instances may enforce.
 				for id, e := range o.shares.records {
 					if _, ok := st.shares.records[id]; !ok {
-						st.shares.records[id] = e
+						st.shares.set(id, e)
 					}
 				}
 			}
@@ -495,8 +502,12 @@ func (p *publisher) count(name string, d int) {
 	if p.known == nil {
 		p.known = map[string]int{}
 	}
+	was := p.known[name] > 0
 	if p.known[name] += d; p.known[name] <= 0 {
 		delete(p.known, name)
+	}
+	if was != (p.known[name] > 0) {
+		p.balanced = false // a provider appeared or went
 	}
 }
 
@@ -529,6 +540,7 @@ func (p *publisher) loadOwnership(ctx context.Context) (int64, error) {
 		return 0, etcdError(err)
 	}
 	p.replicas, p.owners = map[string]replicaKey{}, map[string]ownerKey{}
+	p.balanced = false
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
 			p.applyOwnership(mvccpb.PUT, kv)
@@ -556,6 +568,7 @@ func (p *publisher) watch(ctx context.Context, rev int64) error {
 	wch := p.cli.Watch(clientv3.WithRequireLeader(wctx), p.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var lastStep time.Time
 	for {
 		if due, ok := p.nextDue(); ok {
 			timer.Reset(due.Sub(p.wall()))
@@ -582,11 +595,50 @@ func (p *publisher) watch(ctx context.Context, rev int64) error {
 			if err := p.drain(wch); err != nil {
 				return err
 			}
+			// And those that come until stepGap after the previous
+			// decision: acknowledgements trickle in, and deciding on each
+			// few of them decided every provider's O(N) split again and
+			// again.
+			if err := p.gather(wch, stepGap-time.Since(lastStep)); err != nil {
+				return err
+			}
 			p.metrics.malformed.Set(float64(len(p.malformed)))
 		case <-timer.C:
 		}
 		if err := p.step(ctx); err != nil {
 			return err
+		}
+		lastStep = time.Now()
+	}
+}
+
+// stepGap is the least time between two decisions of the watch loop
+// (what comes meanwhile is gathered into the next). It only paces work:
+// it is far below a window, and a decision is never made on less than
+// what has arrived.
+const stepGap = 20 * time.Millisecond
+
+// gather applies the watch responses that arrive within d (none if d ≤ 0).
+func (p *publisher) gather(wch clientv3.WatchChan, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				return errors.New("watch closed")
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("watch: %w", err)
+			}
+			for _, ev := range wr.Events {
+				p.apply(ev.Type, ev.Kv)
+			}
+		case <-t.C:
+			return nil
 		}
 	}
 }
@@ -754,10 +806,11 @@ func (p *publisher) bad(key string, rev int64, err error) {
 	p.malformed[key] = err.Error()
 }
 
-// publishAll publishes, in name order, every provider that changed since
-// it was last published or whose damped change is due, and prunes the
-// history of every provider that has more than historyKeep entries. A
-// provider whose publish failed stays to be retried with the next change.
+// publishAll publishes every provider that changed since it was last
+// published or whose damped change is due, several at once (publishEach),
+// and prunes the history of every provider that has more than historyKeep
+// entries. A provider whose publish failed stays to be retried with the
+// next change.
 func (p *publisher) publishAll(ctx context.Context) error {
 	now := p.wall()
 	for name, st := range p.providers {
@@ -765,13 +818,17 @@ func (p *publisher) publishAll(ctx context.Context) error {
 			p.dirty[name] = true
 		}
 	}
+	var names []string
 	for _, name := range slices.Sorted(maps.Keys(p.dirty)) {
-		st, f, led := p.providers[name], p.fences[name], false
-		if _, led = p.fences[name]; st == nil || !led {
+		if _, led := p.fences[name]; p.providers[name] == nil || !led {
 			delete(p.dirty, name)
 			continue
 		}
-		err := p.publish(ctx, f, name, st)
+		names = append(names, name)
+	}
+	errs := p.publishEach(ctx, names)
+	for i, name := range names {
+		err := errs[i]
 		switch {
 		case err == nil:
 			p.noteFailure(name, nil)
@@ -805,6 +862,39 @@ func (p *publisher) publishAll(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// providersInFlight is how many providers publishAll publishes at once.
+// A publish waits for etcd (a transaction's round trip and fsync); one
+// after the other, a replica leading dozens of providers whose instances
+// acknowledge continually spent its time waiting, and a provider's growth
+// waited 22 s behind 2,063 publishes of the others (BENCHMARKS.md,
+// section 13).
+const providersInFlight = 16
+
+// publishEach publishes the named providers, up to providersInFlight at
+// once, and returns each one's error. A publish touches only its own
+// provider's state, and the others' share nothing but etcd, the clock,
+// the logger and the metrics (safe for concurrent use); the caller
+// applies no watch event meanwhile.
+func (p *publisher) publishEach(ctx context.Context, names []string) []error {
+	errs := make([]error, len(names))
+	if len(names) == 1 {
+		errs[0] = p.publish(ctx, p.fences[names[0]], names[0], p.providers[names[0]])
+		return errs
+	}
+	sem := make(chan struct{}, providersInFlight)
+	var wg sync.WaitGroup
+	for i, name := range names {
+		f, st := p.fences[name], p.providers[name]
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = p.publish(ctx, f, name, st)
+		})
+	}
+	wg.Wait()
+	return errs
 }
 
 // publish writes the provider's share records if the split changed and is

@@ -69,6 +69,22 @@ type shareState struct {
 	// perRecord is how long one record took to write in the last publish
 	// of at least a transaction's worth (see writeTime).
 	perRecord time.Duration
+	// assembled is view's answer until records changes (set and remove
+	// clear it): every decision reads it, and assembling it again each
+	// time cost a replica 9% of its CPU (BENCHMARKS.md, section 13).
+	assembled *schema.Shares
+}
+
+// set records instance id's record.
+func (s *shareState) set(id string, e shareEntry) {
+	s.records[id] = e
+	s.assembled = nil
+}
+
+// remove forgets instance id's record.
+func (s *shareState) remove(id string) {
+	delete(s.records, id)
+	s.assembled = nil
 }
 
 func newShareState() shareState {
@@ -88,16 +104,20 @@ func (s *shareState) enforcing(id string) int64 {
 }
 
 // view assembles the records into the provider view (schema.Shares); nil
-// without records.
+// without records. Callers must not modify it.
 func (s *shareState) view(provider string) *schema.Shares {
 	if len(s.records) == 0 {
 		return nil
+	}
+	if s.assembled != nil {
+		return s.assembled
 	}
 	recs := make([]schema.ShareRecord, 0, len(s.records))
 	for _, e := range s.records {
 		recs = append(recs, e.rec)
 	}
 	v := schema.AssembleShares(provider, recs)
+	s.assembled = &v
 	return &v
 }
 
@@ -125,13 +145,20 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 		return
 	}
 	if !put {
-		delete(s.records, id)
+		s.remove(id)
 		return
 	}
 	if own := s.own[id]; own != 0 && kv.ModRevision < own {
 		return // the late echo of an earlier publish of ours
 	}
 	st.maxGen = max(st.maxGen, min(kv.Version, schema.MaxGeneration)) // survives a malformed record
+	if e, ok := s.records[id]; ok && e.rev == kv.ModRevision && s.own[id] == kv.ModRevision {
+		// The echo of our last write of it: folded in when it was written
+		// (writeRecords). Decoding it again cost a replica an eighth of
+		// its CPU in a retune of 10,000 instances (BENCHMARKS.md, section
+		// 13).
+		return
+	}
 	rec, err := schema.DecodeShareRecord(kv.Value)
 	if err == nil && (rec.Provider != name || rec.Instance != id) {
 		err = fmt.Errorf("share record names provider %q, instance %q", rec.Provider, rec.Instance)
@@ -156,18 +183,18 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 		p.metrics.foreignShares.WithLabelValues(name).Inc()
 		p.log.Warn("share record written by someone else while this replica leads; publishing over it",
 			"provider", name, "instance", id, "revision", kv.ModRevision, "generation", rec.Generation)
-		s.records[id] = shareEntry{withGrantOf(s.records[id], rec), kv.ModRevision}
+		s.set(id, shareEntry{withGrantOf(s.records[id], rec), kv.ModRevision})
 		s.rewrite[id] = true
 	case st.cfg != nil && rec.CheckAgainst(*st.cfg, st.cfgRev) != nil:
 		// Inconsistent with the config: the instance refuses it, but may
 		// have applied it under an earlier config. Its grant counts; it
 		// is published over.
 		p.bad(key, kv.ModRevision, rec.CheckAgainst(*st.cfg, st.cfgRev))
-		s.records[id] = shareEntry{rec, kv.ModRevision}
+		s.set(id, shareEntry{rec, kv.ModRevision})
 		s.rewrite[id] = true
 		st.maxGen = max(st.maxGen, rec.Generation)
 	default:
-		s.records[id] = shareEntry{rec, kv.ModRevision}
+		s.set(id, shareEntry{rec, kv.ModRevision})
 		st.maxGen = max(st.maxGen, rec.Generation)
 		at := rec.Published
 		if now := p.wall(); now.Before(at) {
@@ -336,10 +363,11 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 			case id == "":
 				s.legacy = false
 			case id[0] == '-':
-				delete(s.records, id[1:])
+				s.remove(id[1:])
 				delete(s.rewrite, id[1:])
 			default:
-				s.records[id], s.own[id] = shareEntry{want[id], rev}, rev
+				s.set(id, shareEntry{want[id], rev})
+				s.own[id] = rev
 				delete(s.rewrite, id)
 				written++
 			}
