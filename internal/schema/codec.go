@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // fieldSentinels maps JSON field names to the sentinel a type error in that
@@ -50,55 +51,76 @@ func decode(b []byte, v any) error {
 	// while a proxy, an auditor or another JSON reader sees 5. The body is
 	// valid JSON by now (Decode accepted it, depth limit included), so a
 	// second pass over its keys only has these two things to find.
-	return checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v), "body")
+	return checkKeys(&keyScan{b: b}, reflect.TypeOf(v), "body")
 }
 
-// checkKeys reads the next JSON value from dec, which is decoded into a
+// checkKeys reads the next JSON value from s, which is decoded into a
 // value of type t, and rejects an object with a duplicated key, and an
 // object decoded into a struct with a key that is not exactly one of the
 // struct's JSON field names. where names the value in errors ("body" for the
 // whole record, else the field holding the object). Map keys (instance ids
 // in Shares) may differ only in case: they are different keys.
-func checkKeys(dec *json.Decoder, t reflect.Type, where string) error {
+//
+// It scans the bytes itself rather than reading encoding/json's tokens:
+// every acknowledgement a configd replica receives is decoded, and the
+// tokens cost it a twelfth of its CPU (BENCHMARKS.md, section 13).
+// TestCheckKeysAgreesWithTokens holds it to the token reader's answers.
+func checkKeys(s *keyScan, t reflect.Type, where string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if reflect.PointerTo(t).Implements(jsonUnmarshaler) {
+	if reflect.PointerTo(t).Implements(jsonUnmarshaler) || (t.Kind() != reflect.Struct && t.Kind() != reflect.Map) {
 		// Duration, time.Time: a string, read by its own method.
-		return skipValue(dec)
+		return s.skip()
 	}
-	switch t.Kind() {
-	case reflect.Struct, reflect.Map:
-	default:
-		return skipValue(dec)
+	s.space()
+	if s.peek() != '{' {
+		return s.skip() // null (Decode accepted it); nothing else gets here
 	}
-	tok, err := dec.Token()
-	if err != nil {
-		return jsonError(err)
-	}
-	if tok != json.Delim('{') {
-		return nil // null (Decode accepted it); nothing else gets here
-	}
+	s.i++
 	var fields map[string]reflect.Type
 	if t.Kind() == reflect.Struct {
 		fields = jsonFields(t)
 	}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return jsonError(err)
+	var seen map[string]bool
+	for first := true; ; first = false {
+		s.space()
+		switch s.peek() {
+		case '}':
+			s.i++
+			return nil
+		case ',':
+			if first {
+				return s.malformed()
+			}
+			s.i++
+			s.space()
+		default:
+			if !first {
+				return s.malformed()
+			}
 		}
-		key, _ := tok.(string)
+		key, err := s.str()
+		if err != nil {
+			return err
+		}
+		s.space()
+		if s.peek() != ':' {
+			return s.malformed()
+		}
+		s.i++
 		if seen[key] {
 			return &ValidationError{Field: where, Err: &keyError{
 				msg: fmt.Sprintf("duplicate key %q (a key may appear only once in an object)", key),
 				err: ErrDuplicateKey,
 			}}
 		}
+		if seen == nil {
+			seen = map[string]bool{}
+		}
 		seen[key] = true
 		if t.Kind() == reflect.Map {
-			if err := checkKeys(dec, t.Elem(), where); err != nil {
+			if err := checkKeys(s, t.Elem(), where); err != nil {
 				return err
 			}
 			continue
@@ -114,28 +136,135 @@ func checkKeys(dec *json.Decoder, t reflect.Type, where string) error {
 				}
 			}
 			// Decode rejected unknown fields already.
-			if err := skipValue(dec); err != nil {
+			if err := s.skip(); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := checkKeys(dec, ft, key); err != nil {
+		if err := checkKeys(s, ft, key); err != nil {
 			return err
 		}
 	}
-	if _, err := dec.Token(); err != nil { // the closing '}'
-		return jsonError(err)
-	}
-	return nil
 }
 
 var jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
 
-// skipValue reads past the next JSON value.
-func skipValue(dec *json.Decoder) error {
-	var raw json.RawMessage
-	if err := dec.Decode(&raw); err != nil {
-		return jsonError(err)
+// keyScan walks a JSON text that encoding/json has accepted. Should it
+// meet anything else, it reports ErrMalformed rather than panic.
+type keyScan struct {
+	b []byte
+	i int
+}
+
+func (s *keyScan) peek() byte {
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *keyScan) malformed() error {
+	return &ValidationError{Field: "body", Err: fmt.Errorf("%w at byte %d", ErrMalformed, s.i)}
+}
+
+func (s *keyScan) space() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// str reads a string and returns it as encoding/json decodes it (escapes
+// resolved, invalid UTF-8 replaced by U+FFFD).
+func (s *keyScan) str() (string, error) {
+	start := s.i
+	plain, err := s.skipString()
+	if err != nil {
+		return "", err
+	}
+	raw := s.b[start:s.i]
+	if plain {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var v string
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return "", s.malformed()
+	}
+	return v, nil
+}
+
+// skipString reads past a string; plain reports that it holds no escape,
+// no control character and only valid UTF-8, so that its bytes are its
+// value.
+func (s *keyScan) skipString() (plain bool, err error) {
+	if s.peek() != '"' {
+		return false, s.malformed()
+	}
+	start := s.i + 1
+	plain = true
+	for s.i++; s.i < len(s.b); s.i++ {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			s.i++
+			return plain && utf8.Valid(s.b[start:s.i-1]), nil
+		case c == '\\':
+			plain = false
+			s.i++ // the escaped byte; a \u's digits are plain bytes
+		case c < 0x20:
+			plain = false
+		}
+	}
+	return false, s.malformed()
+}
+
+// skip reads past the next value.
+func (s *keyScan) skip() error {
+	s.space()
+	switch s.peek() {
+	case '"':
+		_, err := s.skipString()
+		return err
+	case '{', '[':
+		depth := 0
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case '"':
+				if _, err := s.skipString(); err != nil {
+					return err
+				}
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					s.i++
+					return nil
+				}
+			}
+			s.i++
+		}
+		return s.malformed()
+	case 0:
+		return s.malformed()
+	}
+	// A number, true, false or null: up to the next delimiter.
+	start := s.i
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			if s.i == start {
+				return s.malformed()
+			}
+			return nil
+		}
+		s.i++
+	}
+	if s.i == start {
+		return s.malformed()
 	}
 	return nil
 }
