@@ -577,28 +577,18 @@ func (p *publisher) watch(ctx context.Context, rev int64) error {
 		}
 		select {
 		case wr, ok := <-wch:
-			if !ok {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return errors.New("watch closed")
+			if !ok && ctx.Err() != nil {
+				return ctx.Err()
 			}
-			if err := wr.Err(); err != nil {
-				return fmt.Errorf("watch: %w", err)
-			}
-			for _, ev := range wr.Events {
-				p.apply(ev.Type, ev.Kv)
-			}
-			// Fold in every response already here before deciding: a
-			// retune makes every instance acknowledge at once, and one
-			// decision per response cost O(N) each, O(N²) in all.
-			if err := p.drain(wch); err != nil {
+			if err := p.applyResponse(wr, ok); err != nil {
 				return err
 			}
-			// And those that come until stepGap after the previous
-			// decision: acknowledgements trickle in, and deciding on each
-			// few of them decided every provider's O(N) split again and
-			// again.
+			// Fold in every response already here before deciding (a
+			// retune makes every instance acknowledge at once, and one
+			// decision per response cost O(N) each, O(N²) in all), and
+			// those that come until stepGap after the previous decision:
+			// acknowledgements trickle in, and deciding on each few of
+			// them decided every provider's O(N) split again and again.
 			if err := p.gather(wch, stepGap-time.Since(lastStep)); err != nil {
 				return err
 			}
@@ -618,49 +608,50 @@ func (p *publisher) watch(ctx context.Context, rev int64) error {
 // what has arrived.
 const stepGap = 20 * time.Millisecond
 
-// gather applies the watch responses that arrive within d (none if d ≤ 0).
+// gather applies the watch responses that are waiting, and those that
+// arrive within d.
 func (p *publisher) gather(wch clientv3.WatchChan, d time.Duration) error {
-	if d <= 0 {
-		return nil
+	var until <-chan time.Time // nil: do not wait
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		until = t.C
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
 	for {
 		select {
 		case wr, ok := <-wch:
-			if !ok {
-				return errors.New("watch closed")
+			if err := p.applyResponse(wr, ok); err != nil {
+				return err
 			}
-			if err := wr.Err(); err != nil {
-				return fmt.Errorf("watch: %w", err)
+			continue
+		default:
+		}
+		if until == nil {
+			return nil
+		}
+		select {
+		case wr, ok := <-wch:
+			if err := p.applyResponse(wr, ok); err != nil {
+				return err
 			}
-			for _, ev := range wr.Events {
-				p.apply(ev.Type, ev.Kv)
-			}
-		case <-t.C:
+		case <-until:
 			return nil
 		}
 	}
 }
 
-// drain applies the watch responses that are waiting, without blocking.
-func (p *publisher) drain(wch clientv3.WatchChan) error {
-	for {
-		select {
-		case wr, ok := <-wch:
-			if !ok {
-				return errors.New("watch closed")
-			}
-			if err := wr.Err(); err != nil {
-				return fmt.Errorf("watch: %w", err)
-			}
-			for _, ev := range wr.Events {
-				p.apply(ev.Type, ev.Kv)
-			}
-		default:
-			return nil
-		}
+// applyResponse folds one watch response in; ok false is a closed watch.
+func (p *publisher) applyResponse(wr clientv3.WatchResponse, ok bool) error {
+	if !ok {
+		return errors.New("watch closed")
 	}
+	if err := wr.Err(); err != nil {
+		return fmt.Errorf("watch: %w", err)
+	}
+	for _, ev := range wr.Events {
+		p.apply(ev.Type, ev.Kv)
+	}
+	return nil
 }
 
 // nextDue returns the earliest time a damped change is to be looked at
