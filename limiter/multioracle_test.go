@@ -47,27 +47,7 @@ var (
 )
 
 func TestMultiOracle(t *testing.T) {
-	if *multiSeed != 0 {
-		if p, _ := runMultiOracle(t, *multiSeed); p != "" {
-			t.Fatal(p)
-		}
-		return
-	}
-	base := rand.Uint64() >> 1
-	n := *multiN
-	if testing.Short() {
-		n /= 10
-	}
-	var sum oracleCover
-	for i := range n {
-		seed := base + uint64(i) + 1
-		p, cov := runMultiOracle(t, seed)
-		if p != "" {
-			t.Fatal(p)
-		}
-		sum.add(cov)
-	}
-	t.Logf("%d random histories of several limits from seed %d, no violation: %s", n, base+1, sum)
+	checkSeeds(t, *multiSeed, *multiN, "random histories of several limits", runMultiOracle)
 }
 
 func FuzzMultiOracle(f *testing.F) {

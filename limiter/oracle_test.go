@@ -57,27 +57,33 @@ var (
 // TestOracle checks random histories of the limiter against the reference
 // model (see above).
 func TestOracle(t *testing.T) {
-	if *oracleSeed != 0 {
-		if p, _ := runOracle(t, *oracleSeed); p != "" {
+	checkSeeds(t, *oracleSeed, *oracleN, "random histories", runOracle)
+}
+
+// checkSeeds runs one history per seed through run and fails at the first
+// violation it reports: only replay when replay is not 0, else n (a tenth
+// with -short) from a random seed on, logging what they covered.
+func checkSeeds(t *testing.T, replay uint64, n int, what string, run func(*testing.T, uint64) (string, oracleCover)) {
+	t.Helper()
+	if replay != 0 {
+		if p, _ := run(t, replay); p != "" {
 			t.Fatal(p)
 		}
 		return
 	}
 	base := rand.Uint64() >> 1
-	n := *oracleN
 	if testing.Short() {
 		n /= 10
 	}
 	var sum oracleCover
 	for i := range n {
-		seed := base + uint64(i) + 1
-		p, cov := runOracle(t, seed)
+		p, cov := run(t, base+uint64(i)+1)
 		if p != "" {
 			t.Fatal(p)
 		}
 		sum.add(cov)
 	}
-	t.Logf("%d random histories from seed %d, no violation: %s", n, base+1, sum)
+	t.Logf("%d %s from seed %d, no violation: %s", n, what, base+1, sum)
 }
 
 // oracleCover is what the checks saw: how much of the invariant the
