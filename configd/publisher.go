@@ -870,10 +870,6 @@ const providersInFlight = 16
 // applies no watch event meanwhile.
 func (p *publisher) publishEach(ctx context.Context, names []string) []error {
 	errs := make([]error, len(names))
-	if len(names) == 1 {
-		errs[0] = p.publish(ctx, p.fences[names[0]], names[0], p.providers[names[0]])
-		return errs
-	}
 	sem := make(chan struct{}, providersInFlight)
 	var wg sync.WaitGroup
 	for i, name := range names {
