@@ -171,17 +171,21 @@ func (h *handler) unavailable(w http.ResponseWriter, d time.Duration, why string
 // Backoff if that is later.
 func (h *handler) retryAfter(estimate int64) time.Duration {
 	var sts []limiter.Stats
-	var now time.Time
+	var dims []string
+	var now func() time.Time
 	if h.multi != nil {
-		sts, now = h.multi.Stats(), h.multi.Now()
+		sts, now = h.multi.Stats(), h.multi.Now
+		for _, lm := range h.multi.Limits() {
+			dims = append(dims, lm.Dimension)
+		}
 	} else {
-		sts, now = []limiter.Stats{h.lim.Stats()}, h.lim.Now()
+		sts, dims, now = []limiter.Stats{h.lim.Stats()}, []string{limiter.Requests}, h.lim.Now
 	}
 	next := sts[0].WindowStart.Add(sts[0].Window)
 	for i, st := range sts {
-		need := int64(1)
-		if i > 0 {
-			need = estimate // the Multi's second limit is tokens
+		need := int64(1) // a request
+		if dims[i] == tokens {
+			need = estimate
 		}
 		if end := st.WindowStart.Add(st.Window); st.Remaining < need && end.After(next) {
 			next = end
@@ -190,7 +194,7 @@ func (h *handler) retryAfter(estimate int64) time.Duration {
 			next = st.BackoffUntil
 		}
 	}
-	return next.Sub(now)
+	return next.Sub(now())
 }
 
 // httpDownstream calls a URL with POST; 429 and 503 become
