@@ -374,22 +374,27 @@ type recorder struct {
 	quotas  map[int64]map[int]int64 // window start → member → most enforced
 	views   []schema.Shares         // every view of the share records, in order
 	retunes []retune
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	once    sync.Once
+	cli     *clientv3.Client
+	// The sampler stops first; the follower only once it has seen the
+	// records etcd holds then: a follower that lags behind a busy etcd
+	// would otherwise judge the last windows by an older total.
+	stopSampling, stopFollowing context.CancelFunc
+	sampling, following         sync.WaitGroup
+	once                        sync.Once
 }
 
 func newRecorder(ctx context.Context, cli *clientv3.Client, members []*cluster.Member, every time.Duration) *recorder {
-	ctx, cancel := context.WithCancel(ctx)
-	r := &recorder{quotas: map[int64]map[int]int64{}, cancel: cancel}
-	r.wg.Go(func() {
-		harness.FollowShares(ctx, cli, provider, func(v schema.Shares) {
+	fctx, stopFollowing := context.WithCancel(ctx)
+	ctx, stopSampling := context.WithCancel(ctx)
+	r := &recorder{quotas: map[int64]map[int]int64{}, cli: cli, stopSampling: stopSampling, stopFollowing: stopFollowing}
+	r.following.Go(func() {
+		harness.FollowShares(fctx, cli, provider, func(v schema.Shares) {
 			r.mu.Lock()
 			r.views = append(r.views, v)
 			r.mu.Unlock()
 		}, nil)
 	})
-	r.wg.Go(func() {
+	r.sampling.Go(func() {
 		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
@@ -420,11 +425,30 @@ func (r *recorder) retuned(start, end time.Time, from, to int64) {
 	r.mu.Unlock()
 }
 
+// stop stops sampling, waits (up to 30 s) until the follower has seen the
+// share records etcd holds now, and stops it.
 func (r *recorder) stop() {
 	r.once.Do(func() {
-		r.cancel()
-		r.wg.Wait()
+		r.stopSampling()
+		r.sampling.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if want, _, ok, err := harness.ReadShares(ctx, r.cli, provider); err == nil && ok {
+			for ctx.Err() == nil && !r.saw(want) {
+				time.Sleep(10 * time.Millisecond) // polling the follower's progress
+			}
+		}
+		r.stopFollowing()
+		r.following.Wait()
 	})
+}
+
+// saw reports whether the newest view followed is want's generation.
+func (r *recorder) saw(want schema.Shares) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := len(r.views)
+	return n > 0 && r.views[n-1].Generation >= want.Generation
 }
 
 // check returns how many windows it checked, and how many of them the
