@@ -125,6 +125,12 @@ func TestBadInputCLI(t *testing.T) {
 		{[]string{"set", "p", "--limit", "5", "--algorithm", "magic"}, `algorithm must be "even" or "fair"`},
 		{[]string{"set", "p", "--limit", "5", "--floor", "6"}, "floor must be"},
 		{[]string{"set", "p", "--window", "1s"}, "--limit is required"},
+		{[]string{"set", "p", "--limit", "5/7s"}, "divides 24h"},
+		{[]string{"set", "p", "--limit", "5/"}, `window must be`},
+		{[]string{"set", "p", "--limit", "/1s"}, `limit must be a positive integer`},
+		{[]string{"set", "p", "--limit", "5/1s", "--window", "2s"}, "names window 1s, and --window says 2s"},
+		{[]string{"set", "p", "--limit", "tokens=200000/1m"}, "not shared through etcd yet"},
+		{[]string{"set", "p", "--limit", "100/1s", "--limit", "50000/1h"}, "several limits"},
 		{[]string{"set", "p", "--limit", "5", "--if-revision", "-1"}, "--if-revision"},
 		{[]string{"set", "p", "q", "--limit", "5"}, "exactly one provider NAME"},
 		{[]string{"set", "--limit", "5"}, "exactly one provider NAME"},
@@ -239,6 +245,23 @@ func TestHelp(t *testing.T) {
 	out, err := cliRun(t, "help")
 	if err != nil || !strings.Contains(out, "configd status") {
 		t.Errorf("help: %v\n%s", err, out)
+	}
+}
+
+// TestSetLimitPerWindow: --limit N/W sets the limit and the window at
+// once, and agrees with a --window that says the same.
+func TestSetLimitPerWindow(t *testing.T) {
+	srv := etcdtest.Start(t)
+	r := startReplica(t, srv, "r1")
+	cliOK(t, "set", "p", "--limit", "5000/1m", "--server", r.url())
+	cliOK(t, "set", "q", "--limit", "20/100ms", "--window", "100ms", "--server", r.url())
+	for name, want := range map[string][2]string{"p": {"5000", "1m0s"}, "q": {"20", "100ms"}} {
+		out := cliOK(t, "get", name, "--server", r.url())
+		limit := regexp.MustCompile(`(?m)^limit:\s+(\S+)$`).FindStringSubmatch(out)
+		window := regexp.MustCompile(`(?m)^window:\s+(\S+)$`).FindStringSubmatch(out)
+		if limit == nil || window == nil || limit[1] != want[0] || window[1] != want[1] {
+			t.Errorf("get %s: want limit %s, window %s:\n%s", name, want[0], want[1], out)
+		}
 	}
 }
 

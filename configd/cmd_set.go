@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
-const setUsage = `Usage: configd set NAME --limit N [--window 1s] [--mode enforce|shadow] [--algorithm even|fair]
+const setUsage = `Usage: configd set NAME --limit N[/W] [--window 1s] [--mode enforce|shadow] [--algorithm even|fair]
                    [--pacing] [--floor N] [--max-clock-offset D] [--fail-static D]
                    [--if-revision R] [--dry-run]
 
@@ -28,6 +28,7 @@ provider in between, set fails with a conflict instead of overwriting it.
 
 Examples:
   configd set payments --limit 300000
+  configd set payments --limit 5000/1m
   configd set payments --limit 250000 --window 100ms --pacing
   configd set payments --mode shadow --if-revision 42
 
@@ -70,7 +71,7 @@ type edit struct {
 func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 	var err error
 	if e.limit.set {
-		if cfg.Limit, err = schema.ParseLimit(e.limit.val); err != nil {
+		if cfg, err = e.applyLimit(cfg); err != nil {
 			return cfg, err
 		}
 	}
@@ -114,13 +115,57 @@ func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 	return cfg, cfg.Validate()
 }
 
+// errOneLimit says what a provider's config can hold today.
+var errOneLimit = errors.New("a provider has one limit, of requests: several limits, and limits of another dimension, are not shared through etcd yet (limiter.Multi enforces them in one instance)")
+
+// applyLimit sets cfg's limit from --limit, N or N/W: "100/1s" is 100
+// per 1 s window, and then --window may not say otherwise.
+func (e edit) applyLimit(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
+	amount, window, rate := strings.Cut(e.limit.val, "/")
+	if strings.Contains(amount, "=") {
+		return cfg, &schema.ValidationError{Field: "limit", Value: strconv.Quote(e.limit.val), Err: errOneLimit}
+	}
+	var err error
+	if cfg.Limit, err = schema.ParseLimit(amount); err != nil || !rate {
+		return cfg, err
+	}
+	w, err := schema.ParseWindow(window)
+	if err != nil {
+		return cfg, err
+	}
+	if e.window.set {
+		if other, err := schema.ParseWindow(e.window.val); err == nil && other != w {
+			return cfg, usageErrorf("--limit %s names window %v, and --window says %v: give the window once", e.limit.val, w, other)
+		}
+	}
+	cfg.Window = schema.Duration(w)
+	return cfg, nil
+}
+
+// limitFlag is --limit, which a provider takes once.
+type limitFlag struct{ o *optString }
+
+func (l limitFlag) String() string {
+	if l.o == nil {
+		return ""
+	}
+	return l.o.val
+}
+
+func (l limitFlag) Set(s string) error {
+	if l.o.set {
+		return errOneLimit
+	}
+	return l.o.Set(s)
+}
+
 func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("set", flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
 	var e edit
 	var ifRevision optString
-	fs.Var(&e.limit, "limit", "permits per window, all instances together (1..1000000000000)")
+	fs.Var(limitFlag{&e.limit}, "limit", "permits per window, all instances together (1..1000000000000), or N/W: permits per window W (100/1s)")
 	fs.Var(&e.window, "window", "window length, 10ms..1h, dividing 24h (default 1s for a new provider)")
 	fs.Var(&e.mode, "mode", "enforce or shadow")
 	fs.Var(&e.algorithm, "algorithm", "even or fair")
