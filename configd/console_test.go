@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/schema"
 )
 
 func TestConsoleHTTP(t *testing.T) {
@@ -119,4 +120,24 @@ func TestConsoleHTTP(t *testing.T) {
 	await("the change pushed", func(d string) bool {
 		return strings.Contains(d, `"provider":"api"`) && strings.Contains(d, `"limit":500`)
 	})
+}
+
+// TestWhyInstanceCountsAGrantOnlyUntilAcknowledged: the records keep a
+// finished change's grants above the shares until the next publish, so
+// the console says an instance is counted at its grant only while it has
+// not acknowledged its record (it said so after every lowered limit).
+func TestWhyInstanceCountsAGrantOnlyUntilAcknowledged(t *testing.T) {
+	sh := &schema.Shares{Version: schema.Version, Provider: "p", Generation: 7, EffectiveFrom: 1e18, Total: 900,
+		Shares: map[string]int64{"a": 450}, Granted: map[string]int64{"a": 500}}
+	v := statusView{Provider: "p", Shares: sh}
+	for _, tc := range []struct {
+		applied int64
+		want    bool
+	}{{6, true}, {7, false}} {
+		rec := &schema.InstanceRecord{Version: schema.Version, ID: "a", AppliedGeneration: tc.applied, Source: schema.SourceShares, Enforced: 450, ClockKnown: true}
+		why, _ := whyInstance(v, instanceView{ID: "a", Record: rec, Share: 450, HasShare: true})
+		if got := strings.Contains(why, "counts it at 500"); got != tc.want {
+			t.Errorf("applied generation %d of 7: %q; want the grant said: %v", tc.applied, why, tc.want)
+		}
+	}
 }

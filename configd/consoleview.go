@@ -482,7 +482,9 @@ func whyInstance(v statusView, in instanceView) (string, bool) {
 	}
 	var parts []string
 	share := in.Share
-	if g := sh.Enforcing(in.ID); g > share {
+	// Counted at its grant only until it acknowledges its record; the
+	// record keeps the grant a little longer (share.Bound).
+	if g := sh.Enforcing(in.ID); g > share && r.AppliedGeneration < sh.GenerationOf(in.ID) {
 		parts = append(parts, fmt.Sprintf("its share shrinks to %d: configd counts it at %d until it acknowledges generation %d, and grows no one into the difference before", share, g, sh.Generation))
 	}
 	if r.AppliedGeneration < sh.Generation {
