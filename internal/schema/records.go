@@ -465,6 +465,13 @@ func (r ShareRecord) GrantPer(w time.Duration, limit int64) int64 {
 // one provider (in any order): the newest generation, regime and boundary
 // among them, every instance's share (held ones only granted), grant,
 // generation and boundary, and the change of regime under way, if any.
+//
+// A record of another window length than the newest is one a publish
+// that changed the window did not get to (its write was cut short): its
+// instance may still admit its grant per window of that length. The view
+// counts it into the newest length (share.In), and keeps it in Before at
+// its own length, as an old regime's grant. Before's grants are all
+// counted into its one length, the longest of the records'.
 func AssembleShares(provider string, recs []ShareRecord) Shares {
 	s := Shares{Version: Version, Provider: provider, Shares: map[string]int64{}, Granted: map[string]int64{},
 		Generations: map[string]int64{}, From: map[string]int64{}}
@@ -473,28 +480,59 @@ func AssembleShares(provider string, recs []ShareRecord) Shares {
 		if r.Generation > newest.Generation || (r.Generation == newest.Generation && r.Published.After(newest.Published)) {
 			newest = r
 		}
+	}
+	w := newest.Window.D()
+	old := map[string][]oldGrant{} // what each may admit under an old regime, per window of its length
+	for _, r := range recs {
 		s.EffectiveFrom = max(s.EffectiveFrom, r.EffectiveFrom)
-		if !r.Held {
-			s.Shares[r.Instance] = r.Share
+		sh, gr := r.Share, r.Granted
+		if rw := r.Window.D(); rw != w {
+			sh, gr = share.In(r.Share, rw, w), share.In(max(r.Share, r.Granted), rw, w)
+			old[r.Instance] = append(old[r.Instance], oldGrant{max(r.Share, r.Granted), rw})
+			s.before(r.Window, 0, 0)
 		}
-		s.Granted[r.Instance] = r.Granted
+		if !r.Held {
+			s.Shares[r.Instance] = sh
+		}
+		s.Granted[r.Instance] = gr
 		s.Generations[r.Instance], s.From[r.Instance] = r.Generation, r.EffectiveFrom
 		if b := r.Before; b != nil {
-			if s.Before == nil {
-				s.Before = &Transition{Window: b.Window, Since: b.Since, Granted: map[string]int64{}, Total: b.Total}
+			s.before(b.Window, b.Since, b.Total)
+			old[r.Instance] = append(old[r.Instance], oldGrant{b.Granted, b.Window.D()})
+		}
+	}
+	if s.Before != nil {
+		for id, os := range old {
+			for _, o := range os {
+				s.Before.Granted[id] = max(s.Before.Granted[id], share.In(o.n, o.per, s.Before.Window.D()))
 			}
-			if b.Window != s.Before.Window || b.Total != s.Before.Total {
-				s.Before.Total = 0 // records of different old regimes: not known
-			}
-			s.Before.Window = max(s.Before.Window, b.Window)
-			s.Before.Since = max(s.Before.Since, b.Since)
-			s.Before.Granted[r.Instance] = b.Granted
 		}
 	}
 	s.Generation, s.Window, s.Total = newest.Generation, newest.Window, newest.Total
 	s.ConfigRevision, s.Published, s.Leader = newest.ConfigRevision, newest.Published, newest.Leader
 	s.Instances = len(s.Shares)
 	return s
+}
+
+// oldGrant is n permits per window of length per.
+type oldGrant struct {
+	n   int64
+	per time.Duration
+}
+
+// before merges one record's old regime (its length, the first
+// generation of the new regime, the old limit: 0 when not known) into
+// s.Before: the longest length, the newest first generation, and the old
+// limit only while every record agrees on it.
+func (s *Shares) before(window Duration, since, total int64) {
+	if s.Before == nil {
+		s.Before = &Transition{Window: window, Since: since, Granted: map[string]int64{}, Total: total}
+	}
+	if window != s.Before.Window || total != s.Before.Total {
+		s.Before.Total = 0 // records of different old regimes: not known
+	}
+	s.Before.Window = max(s.Before.Window, window)
+	s.Before.Since = max(s.Before.Since, since)
 }
 
 // Shares is the view of a provider's share records (AssembleShares): each

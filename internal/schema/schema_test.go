@@ -624,3 +624,53 @@ func TestAssembleShares(t *testing.T) {
 		t.Fatalf("assembled %+v (before %+v)", s, s.Before)
 	}
 }
+
+// A publish that changed the window can be cut short (a transaction of it
+// failed: etcd, a lost leader, a config changed meanwhile). The records
+// it did not get to are of the old length; their instances may admit
+// their grants per window of that length. The view counts them into the
+// new length and keeps them as an old regime's grants. Before, they were
+// read as grants of the new length: found by review, over by 100 of 2200
+// in a 2 s window after a retune from 1 s to 2 s (configd's
+// TestCutShortWindowChangeCountsTheOldRecords).
+func TestAssembleSharesCountsRecordsOfAnotherWindow(t *testing.T) {
+	rec := func(id string, gen int64, w time.Duration, share, granted int64, b *ShareTransition) ShareRecord {
+		return ShareRecord{Version: Version, Provider: "p", Instance: id, Generation: gen, EffectiveFrom: 1e18,
+			Window: Duration(w), Total: 2200, Share: share, Granted: granted, Before: b}
+	}
+	s := AssembleShares("p", []ShareRecord{
+		rec("a", 4, 2*time.Second, 2, 18, &ShareTransition{Window: Duration(time.Second), Since: 4, Granted: 9, Total: 1100}),
+		rec("y", 3, time.Second, 100, 100, nil), // not rewritten
+	})
+	if s.Window.D() != 2*time.Second || s.Shares["y"] != 200 || s.Granted["y"] != 200 {
+		t.Errorf("y, 100 per 1 s, in the 2 s view: share %d, granted %d; want 200, 200", s.Shares["y"], s.Granted["y"])
+	}
+	if b := s.Before; b == nil || b.Window.D() != time.Second || b.Since != 4 || b.Granted["y"] != 100 || b.Granted["a"] != 9 || b.Total != 0 {
+		t.Errorf("before %+v; want 1 s, since 4, y 100 and a 9, the old total unknown", s.Before)
+	}
+
+	// Records of two old lengths: every old grant counted into the longest.
+	s = AssembleShares("p", []ShareRecord{
+		rec("a", 6, 3*time.Second, 2, 2, &ShareTransition{Window: Duration(time.Second), Since: 6, Granted: 9}),
+		rec("z", 6, 3*time.Second, 2, 2, &ShareTransition{Window: Duration(2 * time.Second), Since: 6, Granted: 200}),
+	})
+	if b := s.Before; b == nil || b.Window.D() != 2*time.Second || b.Granted["a"] != 18 || b.Granted["z"] != 200 {
+		t.Errorf("before %+v; want 2 s, a's 9 per 1 s counted as 18, z 200", s.Before)
+	}
+}
+
+// A record of an old length that keeps an older regime's grant too: the
+// larger of the two, each counted into Before's length, not the one that
+// is larger in the record's own length (10 per 1 s puts 20 into a 2 s
+// window, more than 15 per 2 s, though 15 is more in a 1 s window).
+func TestAssembleSharesKeepsTheLargerOldGrantInBeforesLength(t *testing.T) {
+	s := AssembleShares("p", []ShareRecord{
+		{Version: Version, Provider: "p", Instance: "a", Generation: 5, EffectiveFrom: 1e18, Window: Duration(4 * time.Second),
+			Total: 100, Share: 1, Granted: 1, Before: &ShareTransition{Window: Duration(2 * time.Second), Since: 5, Granted: 1}},
+		{Version: Version, Provider: "p", Instance: "y", Generation: 4, EffectiveFrom: 1e18, Window: Duration(time.Second),
+			Total: 100, Share: 10, Granted: 10, Before: &ShareTransition{Window: Duration(2 * time.Second), Since: 4, Granted: 15}},
+	})
+	if b := s.Before; b == nil || b.Window.D() != 2*time.Second || b.Granted["y"] != 20 {
+		t.Errorf("before %+v; want 2 s, y 20 (its 10 per 1 s)", s.Before)
+	}
+}
