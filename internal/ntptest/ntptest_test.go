@@ -51,8 +51,10 @@ func TestAnswer(t *testing.T) {
 		if err := r.Validate(); err != nil {
 			t.Fatalf("offset %v: Validate: %v", offset, err)
 		}
-		if d := (r.ClockOffset - offset).Abs(); d > time.Millisecond {
-			t.Errorf("offset %v: measured %v, off by %v (> 1 ms)", offset, r.ClockOffset, d)
+		// An exchange measures the offset within half its round trip,
+		// whatever the load on the machine (a fixed 1 ms failed under it).
+		if d, bound := (r.ClockOffset - offset).Abs(), r.RTT/2+time.Microsecond; d > bound {
+			t.Errorf("offset %v: measured %v, off by %v, more than half the round trip %v", offset, r.ClockOffset, d, r.RTT)
 		}
 		if r.Stratum != 1 || r.Version != 4 {
 			t.Errorf("stratum %d version %d, want 1 and 4", r.Stratum, r.Version)
