@@ -76,8 +76,10 @@ type Multi struct {
 // NewMulti returns a Multi enforcing limits, 1 to MaxLimits of them. A
 // dimension name is 1 to 32 lower-case letters, digits or '_', starting
 // with a letter; quotas and windows are those New accepts (windows up to a
-// day); no two limits may have the same dimension and window. opts apply to
-// every limit. It returns an error wrapping ErrInvalid for anything else.
+// day). Two limits may count one dimension in one window: both hold, so
+// the smaller binds (a Multi whose limits are kept by several providers'
+// shares, cluster.JoinGroup, starts so). opts apply to every limit. It
+// returns an error wrapping ErrInvalid for anything else.
 func NewMulti(limits []Limit, opts ...Option) (*Multi, error) {
 	if len(limits) < 1 || len(limits) > MaxLimits {
 		return nil, fmt.Errorf("%w: a Multi enforces 1 to %d limits, got %d", ErrInvalid, MaxLimits, len(limits))
@@ -87,11 +89,6 @@ func NewMulti(limits []Limit, opts ...Option) (*Multi, error) {
 		lm.Dimension = lm.dim()
 		if err := ValidateDimension(lm.Dimension); err != nil {
 			return nil, fmt.Errorf("limit %d: %w", i, err)
-		}
-		for _, prev := range m.limits {
-			if prev.Dimension == lm.Dimension && prev.Window == lm.Window {
-				return nil, fmt.Errorf("%w: limits %v and %v count the same dimension in the same window", ErrInvalid, prev, lm)
-			}
 		}
 		l, err := New(lm.Quota, lm.Window, opts...)
 		if err != nil {
@@ -381,6 +378,15 @@ func (m *Multi) Schedule(i int, q int64, window time.Duration, at time.Time) (ti
 		return time.Time{}, err
 	}
 	return l.Schedule(q, window, at)
+}
+
+// Limiter returns limit i's Limiter (nil when there is none), for a
+// coordinator that keeps that limit's quota, as cluster.JoinGroup does.
+// Acquire through the Multi, never from it alone: an acquisition from one
+// limit is not all-or-nothing.
+func (m *Multi) Limiter(i int) *Limiter {
+	l, _ := m.limit(i)
+	return l
 }
 
 func (m *Multi) limit(i int) (*Limiter, error) {

@@ -291,7 +291,6 @@ func TestNewMultiBadInput(t *testing.T) {
 		{[]Limit{{Quota: -1, Window: s}}, "quota must be between 0"},
 		{[]Limit{{Quota: 1, Window: 7 * time.Hour}}, "divide 24h"},
 		{[]Limit{{Quota: 1, Window: 48 * time.Hour}}, "between 10ms and 24h0m0s"},
-		{[]Limit{{Quota: 1, Window: s}, {Dimension: Requests, Quota: 2, Window: s}}, "same dimension in the same window"},
 	}
 	for _, c := range cases {
 		_, err := NewMulti(c.limits)
@@ -398,6 +397,22 @@ func TestMultiClockMovesAtTheInstant(t *testing.T) {
 		}
 		if st := m.Stats(); st[0].Admitted != 1+1 || st[1].Admitted != 10+5 {
 			t.Errorf("admitted %d requests and %d tokens, want 2 and 15", st[0].Admitted, st[1].Admitted)
+		}
+	})
+}
+
+// Two limits of one dimension and window both hold: the smaller binds.
+// (cluster.JoinGroup starts every limit on the fallback window.)
+func TestMultiSameDimensionSameWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := mustMulti(t, Limit{Quota: 3, Window: time.Second}, Limit{Quota: 2, Window: time.Second})
+		for i, want := range []bool{true, true, false} {
+			if _, ok := m.TryAcquire(); ok != want {
+				t.Errorf("acquisition %d: %v, want %v", i, ok, want)
+			}
+		}
+		if m.Limiter(1) == nil || m.Limiter(2) != nil || m.Limiter(-1) != nil {
+			t.Errorf("Limiter(1), (2), (-1) = %p, %p, %p; want one, nil, nil", m.Limiter(1), m.Limiter(2), m.Limiter(-1))
 		}
 	})
 }
