@@ -10,6 +10,13 @@ import (
 // a step led to before the guard band the step widened narrows again.
 const stepCalm = 5
 
+// clockSink is what clock measurements are applied to: a Limiter, or a
+// Group's Multi, all of whose limits must read one clock.
+type clockSink interface {
+	SetClockUncertainty(time.Duration)
+	SetClockOffset(time.Duration)
+}
+
 // clockState is what the Member remembers of the clock measurements it
 // applied, to tell a step of the measured offset from its usual noise.
 type clockState struct {
@@ -66,10 +73,10 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 		c.applied = meas.Offset
 	}
 	meas.Uncertainty += c.step
-	if meas.Known {
+	if meas.Known && m.clockTo != nil {
 		// The band first, then the clock: see above.
-		m.lim.SetClockUncertainty(meas.Uncertainty)
-		m.lim.SetClockOffset(meas.Offset)
+		m.clockTo.SetClockUncertainty(meas.Uncertainty)
+		m.clockTo.SetClockOffset(meas.Offset)
 	}
 	// With the offset unknown the guard band stays as the last measurement
 	// left it: the halved share takes effect only from a boundary ahead,

@@ -36,7 +36,11 @@ type Member struct {
 	keys     schema.Keys
 	cfg      options
 	lim      *limiter.Limiter
-	log      *slog.Logger
+	// clockTo is where clock measurements are applied: the limiter, the
+	// Multi of a Group (all its limits read one clock), or nil for a
+	// Group's other members, which only cut their shares by them.
+	clockTo clockSink
+	log     *slog.Logger
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -115,11 +119,27 @@ type Status struct {
 // background. Join returns an error only for invalid arguments or when ctx
 // ends first.
 func Join(ctx context.Context, cli *clientv3.Client, provider string, opts ...Option) (*Member, error) {
-	if cli == nil {
-		return nil, fmt.Errorf("cluster: Join needs an etcd client, got nil")
+	o, keys, err := joinOptions(cli, []string{provider}, opts)
+	if err != nil {
+		return nil, err
 	}
-	if err := schema.ValidateName(provider); err != nil {
+	lim, err := limiter.New(o.fallbackQuota, o.fallbackWindow, o.limiterOpts...)
+	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	return startMember(ctx, cli, provider, keys, o, lim, lim)
+}
+
+// joinOptions checks Join's arguments and returns the options, with the
+// instance id chosen, and the keys.
+func joinOptions(cli *clientv3.Client, providers []string, opts []Option) (options, schema.Keys, error) {
+	if cli == nil {
+		return options{}, schema.Keys{}, fmt.Errorf("cluster: Join needs an etcd client, got nil")
+	}
+	for _, p := range providers {
+		if err := schema.ValidateName(p); err != nil {
+			return options{}, schema.Keys{}, fmt.Errorf("cluster: %w", err)
+		}
 	}
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -128,23 +148,25 @@ func Join(ctx context.Context, cli *clientv3.Client, provider string, opts ...Op
 		}
 	}
 	if err := o.validate(); err != nil {
-		return nil, err
+		return options{}, schema.Keys{}, err
 	}
 	keys, err := schema.NewKeys(o.prefix)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
+		return options{}, schema.Keys{}, fmt.Errorf("cluster: %w", err)
 	}
+	if o.id == "" {
+		o.id = defaultID()
+	}
+	if err := schema.ValidateInstanceID(o.id); err != nil {
+		return options{}, schema.Keys{}, fmt.Errorf("cluster: %w", err)
+	}
+	return o, keys, nil
+}
+
+// startMember starts a Member that keeps lim at its share of provider, applying
+// clock measurements to clockTo (nil: not at all).
+func startMember(ctx context.Context, cli *clientv3.Client, provider string, keys schema.Keys, o options, lim *limiter.Limiter, clockTo clockSink) (*Member, error) {
 	id := o.id
-	if id == "" {
-		id = defaultID()
-	}
-	if err := schema.ValidateInstanceID(id); err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
-	}
-	lim, err := limiter.New(o.fallbackQuota, o.fallbackWindow, o.limiterOpts...)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
-	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	m := &Member{
 		cli:      cli,
@@ -153,6 +175,7 @@ func Join(ctx context.Context, cli *clientv3.Client, provider string, opts ...Op
 		keys:     keys,
 		cfg:      o,
 		lim:      lim,
+		clockTo:  clockTo,
 		log:      o.logger.With("provider", provider, "instance", id),
 		cancel:   cancel,
 		done:     make(chan struct{}),

@@ -1,0 +1,102 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/limiter"
+)
+
+// Lane is one limit of a Group: the provider whose shares keep it, and
+// the dimension it counts (limiter.Requests when empty), as in
+// "requests 100/1s from provider api, tokens 200000/1m from provider
+// api-tokens".
+type Lane struct {
+	Provider  string
+	Dimension string
+}
+
+// Group is one instance's membership of several providers, each keeping
+// one limit of a limiter.Multi at this instance's share of it: several
+// limits, shared across the fleet, acquired all-or-nothing.
+//
+// Each limit is a provider of its own in etcd, with its own config, shares
+// and handover, so the guarantee holds for each limit as for a lone
+// Member: summed over all instances, at most that provider's limit in any
+// aligned window of it. The Multi takes from every limit in the window
+// that holds one instant, so an acquisition is granted only when each
+// limit's share has room. The Members share the instance id; each holds
+// its own lease. Clock measurements (WithClockMonitor) are applied once,
+// to the whole Multi: its limits read one clock.
+//
+// A Group is safe for concurrent use; Close stops every Member.
+type Group struct {
+	multi   *limiter.Multi
+	members []*Member
+}
+
+// JoinGroup registers this instance under every lane's provider and
+// returns a running Group, as Join does for one: it waits for the first
+// view of each provider until ctx ends or the cold start timeout passes,
+// and each limit starts on the fallback quota (WithFallback) until its
+// provider's config is read. lanes holds 1 to limiter.MaxLimits providers,
+// each named once; opts apply to every Member.
+func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...Option) (*Group, error) {
+	if len(lanes) < 1 || len(lanes) > limiter.MaxLimits {
+		return nil, fmt.Errorf("cluster: a Group has 1 to %d lanes, got %d", limiter.MaxLimits, len(lanes))
+	}
+	providers := make([]string, len(lanes))
+	for i, ln := range lanes {
+		providers[i] = ln.Provider
+		for _, p := range providers[:i] {
+			if p == ln.Provider {
+				return nil, fmt.Errorf("cluster: provider %q is in two lanes; each limit is a provider of its own", p)
+			}
+		}
+	}
+	o, keys, err := joinOptions(cli, providers, opts)
+	if err != nil {
+		return nil, err
+	}
+	limits := make([]limiter.Limit, len(lanes))
+	for i, ln := range lanes {
+		limits[i] = limiter.Limit{Dimension: ln.Dimension, Quota: o.fallbackQuota, Window: o.fallbackWindow}
+	}
+	multi, err := limiter.NewMulti(limits, o.limiterOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	g := &Group{multi: multi}
+	for i, ln := range lanes {
+		var clockTo clockSink // the first Member applies the clock to every limit
+		if i == 0 {
+			clockTo = multi
+		}
+		m, err := startMember(ctx, cli, ln.Provider, keys, o, multi.Limiter(i), clockTo)
+		if err != nil {
+			return nil, errors.Join(err, g.Close())
+		}
+		g.members = append(g.members, m)
+	}
+	return g, nil
+}
+
+// Multi returns the limits the Group keeps, in the order of its lanes.
+// Acquire from it; do not set its quotas yourself.
+func (g *Group) Multi() *limiter.Multi { return g.multi }
+
+// Members returns the Group's Members, in the order of its lanes: each
+// one's Status says what it knows of its provider.
+func (g *Group) Members() []*Member { return append([]*Member(nil), g.members...) }
+
+// Close leaves every provider (see Member.Close) and closes the Multi. It
+// is idempotent.
+func (g *Group) Close() error {
+	for _, m := range g.members {
+		m.Close()
+	}
+	return g.multi.Close()
+}

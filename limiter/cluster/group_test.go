@@ -1,0 +1,146 @@
+package cluster
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/ntptest"
+	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter"
+	"github.com/sluice-go/sluice/limiter/skew"
+)
+
+func joinGroup(t *testing.T, cli *clientv3.Client, id string, lanes []Lane, opts ...Option) *Group {
+	t.Helper()
+	opts = append([]Option{WithID(id), WithLeaseTTL(time.Second), WithReportInterval(50 * time.Millisecond), WithChangeMargin(10 * time.Millisecond)}, opts...)
+	g, err := JoinGroup(context.Background(), cli, lanes, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+var twoLanes = []Lane{{Provider: "api"}, {Provider: "api-tokens", Dimension: "tokens"}}
+
+// TestGroupSharesEveryLimit: two instances, each a Group of two providers
+// — requests and tokens — keep each limit of their Multi at their share
+// of that provider, follow each provider's retune on its own, and grant
+// an acquisition only when both limits have room, taking nothing from
+// either when one has none.
+func TestGroupSharesEveryLimit(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 20, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 200, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	a := joinGroup(t, cli, "a", twoLanes)
+	b := joinGroup(t, cli, "b", twoLanes)
+	for _, g := range []*Group{a, b} {
+		ms := g.Members()
+		enforcing(t, ms[0], 10)
+		enforcing(t, ms[1], 100)
+		if ms[0].ID() != ms[1].ID() {
+			t.Errorf("a Group's members registered as %s and %s", ms[0].ID(), ms[1].ID())
+		}
+	}
+	// Four acquisitions of 30 tokens in one window (tried again if a
+	// boundary passed in between): a's tokens share of 100 grants three,
+	// and the refusal takes no request.
+	for {
+		start := a.Multi().Stats()[1].WindowStart
+		var got []bool
+		for range 4 {
+			_, ok := a.Multi().TryAcquire(limiter.Cost("tokens", 30))
+			got = append(got, ok)
+		}
+		st := a.Multi().Stats()
+		if !st[1].WindowStart.Equal(start) || !st[0].WindowStart.Equal(start) {
+			continue
+		}
+		if want := []bool{true, true, true, false}; !slices.Equal(got, want) {
+			t.Errorf("acquisitions of 30 tokens: %v, want %v (a's tokens share is 100)", got, want)
+		}
+		if st[0].Remaining != 7 || st[1].Remaining != 10 {
+			t.Errorf("a has %d requests and %d tokens left in the window, want 7 and 10: a refusal takes nothing", st[0].Remaining, st[1].Remaining)
+		}
+		break
+	}
+
+	// A retune of one provider moves that limit alone.
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 400, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	for _, g := range []*Group{a, b} {
+		enforcing(t, g.Members()[1], 200)
+		if q := g.Members()[0].Limiter().Stats().Quota; q != 10 {
+			t.Errorf("%s's requests quota %d after the tokens' retune, want 10", g.Members()[0].ID(), q)
+		}
+	}
+	b.Close()
+	if _, ok := b.Multi().TryAcquire(); ok {
+		t.Error("a closed Group admitted")
+	}
+	enforcing(t, a.Members()[0], 20)
+	enforcing(t, a.Members()[1], 400)
+}
+
+// TestGroupAppliesTheClockToEveryLimit: a Multi's limits read one clock,
+// so the Group applies each clock measurement to all of them at once.
+func TestGroupAppliesTheClockToEveryLimit(t *testing.T) {
+	ntpSrv, err := ntptest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ntpSrv.Close()
+	ntpSrv.SetOffset(250 * time.Millisecond)
+	mon, err := skew.New(skew.WithServers(ntpSrv.Addr()), skew.WithInterval(50*time.Millisecond),
+		skew.WithTimeout(100*time.Millisecond), skew.WithStaleness(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 1000, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	g := joinGroup(t, cli, "a", twoLanes, WithClockMonitor(mon))
+	near := func(d, want time.Duration) bool { return d > want-time.Millisecond && d < want+time.Millisecond }
+	waitFor(t, "offset applied", func() bool {
+		return near(g.Multi().Limiter(0).ClockOffset(), 250*time.Millisecond) && near(g.Multi().Limiter(1).ClockOffset(), 250*time.Millisecond)
+	})
+	enforcing(t, g.Members()[0], 100)
+	enforcing(t, g.Members()[1], 1000)
+	// NTP silent: the clock is unknown, and every limit keeps half.
+	ntpSrv.SetMode(ntptest.Silent)
+	enforcing(t, g.Members()[0], 50)
+	enforcing(t, g.Members()[1], 500)
+}
+
+func TestJoinGroupBadInput(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	for _, tc := range []struct {
+		lanes []Lane
+		want  string
+	}{
+		{nil, "1 to 4 lanes, got 0"},
+		{make([]Lane, 5), "1 to 4 lanes, got 5"},
+		{[]Lane{{Provider: "api"}, {Provider: "api", Dimension: "tokens"}}, `"api" is in two lanes`},
+		{[]Lane{{Provider: "Api"}}, "name must match"},
+		{[]Lane{{Provider: "api", Dimension: "Tokens"}}, `got "Tokens"`},
+	} {
+		g, err := JoinGroup(context.Background(), cli, tc.lanes, WithID("a"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("JoinGroup(%v) = %v, want an error saying %q", tc.lanes, err, tc.want)
+		}
+		if g != nil {
+			g.Close()
+		}
+	}
+	if _, err := JoinGroup(context.Background(), nil, twoLanes); err == nil {
+		t.Error("JoinGroup with a nil client: no error")
+	}
+}
