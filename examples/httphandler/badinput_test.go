@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -84,5 +85,25 @@ func TestBadTokensHeader(t *testing.T) {
 		if st.Admitted != 0 {
 			t.Errorf("limit %d admitted %d", i, st.Admitted)
 		}
+	}
+}
+
+// TestBadFlagCombinations: a tokens limit is local (-tokens-limit) or a
+// provider's (-tokens-provider, with etcd); each refuses the other's mode.
+func TestBadFlagCombinations(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-tokens-limit", "100", "-etcd-endpoints", "http://127.0.0.1:2379"}, "-tokens-limit is a local limit"},
+		{[]string{"-tokens-provider", "llm-tokens"}, "-tokens-provider needs -etcd-endpoints"},
+	} {
+		_, err := parseFlags(tc.args, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseFlags(%q) = %v, want an error saying %q", tc.args, err, tc.want)
+		}
+	}
+	if _, err := parseFlags([]string{"-tokens-provider", "llm-tokens", "-etcd-endpoints", "http://127.0.0.1:2379"}, io.Discard); err != nil {
+		t.Errorf("-tokens-provider with -etcd-endpoints: %v", err)
 	}
 }

@@ -24,10 +24,14 @@
 //	curl -i -H 'X-Tokens: 800' http://127.0.0.1:8080/
 //
 // With -etcd-endpoints it joins a provider and enforces the share configd
-// gives it (one limit: sharing several through etcd is not built yet):
+// gives it; with -tokens-provider too, it joins a second provider whose
+// limit counts tokens, and enforces both shares together
+// (cluster.JoinGroup):
 //
 //	go run ./examples/httphandler -etcd-endpoints http://127.0.0.1:2379 -provider payments-api \
 //	    -downstream http://payments.internal/charge
+//	go run ./examples/httphandler -etcd-endpoints http://127.0.0.1:2379 -provider llm-api \
+//	    -tokens-provider llm-api-tokens -downstream http://llm.internal/complete
 //
 // It runs until SIGINT/SIGTERM (or -duration).
 package main
@@ -98,13 +102,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long; 0: until signalled")
 	fs.Int64Var(&c.join.Limit, "limit", 100, "the local limiter's quota per window (without -etcd-endpoints)")
 	fs.Int64Var(&c.tokensLimit, "tokens-limit", 0, "a second limit: tokens per window (-window), enforced with the requests limit; 0: none")
-	fs.Int64Var(&c.tokens, "tokens", 100, "estimated tokens of a request that does not send "+TokensHeader+" (with -tokens-limit)")
+	fs.Int64Var(&c.tokens, "tokens", 100, "estimated tokens of a request that does not send "+TokensHeader+" (with -tokens-limit or -tokens-provider)")
 	fs.Int64Var(&c.downstreamTokens, "downstream-tokens-limit", 0, "the in-process stub's tokens limit per window; 0: it does not limit tokens")
 	fs.DurationVar(&c.join.Window, "window", time.Second, "the local limiter's window, and the fallback's")
 	fs.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd URLs: join -provider and enforce the share configd publishes")
 	fs.StringVar(&c.join.Username, "etcd-username", "", "etcd user (configd's embedded etcd: instance)")
 	fs.StringVar(&c.join.PasswordFile, "etcd-password-file", "", "file holding the etcd user's password (configd's embedded etcd: DATA-DIR/credentials/instance)")
 	fs.StringVar(&c.join.Provider, "provider", "httphandler-demo", "provider name (metrics label; what to join with -etcd-endpoints)")
+	fs.StringVar(&c.join.TokensProvider, "tokens-provider", "", "with -etcd-endpoints: a second provider, whose limit counts tokens; both shares are enforced together (cluster.JoinGroup)")
 	fs.StringVar(&c.join.ID, "instance-id", "", "instance id (default: chosen by cluster.Join)")
 	fs.Int64Var(&c.join.Fallback, "fallback", 0, "quota per window before a share is known when etcd is unreachable (0: fail-closed)")
 	fs.StringVar(&ntp, "ntp-servers", "", "comma-separated NTP servers (host or host:port) to measure the clock with (with -etcd-endpoints)")
@@ -127,7 +132,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	case c.tokensLimit < 0 || c.downstreamTokens < 0 || c.tokens < 0:
 		return c, fmt.Errorf("-tokens-limit %d, -downstream-tokens-limit %d, -tokens %d: must be ≥ 0", c.tokensLimit, c.downstreamTokens, c.tokens)
 	case c.tokensLimit > 0 && len(c.join.Endpoints) > 0:
-		return c, errors.New("-tokens-limit with -etcd-endpoints: sharing several limits through etcd is not built yet; use -tokens-limit with a local limiter")
+		return c, errors.New("-tokens-limit is a local limit: with -etcd-endpoints, the tokens limit is a provider's, named with -tokens-provider")
+	case c.join.TokensProvider != "" && len(c.join.Endpoints) == 0:
+		return c, errors.New("-tokens-provider needs -etcd-endpoints (a local tokens limit is -tokens-limit)")
 	case len(c.join.NTPServers) > 0 && len(c.join.Endpoints) == 0:
 		return c, errors.New("-ntp-servers needs -etcd-endpoints")
 	}
@@ -217,8 +224,9 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 }
 
 // openLimits sets h's limits: a requests and a tokens limit, local, with
-// -tokens-limit; else the one limit cfg.join selects (local, or a share
-// of a provider's). It returns the registry of the limits' metrics, a
+// -tokens-limit; else what cfg.join selects: one limit (local, or a share
+// of a provider's), or with -tokens-provider a share of each of two
+// providers'. It returns the registry of the limits' metrics, a
 // start-up line saying where they come from, and how to close them.
 func (h *handler) openLimits(ctx context.Context, cfg config) (reg *prometheus.Registry, describe string, closeFn func() error, err error) {
 	if cfg.tokensLimit > 0 {
@@ -236,6 +244,6 @@ func (h *handler) openLimits(ctx context.Context, cfg config) (reg *prometheus.R
 	if err != nil {
 		return nil, "", nil, err
 	}
-	h.lim = j.Limiter
+	h.lim, h.multi = j.Limiter, j.Multi
 	return j.Registry, j.Describe(), j.Close, nil
 }

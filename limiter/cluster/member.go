@@ -204,6 +204,9 @@ func (m *Member) Limiter() *limiter.Limiter { return m.lim }
 // ID returns the instance id this Member registered under.
 func (m *Member) ID() string { return m.id }
 
+// Provider returns the provider this Member joined.
+func (m *Member) Provider() string { return m.provider }
+
 // Status returns a snapshot of what the Member knows and applies.
 func (m *Member) Status() Status {
 	m.mu.Lock()

@@ -33,11 +33,15 @@ type Config struct {
 	// <data-dir>/credentials/instance.
 	Username, PasswordFile string
 	Provider               string
-	ID                     string // instance id; "" lets cluster choose
-	Limit                  int64  // local quota (no Endpoints)
-	Window                 time.Duration
-	Fallback               int64 // quota before a share is known (cold start without etcd)
-	LeaseTTL               time.Duration
+	// TokensProvider, with Endpoints, is a second provider, whose limit
+	// counts tokens: the instance joins both (cluster.JoinGroup), and
+	// Multi holds the two limits.
+	TokensProvider string
+	ID             string // instance id; "" lets cluster choose
+	Limit          int64  // local quota (no Endpoints)
+	Window         time.Duration
+	Fallback       int64 // quota before a share is known (cold start without etcd)
+	LeaseTTL       time.Duration
 
 	// NTPServers, when given, make the member measure its clock
 	// (cluster.WithClockMonitor) every NTPInterval.
@@ -55,6 +59,11 @@ type Joined struct {
 	Limiter  *limiter.Limiter
 	Member   *cluster.Member // nil for a local limiter
 	Registry *prometheus.Registry
+	// Multi and Group, with Config.TokensProvider: the requests and the
+	// tokens limit, each a share of its provider (Limiter and Member are
+	// the requests one's).
+	Multi    *limiter.Multi
+	Group    *cluster.Group
 	provider string
 	cli      *clientv3.Client
 }
@@ -65,17 +74,30 @@ func (j *Joined) Describe() string {
 		st := j.Limiter.Stats()
 		return fmt.Sprintf("local limiter: %d per %v", st.Quota, st.Window)
 	}
+	if j.Group != nil {
+		var parts []string
+		for _, m := range j.Group.Members() {
+			st := m.Status()
+			parts = append(parts, fmt.Sprintf("%s (share %d of %d, source %s)", m.Provider(), st.Share, st.Total, st.Source))
+		}
+		return fmt.Sprintf("joined %s as %s through etcd, all or nothing", strings.Join(parts, " and "), j.Member.ID())
+	}
 	st := j.Member.Status()
 	return fmt.Sprintf("joined %s as %s through etcd (share %d of %d, source %s)", j.provider, j.Member.ID(), st.Share, st.Total, st.Source)
 }
 
-// Close leaves the provider (revoking the lease) or closes the local
+// Close leaves the providers (revoking the leases) or closes the local
 // limiter.
 func (j *Joined) Close() error {
-	if j.Member == nil {
+	var err error
+	switch {
+	case j.Group != nil:
+		err = j.Group.Close()
+	case j.Member != nil:
+		err = j.Member.Close()
+	default:
 		return j.Limiter.Close()
 	}
-	err := j.Member.Close()
 	j.cli.Close()
 	return err
 }
@@ -114,6 +136,44 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
+	opts, err := memberOptions(cfg, log)
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	j := &Joined{Registry: reg, provider: cfg.Provider, cli: cli}
+	if cfg.TokensProvider != "" {
+		j.Group, err = cluster.JoinGroup(ctx, cli, []cluster.Lane{{Provider: cfg.Provider}, {Provider: cfg.TokensProvider, Dimension: "tokens"}}, opts...)
+		if err != nil {
+			cli.Close()
+			return nil, err
+		}
+		j.Multi, j.Member = j.Group.Multi(), j.Group.Members()[0]
+	} else if j.Member, err = cluster.Join(ctx, cli, cfg.Provider, opts...); err != nil {
+		cli.Close()
+		return nil, err
+	}
+	j.Limiter = j.Member.Limiter()
+	members := []*cluster.Member{j.Member}
+	if j.Group != nil {
+		members = j.Group.Members()
+	}
+	for _, m := range members {
+		labels := prometheus.Labels{"provider": m.Provider(), "instance": m.ID()}
+		if err := metrics.Register(reg, m.Limiter(), labels); err != nil {
+			j.Close()
+			return nil, err
+		}
+		if err := reg.Register(cluster.NewCollector(m, labels)); err != nil {
+			j.Close()
+			return nil, err
+		}
+	}
+	return j, nil
+}
+
+// memberOptions returns the cluster options cfg selects.
+func memberOptions(cfg Config, log *slog.Logger) ([]cluster.Option, error) {
 	opts := []cluster.Option{cluster.WithLogger(log), cluster.WithFallback(cfg.Fallback, cfg.Window)}
 	if cfg.ID != "" {
 		opts = append(opts, cluster.WithID(cfg.ID))
@@ -136,27 +196,11 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 		}
 		mon, err := skew.New(sopts...)
 		if err != nil {
-			cli.Close()
 			return nil, err
 		}
 		opts = append(opts, cluster.WithClockMonitor(mon))
 	}
-	m, err := cluster.Join(ctx, cli, cfg.Provider, opts...)
-	if err != nil {
-		cli.Close()
-		return nil, err
-	}
-	labels["instance"] = m.ID()
-	j := &Joined{Limiter: m.Limiter(), Member: m, Registry: reg, provider: cfg.Provider, cli: cli}
-	if err := metrics.Register(reg, m.Limiter(), labels); err != nil {
-		j.Close()
-		return nil, err
-	}
-	if err := reg.Register(cluster.NewCollector(m, labels)); err != nil {
-		j.Close()
-		return nil, err
-	}
-	return j, nil
+	return opts, nil
 }
 
 // skewed is the system clock off by d (positive: ahead).
