@@ -116,7 +116,7 @@ func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 }
 
 // errOneLimit says what a provider's config can hold today.
-var errOneLimit = errors.New("a provider has one limit, of requests: several limits, and limits of another dimension, are not shared through etcd yet (limiter.Multi enforces them in one instance)")
+var errOneLimit = errors.New("a provider has one limit: for several, make one provider per limit, which the instances join together with cluster.JoinGroup (naming what each counts)")
 
 // applyLimit sets cfg's limit from --limit, N or N/W: "100/1s" is 100
 // per 1 s window, and then --window may not say otherwise.

@@ -21,6 +21,30 @@
 //		return err
 //	}
 //
+// Several limits — 100 requests per second and 200,000 tokens per minute,
+// say — are several providers, one per limit, each configured with configd
+// as any other. JoinGroup joins them together: each provider keeps one
+// limit of a limiter.Multi at this instance's share of it, and an
+// acquisition takes from every limit all-or-nothing:
+//
+//	g, err := cluster.JoinGroup(ctx, cli, []cluster.Lane{
+//		{Provider: "llm-api"},
+//		{Provider: "llm-api-tokens", Dimension: "tokens"},
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	defer g.Close()
+//	grant, err := g.Multi().Acquire(ctx, time.Second, limiter.Cost("tokens", estimate))
+//	if err != nil {
+//		return err
+//	}
+//	// ... call the provider, then give back what the call did not use:
+//	grant.Settle(limiter.Cost("tokens", used))
+//
+// Each limit keeps the guarantee below on its own, since each is a
+// provider with its own shares and handover.
+//
 // Where the share comes from, in order: the shares configd's leader
 // published (an instance not yet in them gets 0: joining never pushes the
 // total over); with no configd alive, total / live instances, switched at a
