@@ -17,12 +17,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/sluice-go/sluice/examples/internal/stub"
 	"github.com/sluice-go/sluice/examples/loadgen"
 	"github.com/sluice-go/sluice/internal/child"
 	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/internal/ntptest"
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/internal/stub"
 )
 
 const (

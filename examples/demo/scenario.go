@@ -10,9 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sluice-go/sluice/examples/internal/stub"
 	"github.com/sluice-go/sluice/internal/harness"
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/internal/stub"
 )
 
 // sampleEvery is how often the instances' metrics are read (and events'

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-go/sluice/examples/internal/stub"
+	"github.com/sluice-go/sluice/internal/stub"
 )
 
 // summary prints what the provider saw, the utilization of the limit, how

@@ -15,7 +15,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/sluice-go/sluice/examples/internal/stub"
+	"github.com/sluice-go/sluice/internal/stub"
 	"github.com/sluice-go/sluice/limiter"
 )
 

@@ -55,7 +55,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-go/sluice/examples/internal/join"
-	"github.com/sluice-go/sluice/examples/internal/stub"
+	"github.com/sluice-go/sluice/internal/stub"
 	"github.com/sluice-go/sluice/limiter"
 )
 
