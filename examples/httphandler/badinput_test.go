@@ -90,6 +90,7 @@ func TestBadTokensHeader(t *testing.T) {
 
 // TestBadFlagCombinations: a tokens limit is local (-tokens-limit) or a
 // provider's (-tokens-provider, with etcd); each refuses the other's mode.
+// -transit sets the guard band, which a clock monitor sets otherwise.
 func TestBadFlagCombinations(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -97,6 +98,8 @@ func TestBadFlagCombinations(t *testing.T) {
 	}{
 		{[]string{"-tokens-limit", "100", "-etcd-endpoints", "http://127.0.0.1:2379"}, "-tokens-limit is a local limit"},
 		{[]string{"-tokens-provider", "llm-tokens"}, "-tokens-provider needs -etcd-endpoints"},
+		{[]string{"-transit", "-1ms"}, "-transit -1ms: must be ≥ 0"},
+		{[]string{"-transit", "5ms", "-etcd-endpoints", "http://127.0.0.1:2379", "-ntp-servers", "127.0.0.1:123"}, "not given with -ntp-servers"},
 	} {
 		_, err := parseFlags(tc.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

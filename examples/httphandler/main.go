@@ -68,6 +68,7 @@ type config struct {
 	tokens           int64
 	budget           time.Duration
 	callTime         time.Duration
+	transit          time.Duration
 	duration         time.Duration
 	join             join.Config
 }
@@ -99,6 +100,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Int64Var(&c.downstreamLimit, "downstream-limit", 100, "the in-process stub's limit per window")
 	fs.DurationVar(&c.budget, "budget", 200*time.Millisecond, "latency budget of a request that does not send "+BudgetHeader)
 	fs.DurationVar(&c.callTime, "call-time", 20*time.Millisecond, "part of the budget kept for the downstream call; the rest may be spent waiting for a permit")
+	fs.DurationVar(&c.transit, "transit", 0, "the most a call takes to reach the provider, which counts it when it arrives: no permit is granted within it of a window boundary (the limiter's guard band), so none arrives in the next window; not with -ntp-servers, whose measurement sets the band")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long; 0: until signalled")
 	fs.Int64Var(&c.join.Limit, "limit", 100, "the local limiter's quota per window (without -etcd-endpoints)")
 	fs.Int64Var(&c.tokensLimit, "tokens-limit", 0, "a second limit: tokens per window (-window), enforced with the requests limit; 0: none")
@@ -137,6 +139,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-tokens-provider needs -etcd-endpoints (a local tokens limit is -tokens-limit)")
 	case len(c.join.NTPServers) > 0 && len(c.join.Endpoints) == 0:
 		return c, errors.New("-ntp-servers needs -etcd-endpoints")
+	case c.transit < 0 || (c.transit > 0 && len(c.join.NTPServers) > 0):
+		return c, fmt.Errorf("-transit %v: must be ≥ 0, and not given with -ntp-servers (the clock measurement sets the guard band)", c.transit)
 	}
 	return c, nil
 }
@@ -188,6 +192,13 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeLimits()
+	if cfg.transit > 0 {
+		if h.multi != nil {
+			h.multi.SetClockUncertainty(cfg.transit)
+		} else {
+			h.lim.SetClockUncertainty(cfg.transit)
+		}
+	}
 	for _, c := range []struct {
 		result string
 		n      func() int64
