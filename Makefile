@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim accuracy soak scale shards faults demo clean
+.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim accuracy multi soak scale shards faults demo clean
 
 all: build test
 
@@ -135,6 +135,12 @@ sim:
 ## fair vs even, and +200ms clock skew without/with NTP (about 5 minutes).
 accuracy:
 	$(GO) run ./bench/accuracy $(ACCURACY_FLAGS)
+
+## multi: two limits of one API, each a provider (requests 2000/1s, tokens
+## 60000/10s), 8 examples/httphandler processes joining both, 3x the tokens
+## limit offered: windows over and utilization per limit (about 1.5 minutes).
+multi:
+	$(GO) run ./bench/multi $(MULTI_FLAGS)
 
 ## soak: configd with its embedded etcd and 50 busy instances (5 processes)
 ## for 10 minutes: etcd's database size every 30 s, and whether it levels
