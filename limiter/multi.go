@@ -54,7 +54,11 @@ func Cost(dim string, n int64) Amount { return Amount{Dimension: dim, N: n} }
 // Each limit is a Limiter of its own, with its own windows and quota (a
 // cluster member sets each limit's share with SetQuota or Schedule), and
 // all of them read one clock: SetClockOffset, SetClockUncertainty,
-// SetExpiry, Backoff, SetPacing and SetShadow apply to every limit.
+// SetExpiry, Backoff, SetPacing and SetShadow apply to every limit. A
+// coordinator may set a limit's quota, expiry, pacing or shadow mode on
+// that limit alone (Limiter(i); cluster.JoinGroup does); an acquisition
+// is then admitted past the quotas only where every limit it takes from
+// is in shadow mode.
 //
 // TryAcquire never waits; Acquire waits, up to a maximum, for the earliest
 // instant at which every limit has room, and Reserve answers when that is.
@@ -383,7 +387,9 @@ func (m *Multi) Schedule(i int, q int64, window time.Duration, at time.Time) (ti
 // Limiter returns limit i's Limiter (nil when there is none), for a
 // coordinator that keeps that limit's quota, as cluster.JoinGroup does.
 // Acquire through the Multi, never from it alone: an acquisition from one
-// limit is not all-or-nothing.
+// limit is not all-or-nothing. Set the clock (SetClockOffset,
+// SetClockUncertainty) on the Multi, never on one limit: the limits must
+// read one clock.
 func (m *Multi) Limiter(i int) *Limiter {
 	l, _ := m.limit(i)
 	return l

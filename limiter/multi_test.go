@@ -416,3 +416,33 @@ func TestMultiSameDimensionSameWindow(t *testing.T) {
 		}
 	})
 }
+
+// One limit in shadow mode does not switch off another that enforces: a
+// cluster.Group sets each limit's mode from its own provider. Found by
+// review: with the requests limit in shadow, Acquire granted 10 of 10
+// acquisitions of 30 tokens against an enforcing 100 tokens per second.
+func TestMultiShadowOfOneLimitLeavesTheOthersEnforcing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := mustMulti(t, Limit{Quota: 1000, Window: time.Second}, Limit{Dimension: "tokens", Quota: 100, Window: time.Second})
+		m.Limiter(0).SetShadow(true)
+		granted := 0
+		for range 10 {
+			if _, err := m.Acquire(context.Background(), 0, Cost("tokens", 30)); err == nil {
+				granted++
+			}
+		}
+		if granted != 3 {
+			t.Errorf("Acquire granted %d of 10 acquisitions of 30 tokens against 100 tokens enforced, want 3", granted)
+		}
+		time.Sleep(time.Second) // the next window, in fake time
+		granted = 0
+		for range 10 {
+			if _, ok := m.TryAcquire(Cost("tokens", 30)); ok {
+				granted++
+			}
+		}
+		if granted != 3 {
+			t.Errorf("TryAcquire granted %d of 10, want 3", granted)
+		}
+	})
+}

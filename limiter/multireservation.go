@@ -68,7 +68,7 @@ func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.D
 		deadline = min(deadline, addClamped(now, time.Until(d)))
 	}
 	r.realDeadline = addClamped(deadline, -time.Duration(m.lims[0].offset.Load()))
-	if m.lims[0].shadow.Load() {
+	if m.shadowForLocked(ns) {
 		m.shadowLocked(r, now)
 		return r, nil
 	}
@@ -93,6 +93,21 @@ func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.D
 		return nil, fmt.Errorf("%w: %w: limit %v: %s", ErrTimeout, ErrNoQuota, m.limits[k], m.lims[k].noQuotaLocked(ns[k], "is"))
 	}
 	return nil, fmt.Errorf("%w: %s not available within %v", ErrTimeout, m.describe(ns), time.Duration(deadline-now))
+}
+
+// shadowForLocked reports whether every limit ns takes from is in shadow
+// mode, so that the acquisition only counts what enforcing would do. The
+// limits of one Multi may disagree (a cluster.Group sets each from its own
+// provider's config): then every part is placed as if enforced, so that
+// an enforcing limit never admits past its quota because another limit
+// is in shadow.
+func (m *Multi) shadowForLocked(ns [MaxLimits]int64) bool {
+	for i, l := range m.lims {
+		if ns[i] > 0 && !l.shadow.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // describe says what ns takes, for errors: "3 requests, 700 tokens".
