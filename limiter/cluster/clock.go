@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"sync"
 	"time"
 
 	"github.com/sluice-go/sluice/limiter/skew"
@@ -15,6 +16,18 @@ const stepCalm = 5
 type clockSink interface {
 	SetClockUncertainty(time.Duration)
 	SetClockOffset(time.Duration)
+}
+
+// clock is what clock measurements act on: the state of the measurements
+// folded in, and where they are applied. A lone Member has its own; a
+// Group's Members share one, since its Multi's limits read one clock:
+// each measurement is then folded in once, applied to every limit by
+// whichever Member comes first, and every Member cuts its share by the
+// same band, whichever lanes are configured or connected.
+type clock struct {
+	mu sync.Mutex // held while a Member folds in, applies or reads the clock
+	clockState
+	to clockSink
 }
 
 // clockState is what the Member remembers of the clock measurements it
@@ -47,7 +60,9 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 		return q
 	}
 	meas := mon.Current()
-	c := &m.clk
+	c := m.clk
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if !c.have {
 		// The limiter's own offset (WithClockOffset, or 0) is the clock
 		// before the first measurement: a first measurement far from it
@@ -73,10 +88,10 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 		c.applied = meas.Offset
 	}
 	meas.Uncertainty += c.step
-	if meas.Known && m.clockTo != nil {
+	if meas.Known {
 		// The band first, then the clock: see above.
-		m.clockTo.SetClockUncertainty(meas.Uncertainty)
-		m.clockTo.SetClockOffset(meas.Offset)
+		c.to.SetClockUncertainty(meas.Uncertainty)
+		c.to.SetClockOffset(meas.Offset)
 	}
 	// With the offset unknown the guard band stays as the last measurement
 	// left it: the halved share takes effect only from a boundary ahead,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -29,8 +30,14 @@ type Lane struct {
 // aligned window of it. The Multi takes from every limit in the window
 // that holds one instant, so an acquisition is granted only when each
 // limit's share has room. The Members share the instance id; each holds
-// its own lease. Clock measurements (WithClockMonitor) are applied once,
-// to the whole Multi: its limits read one clock.
+// its own lease. Its limits read one clock, so the Members share one
+// clock state (WithClockMonitor): each measurement is folded in once,
+// applied to every limit by whichever Member comes first — any lane whose
+// provider is configured keeps it current — and every Member cuts its
+// share by the same band. Each lane's mode comes from its provider: a
+// lane in shadow mode admits past its share only where every lane an
+// acquisition takes from is in shadow (see limiter.Multi). WithFallback
+// gives every lane the same fallback quota, whatever it counts.
 //
 // A Group is safe for concurrent use; Close stops every Member.
 type Group struct {
@@ -69,17 +76,16 @@ func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	g := &Group{multi: multi}
+	g := &Group{multi: multi, members: make([]*Member, len(lanes))}
+	clk := &clock{to: multi} // one clock: every Member applies it to every limit
+	errs := make([]error, len(lanes))
+	var wg sync.WaitGroup
 	for i, ln := range lanes {
-		var clockTo clockSink // the first Member applies the clock to every limit
-		if i == 0 {
-			clockTo = multi
-		}
-		m, err := startMember(ctx, cli, ln.Provider, keys, o, multi.Limiter(i), clockTo)
-		if err != nil {
-			return nil, errors.Join(err, g.Close())
-		}
-		g.members = append(g.members, m)
+		wg.Go(func() { g.members[i], errs[i] = startMember(ctx, cli, ln.Provider, keys, o, multi.Limiter(i), clk) })
+	}
+	wg.Wait() // the lanes wait for their first view, or the cold start, together
+	if err := errors.Join(errs...); err != nil {
+		return nil, errors.Join(err, g.Close())
 	}
 	return g, nil
 }
@@ -92,11 +98,15 @@ func (g *Group) Multi() *limiter.Multi { return g.multi }
 // one's Status says what it knows of its provider.
 func (g *Group) Members() []*Member { return append([]*Member(nil), g.members...) }
 
-// Close leaves every provider (see Member.Close) and closes the Multi. It
-// is idempotent.
+// Close leaves every provider (see Member.Close), together, and closes the
+// Multi. It is idempotent.
 func (g *Group) Close() error {
+	var wg sync.WaitGroup
 	for _, m := range g.members {
-		m.Close()
+		if m != nil {
+			wg.Go(func() { m.Close() })
+		}
 	}
+	wg.Wait()
 	return g.multi.Close()
 }

@@ -144,3 +144,31 @@ func TestJoinGroupBadInput(t *testing.T) {
 		t.Error("JoinGroup with a nil client: no error")
 	}
 }
+
+// TestGroupClockFollowsAnyConfiguredLane: the clock of a Group's Multi is
+// kept by whichever Member runs, not by the first alone. Found by review:
+// with the first lane's provider not configured (or deleted), nobody
+// applied the measurements, and the second lane enforced its whole share
+// on a clock 250 ms off with no guard band.
+func TestGroupClockFollowsAnyConfiguredLane(t *testing.T) {
+	ntpSrv, err := ntptest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ntpSrv.Close()
+	ntpSrv.SetOffset(250 * time.Millisecond)
+	mon, err := skew.New(skew.WithServers(ntpSrv.Addr()), skew.WithInterval(50*time.Millisecond),
+		skew.WithTimeout(100*time.Millisecond), skew.WithStaleness(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 1000, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	g := joinGroup(t, cli, "a", twoLanes, WithClockMonitor(mon))
+	near := func(d, want time.Duration) bool { return d > want-time.Millisecond && d < want+time.Millisecond }
+	waitFor(t, "the offset applied to the tokens lane", func() bool { return near(g.Multi().Limiter(1).ClockOffset(), 250*time.Millisecond) })
+	enforcing(t, g.Members()[1], 1000)
+	ntpSrv.SetOffset(400 * time.Millisecond)
+	waitFor(t, "the new offset applied", func() bool { return near(g.Multi().Limiter(1).ClockOffset(), 400*time.Millisecond) })
+}

@@ -36,11 +36,7 @@ type Member struct {
 	keys     schema.Keys
 	cfg      options
 	lim      *limiter.Limiter
-	// clockTo is where clock measurements are applied: the limiter, the
-	// Multi of a Group (all its limits read one clock), or nil for a
-	// Group's other members, which only cut their shares by them.
-	clockTo clockSink
-	log     *slog.Logger
+	log      *slog.Logger
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -50,7 +46,7 @@ type Member struct {
 	mu     sync.Mutex
 	status Status
 
-	clk clockState // owned by the run goroutine
+	clk *clock // the Member's own, or its Group's
 	// registered is the etcd revision at which this process first wrote
 	// its record (0: not yet); owned by the run goroutine. A shares record
 	// written before it gives this process nothing: what it names for this
@@ -127,7 +123,7 @@ func Join(ctx context.Context, cli *clientv3.Client, provider string, opts ...Op
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	return startMember(ctx, cli, provider, keys, o, lim, lim)
+	return startMember(ctx, cli, provider, keys, o, lim, &clock{to: lim})
 }
 
 // joinOptions checks Join's arguments and returns the options, with the
@@ -163,9 +159,9 @@ func joinOptions(cli *clientv3.Client, providers []string, opts []Option) (optio
 	return o, keys, nil
 }
 
-// startMember starts a Member that keeps lim at its share of provider, applying
-// clock measurements to clockTo (nil: not at all).
-func startMember(ctx context.Context, cli *clientv3.Client, provider string, keys schema.Keys, o options, lim *limiter.Limiter, clockTo clockSink) (*Member, error) {
+// startMember starts a Member that keeps lim at its share of provider,
+// with clk the clock lim reads.
+func startMember(ctx context.Context, cli *clientv3.Client, provider string, keys schema.Keys, o options, lim *limiter.Limiter, clk *clock) (*Member, error) {
 	id := o.id
 	runCtx, cancel := context.WithCancel(context.Background())
 	m := &Member{
@@ -175,7 +171,7 @@ func startMember(ctx context.Context, cli *clientv3.Client, provider string, key
 		keys:     keys,
 		cfg:      o,
 		lim:      lim,
-		clockTo:  clockTo,
+		clk:      clk,
 		log:      o.logger.With("provider", provider, "instance", id),
 		cancel:   cancel,
 		done:     make(chan struct{}),
@@ -198,7 +194,8 @@ func startMember(ctx context.Context, cli *clientv3.Client, provider string, key
 }
 
 // Limiter returns the limiter this Member keeps at its share. Acquire
-// permits from it; do not set its quota yourself.
+// permits from it — for a Member of a Group, from the Group's Multi, of
+// which it is one limit — and do not set its quota yourself.
 func (m *Member) Limiter() *limiter.Limiter { return m.lim }
 
 // ID returns the instance id this Member registered under.

@@ -550,6 +550,9 @@ func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, end time
 // corrected time as that same instant, so that a clock correction between
 // renewals never moves it (the limiter itself moves it with a correction).
 func (m *Member) arm(v *view, ap *applied, leaseEnd time.Time) (failStatic time.Duration) {
+	// Read and set on one clock: a Group's other Members move it.
+	m.clk.mu.Lock()
+	defer m.clk.mu.Unlock()
 	var until time.Time
 	switch {
 	case ap.Source == follow.SourceShares && v.config != nil:
