@@ -152,20 +152,9 @@ func main() {
 }
 
 func parse(c *config, weights, runs string) error {
-	var sum float64
-	for _, s := range strings.Split(weights, ",") {
-		w, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-		if err != nil || w < 0 || math.IsInf(w, 0) {
-			return fmt.Errorf("bad -weights %q", weights)
-		}
-		c.weights = append(c.weights, w)
-		sum += w
-	}
-	if len(c.weights) < 2 || sum <= 0 {
-		return fmt.Errorf("-weights: at least two instances, with some load")
-	}
-	for i := range c.weights {
-		c.weights[i] /= sum
+	var err error
+	if c.weights, err = harness.Weights(weights, 2); err != nil {
+		return err
 	}
 	for _, s := range strings.Split(runs, ",") {
 		i := slices.IndexFunc(knownRuns, func(r runSpec) bool { return r.name == strings.TrimSpace(s) })

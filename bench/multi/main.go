@@ -97,20 +97,9 @@ func main() {
 }
 
 func parse(c *config, weights string) error {
-	var sum float64
-	for _, s := range strings.Split(weights, ",") {
-		w, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-		if err != nil || w < 0 || math.IsInf(w, 0) {
-			return fmt.Errorf("bad -weights %q", weights)
-		}
-		c.weights = append(c.weights, w)
-		sum += w
-	}
-	if len(c.weights) < 1 || sum <= 0 {
-		return errors.New("-weights: at least one instance, with some load")
-	}
-	for i := range c.weights {
-		c.weights[i] /= sum
+	var err error
+	if c.weights, err = harness.Weights(weights, 1); err != nil {
+		return err
 	}
 	if c.requests < 1 || c.tokens < 1 || c.estMin < 1 || c.estMax < c.estMin || c.load <= 0 {
 		return errors.New("-requests, -tokens, -estimate-min/-max or -load out of range")

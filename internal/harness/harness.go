@@ -204,3 +204,26 @@ func CPUSeconds(pid int) float64 {
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / 100 // USER_HZ is 100 on Linux
 }
+
+// Weights parses -weights: comma-separated shares of the offered load, one
+// per instance, at least least of them, none negative and some above 0.
+// It returns them normalised to add up to 1.
+func Weights(s string, least int) ([]float64, error) {
+	var ws []float64
+	var sum float64
+	for _, f := range strings.Split(s, ",") {
+		w, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || w < 0 || math.IsInf(w, 0) {
+			return nil, fmt.Errorf("bad -weights %q", s)
+		}
+		ws = append(ws, w)
+		sum += w
+	}
+	if len(ws) < least || sum <= 0 {
+		return nil, fmt.Errorf("-weights: at least %d instances, with some load", least)
+	}
+	for i := range ws {
+		ws[i] /= sum
+	}
+	return ws, nil
+}
