@@ -423,6 +423,24 @@ func TestKilledInstanceShareGoesBack(t *testing.T) {
 	t.Logf("SIGKILLed instance's share reached the others %v after the kill (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
 }
 
+// startClockMonitor starts a test SNTP responder telling offset, and a
+// monitor measuring it every 50 ms over real UDP; both stop with the test.
+func startClockMonitor(t *testing.T, offset time.Duration) (*ntptest.Server, *skew.Monitor) {
+	t.Helper()
+	ntpSrv, err := ntptest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ntpSrv.Close() })
+	ntpSrv.SetOffset(offset)
+	mon, err := skew.New(skew.WithServers(ntpSrv.Addr()), skew.WithInterval(50*time.Millisecond),
+		skew.WithTimeout(100*time.Millisecond), skew.WithStaleness(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ntpSrv, mon
+}
+
 // TestClockMonitorCorrectsAndCuts runs a Member with an NTP monitor against
 // a test SNTP responder over real UDP: the measured offset corrects the
 // limiter's clock and is reported; when the server goes silent and the
@@ -430,17 +448,7 @@ func TestKilledInstanceShareGoesBack(t *testing.T) {
 // server answers again; a step of the offset widens the guard band until
 // it settles.
 func TestClockMonitorCorrectsAndCuts(t *testing.T) {
-	ntpSrv, err := ntptest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ntpSrv.Close()
-	ntpSrv.SetOffset(250 * time.Millisecond)
-	mon, err := skew.New(skew.WithServers(ntpSrv.Addr()), skew.WithInterval(50*time.Millisecond),
-		skew.WithTimeout(100*time.Millisecond), skew.WithStaleness(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ntpSrv, mon := startClockMonitor(t, 250*time.Millisecond)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(time.Second)})

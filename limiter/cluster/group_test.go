@@ -13,7 +13,6 @@ import (
 	"github.com/sluice-go/sluice/internal/ntptest"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
-	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 func joinGroup(t *testing.T, cli *clientv3.Client, id string, lanes []Lane, opts ...Option) *Group {
@@ -91,17 +90,7 @@ func TestGroupSharesEveryLimit(t *testing.T) {
 // TestGroupAppliesTheClockToEveryLimit: a Multi's limits read one clock,
 // so the Group applies each clock measurement to all of them at once.
 func TestGroupAppliesTheClockToEveryLimit(t *testing.T) {
-	ntpSrv, err := ntptest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ntpSrv.Close()
-	ntpSrv.SetOffset(250 * time.Millisecond)
-	mon, err := skew.New(skew.WithServers(ntpSrv.Addr()), skew.WithInterval(50*time.Millisecond),
-		skew.WithTimeout(100*time.Millisecond), skew.WithStaleness(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ntpSrv, mon := startClockMonitor(t, 250*time.Millisecond)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
@@ -151,17 +140,7 @@ func TestJoinGroupBadInput(t *testing.T) {
 // applied the measurements, and the second lane enforced its whole share
 // on a clock 250 ms off with no guard band.
 func TestGroupClockFollowsAnyConfiguredLane(t *testing.T) {
-	ntpSrv, err := ntptest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ntpSrv.Close()
-	ntpSrv.SetOffset(250 * time.Millisecond)
-	mon, err := skew.New(skew.WithServers(ntpSrv.Addr()), skew.WithInterval(50*time.Millisecond),
-		skew.WithTimeout(100*time.Millisecond), skew.WithStaleness(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ntpSrv, mon := startClockMonitor(t, 250*time.Millisecond)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 1000, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
