@@ -95,7 +95,8 @@ func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...
 func (g *Group) Multi() *limiter.Multi { return g.multi }
 
 // Members returns the Group's Members, in the order of its lanes: each
-// one's Status says what it knows of its provider.
+// one's Status says what it knows of its provider. Close the Group, not
+// one of them: a Member closed alone closes its limit of the Multi.
 func (g *Group) Members() []*Member { return append([]*Member(nil), g.members...) }
 
 // Close leaves every provider (see Member.Close), together, and closes the
