@@ -219,6 +219,23 @@ func TestEvenSplitFollowsMembership(t *testing.T) {
 	enforcing(t, b, 100)
 }
 
+// TestEvenSplitWhenTheConfigComesAfterTheJoin: an instance that joined
+// before its provider was configured confirms the even split once the
+// config appears. It wrote its confirmation only when registering, or
+// when configd came or went, so with no configd it stayed at 0 for good
+// (found writing the Group's dimension check, whose lane reads its config
+// only once it counts the lane's dimension).
+func TestEvenSplitWhenTheConfigComesAfterTheJoin(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	a := join(t, cli, "api", "a")
+	if st := a.Status(); st.Source != "fallback" {
+		t.Fatalf("before the config: %+v, want the fallback", st)
+	}
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 200, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	enforcing(t, a, 200)
+}
+
 func TestPublishedSharesWinAndAreAcknowledged(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)

@@ -292,7 +292,14 @@ func (s *following) keyEvents(ctx context.Context, wr clientv3.WatchResponse, ok
 	if ended, err := s.ended(ctx, wr, ok, what); ended || err != nil {
 		return err
 	}
-	if s.m.observeAll(s.v, wr, s.applyView) {
+	acked := s.m.observeAll(s.v, wr, s.applyView)
+	// A config that appears, goes, or becomes readable (a lane's
+	// dimension) changes whether this instance follows the even split:
+	// without its confirmation the split never grows past its grant.
+	if err := s.m.confirmEven(ctx, s.v, s.lease); err != nil {
+		return err
+	}
+	if acked {
 		return s.m.report(ctx, s.lease, s.ap, s.rep, true)
 	}
 	return nil
