@@ -129,7 +129,7 @@ func TestBadInputCLI(t *testing.T) {
 		{[]string{"set", "p", "--limit", "5/"}, `window must be`},
 		{[]string{"set", "p", "--limit", "/1s"}, `limit must be a positive integer`},
 		{[]string{"set", "p", "--limit", "5/1s", "--window", "2s"}, "names window 1s, and --window says 2s"},
-		{[]string{"set", "p", "--limit", "tokens=200000/1m"}, "one provider per limit"},
+		{[]string{"set", "p", "--limit", "Tokens=200000/1m"}, "dimension must be 1 to 32 lower-case letters"},
 		{[]string{"set", "p", "--limit", "100/1s", "--limit", "50000/1h"}, "a provider has one limit"},
 		{[]string{"set", "p", "--limit", "5", "--if-revision", "-1"}, "--if-revision"},
 		{[]string{"set", "p", "q", "--limit", "5"}, "exactly one provider NAME"},
@@ -262,6 +262,42 @@ func TestSetLimitPerWindow(t *testing.T) {
 		if limit == nil || window == nil || limit[1] != want[0] || window[1] != want[1] {
 			t.Errorf("get %s: want limit %s, window %s:\n%s", name, want[0], want[1], out)
 		}
+	}
+}
+
+// TestSetDimension: --limit tokens=N/W makes a provider whose limit
+// counts tokens, which get and status show; --limit N keeps it, and
+// requests=N goes back to the default, which is not shown.
+func TestSetDimension(t *testing.T) {
+	srv := etcdtest.Start(t)
+	r := startReplica(t, srv, "r1")
+	out := cliOK(t, "set", "llm-tokens", "--limit", "tokens=200000/1m", "--server", r.url())
+	if !strings.Contains(out, "dimension=tokens") {
+		t.Errorf("set: %s", out)
+	}
+	dimension := func() string {
+		m := regexp.MustCompile(`(?m)^dimension:\s+(\S+)$`).FindStringSubmatch(cliOK(t, "get", "llm-tokens", "--server", r.url()))
+		if m == nil {
+			return ""
+		}
+		return m[1]
+	}
+	if d := dimension(); d != "tokens" {
+		t.Errorf("get: dimension %q, want tokens", d)
+	}
+	if out := cliOK(t, "status", "llm-tokens", "--server", r.url()); !strings.Contains(out, "dimension=tokens") {
+		t.Errorf("status lacks dimension=tokens:\n%s", out)
+	}
+	cliOK(t, "set", "llm-tokens", "--limit", "300000", "--server", r.url())
+	if d := dimension(); d != "tokens" {
+		t.Errorf("after --limit 300000: dimension %q, want tokens kept", d)
+	}
+	out = cliOK(t, "set", "llm-tokens", "--limit", "requests=5", "--server", r.url())
+	if !strings.Contains(out, "dimension tokens → requests") {
+		t.Errorf("set requests=5: %s", out)
+	}
+	if d := dimension(); d != "" {
+		t.Errorf("after requests=5: get shows dimension %q, want none (the default)", d)
 	}
 }
 

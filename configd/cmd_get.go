@@ -31,7 +31,7 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return printJSON(stdout, v)
 	}
 	fmt.Fprintf(stdout, "%-17s %s\n%-17s %d\n", "name:", v.Config.Name, "revision:", v.Revision)
-	for _, f := range fields(v.Config) {
+	for _, f := range shown(v.Config) {
 		fmt.Fprintf(stdout, "%-17s %s\n", f[0]+":", f[1])
 	}
 	return nil

@@ -6,14 +6,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter"
 )
 
-const setUsage = `Usage: configd set NAME --limit N[/W] [--window 1s] [--mode enforce|shadow] [--algorithm even|fair]
+const setUsage = `Usage: configd set NAME --limit [DIM=]N[/W] [--window 1s] [--mode enforce|shadow] [--algorithm even|fair]
                    [--pacing] [--floor N] [--max-clock-offset D] [--fail-static D]
                    [--if-revision R] [--dry-run]
 
@@ -29,6 +31,7 @@ provider in between, set fails with a conflict instead of overwriting it.
 Examples:
   configd set payments --limit 300000
   configd set payments --limit 5000/1m
+  configd set llm-tokens --limit tokens=200000/1m
   configd set payments --limit 250000 --window 100ms --pacing
   configd set payments --mode shadow --if-revision 42
 
@@ -118,12 +121,20 @@ func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 // errOneLimit says what a provider's config can hold today.
 var errOneLimit = errors.New("a provider has one limit: for several, make one provider per limit, which the instances join together with cluster.JoinGroup (naming what each counts)")
 
-// applyLimit sets cfg's limit from --limit, N or N/W: "100/1s" is 100
-// per 1 s window, and then --window may not say otherwise.
+// applyLimit sets cfg's limit from --limit, [DIMENSION=]N[/W]: "100/1s"
+// is 100 per 1 s window, and then --window may not say otherwise;
+// "tokens=200000/1m" counts tokens. Without a dimension the provider's
+// stays as it is.
 func (e edit) applyLimit(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 	amount, window, rate := strings.Cut(e.limit.val, "/")
-	if strings.Contains(amount, "=") {
-		return cfg, &schema.ValidationError{Field: "limit", Value: strconv.Quote(e.limit.val), Err: errOneLimit}
+	if dim, n, named := strings.Cut(amount, "="); named {
+		if err := limiter.ValidateDimension(dim); err != nil {
+			return cfg, &schema.ValidationError{Field: "dimension", Value: strconv.Quote(dim), Err: schema.ErrInvalidDimension}
+		}
+		cfg.Dimension, amount = dim, n
+		if dim == limiter.Requests {
+			cfg.Dimension = ""
+		}
 	}
 	var err error
 	if cfg.Limit, err = schema.ParseLimit(amount); err != nil || !rate {
@@ -165,7 +176,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cf.register(fs)
 	var e edit
 	var ifRevision optString
-	fs.Var(limitFlag{&e.limit}, "limit", "permits per window, all instances together (1..1000000000000), or N/W: permits per window W (100/1s)")
+	fs.Var(limitFlag{&e.limit}, "limit", "permits per window, all instances together (1..1000000000000); N/W: per window W (100/1s); DIM=N[/W]: what the limit counts (tokens=200000/1m; default requests)")
 	fs.Var(&e.window, "window", "window length, 10ms..1h, dividing 24h (default 1s for a new provider)")
 	fs.Var(&e.mode, "mode", "enforce or shadow")
 	fs.Var(&e.algorithm, "algorithm", "even or fair")
@@ -278,6 +289,7 @@ func describeChange(old, new *schema.ProviderConfig) string {
 func fields(c schema.ProviderConfig) [][2]string {
 	return [][2]string{
 		{"limit", strconv.FormatInt(c.Limit, 10)},
+		{"dimension", c.DimensionOrDefault()},
 		{"window", c.Window.String()},
 		{"mode", string(c.Mode)},
 		{"algorithm", string(c.Algorithm)},
@@ -290,8 +302,18 @@ func fields(c schema.ProviderConfig) [][2]string {
 
 func summary(c schema.ProviderConfig) string {
 	var parts []string
-	for _, f := range fields(c) {
+	for _, f := range shown(c) {
 		parts = append(parts, f[0]+"="+f[1])
 	}
 	return strings.Join(parts, " ")
+}
+
+// shown is fields without the dimension of a limit of requests, the
+// default: what summaries and get print.
+func shown(c schema.ProviderConfig) [][2]string {
+	fs := fields(c)
+	if c.Dimension == "" {
+		fs = slices.DeleteFunc(fs, func(f [2]string) bool { return f[0] == "dimension" })
+	}
+	return fs
 }

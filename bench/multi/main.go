@@ -135,11 +135,9 @@ func run(c config) error {
 	}
 	defer cd.Stop()
 	for _, p := range []struct {
-		name  string
-		limit int64
-		w     time.Duration
-	}{{c.requestsName, c.requests, c.window}, {c.tokensName, c.tokens, c.tokensWindow}} {
-		if _, err := cd.Run("set", p.name, "--limit", fmt.Sprintf("%d/%v", p.limit, p.w), "--algorithm", c.algorithm); err != nil {
+		name, limit string
+	}{{c.requestsName, fmt.Sprintf("%d/%v", c.requests, c.window)}, {c.tokensName, fmt.Sprintf("tokens=%d/%v", c.tokens, c.tokensWindow)}} {
+		if _, err := cd.Run("set", p.name, "--limit", p.limit, "--algorithm", c.algorithm); err != nil {
 			return err
 		}
 	}

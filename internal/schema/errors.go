@@ -19,6 +19,7 @@ var (
 	ErrInvalidWindow      = errors.New(`window must be a duration from 10ms to 1h that divides 24h (e.g. "1s", "100ms", "1m")`)
 	ErrInvalidMode        = errors.New(`mode must be "enforce" or "shadow"`)
 	ErrInvalidAlgorithm   = errors.New(`algorithm must be "even" or "fair"`)
+	ErrInvalidDimension   = errors.New(`dimension must be 1 to 32 lower-case letters, digits or '_', starting with a letter (e.g. "tokens"; empty: requests)`)
 	ErrInvalidFloor       = errors.New("floor must be an integer from 0 up to the limit")
 	ErrInvalidClockOffset = errors.New("clock offset must be a duration within ±1h")
 	// ErrInvalidMaxClockOffset is the bound's own error: it cannot be

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/share"
+	"github.com/sluice-go/sluice/limiter"
 	"github.com/sluice-go/sluice/limiter/skew"
 )
 
@@ -98,6 +99,11 @@ type ProviderConfig struct {
 	Mode      Mode      `json:"mode"`      // enforce or shadow
 	Algorithm Algorithm `json:"algorithm"` // even or fair
 	Pacing    bool      `json:"pacing"`    // spread each window's permits evenly across it
+	// Dimension is what the limit counts: empty for requests (one per
+	// call), or a cost such as "tokens", as the instances acquire it (a
+	// lane of cluster.JoinGroup names it too, and refuses a config that
+	// counts something else). Stored only when not requests.
+	Dimension string `json:"dimension,omitempty"`
 	// Floor is the least share (permits per window) the "fair" algorithm
 	// leaves an idle instance so it can start; 0 lets the allocator choose.
 	Floor int64 `json:"floor,omitempty"`
@@ -115,6 +121,14 @@ type ProviderConfig struct {
 	// instance's share to the others sooner. 0 selects DefaultFailStatic;
 	// at most MaxFailStatic.
 	FailStatic Duration `json:"fail_static,omitempty"`
+}
+
+// DimensionOrDefault returns Dimension, or limiter.Requests when empty.
+func (c ProviderConfig) DimensionOrDefault() string {
+	if c.Dimension == "" {
+		return limiter.Requests
+	}
+	return c.Dimension
 }
 
 // FailStaticOrDefault returns FailStatic, or DefaultFailStatic when it is 0.
@@ -162,6 +176,9 @@ func (c ProviderConfig) WithDefaults() ProviderConfig {
 	if c.Algorithm == "" {
 		c.Algorithm = AlgorithmEven
 	}
+	if c.Dimension == limiter.Requests {
+		c.Dimension = "" // the default, not stored: members from before dimensions read the config
+	}
 	return c
 }
 
@@ -179,6 +196,9 @@ func (c ProviderConfig) Validate() error {
 	}
 	if err := ValidateWindow(c.Window.D()); err != nil {
 		return err
+	}
+	if c.Dimension != "" && limiter.ValidateDimension(c.Dimension) != nil {
+		return invalid("dimension", c.Dimension, ErrInvalidDimension)
 	}
 	if c.Mode != ModeEnforce && c.Mode != ModeShadow {
 		return invalid("mode", string(c.Mode), ErrInvalidMode)

@@ -128,6 +128,11 @@ func TestProviderConfigValidate(t *testing.T) {
 		{"fail static negative", func(c *ProviderConfig) { c.FailStatic = Duration(-time.Second) }, ErrInvalidFailStatic},
 		{"fail static 2h", func(c *ProviderConfig) { c.FailStatic = Duration(2 * time.Hour) }, ErrInvalidFailStatic},
 		{"version 2", func(c *ProviderConfig) { c.Version = 2 }, ErrInvalidVersion},
+		{"dimension tokens", func(c *ProviderConfig) { c.Dimension = "tokens" }, nil},
+		{"dimension requests", func(c *ProviderConfig) { c.Dimension = "requests" }, nil},
+		{"dimension upper", func(c *ProviderConfig) { c.Dimension = "Tokens" }, ErrInvalidDimension},
+		{"dimension leading digit", func(c *ProviderConfig) { c.Dimension = "9lives" }, ErrInvalidDimension},
+		{"dimension 33 chars", func(c *ProviderConfig) { c.Dimension = strings.Repeat("a", 33) }, ErrInvalidDimension},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -672,5 +677,29 @@ func TestAssembleSharesKeepsTheLargerOldGrantInBeforesLength(t *testing.T) {
 	})
 	if b := s.Before; b == nil || b.Window.D() != 2*time.Second || b.Granted["y"] != 20 {
 		t.Errorf("before %+v; want 2 s, y 20 (its 10 per 1 s)", s.Before)
+	}
+}
+
+// A limit of requests, the default, is stored without a dimension, so
+// that members from before dimensions read the config; another dimension
+// is stored, and read back.
+func TestProviderConfigDimension(t *testing.T) {
+	c := validConfig()
+	c.Dimension = "requests"
+	if c = c.WithDefaults(); c.Dimension != "" || c.DimensionOrDefault() != "requests" {
+		t.Errorf("requests: Dimension %q, DimensionOrDefault %q; want empty, requests", c.Dimension, c.DimensionOrDefault())
+	}
+	b, err := Encode(c)
+	if err != nil || strings.Contains(string(b), "dimension") {
+		t.Errorf("requests encoded as %s (%v); want no dimension field", b, err)
+	}
+	c.Dimension = "tokens"
+	b, err = Encode(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := DecodeProviderConfig(b)
+	if err != nil || back.Dimension != "tokens" {
+		t.Errorf("tokens read back as %+v (%v)", back, err)
 	}
 }

@@ -23,9 +23,11 @@
 //
 // Several limits — 100 requests per second and 200,000 tokens per minute,
 // say — are several providers, one per limit, each configured with configd
-// as any other. JoinGroup joins them together: each provider keeps one
-// limit of a limiter.Multi at this instance's share of it, and an
-// acquisition takes from every limit all-or-nothing:
+// as any other (configd set llm-api --limit 100/1s; configd set
+// llm-api-tokens --limit tokens=200000/1m). JoinGroup joins them together:
+// each provider keeps one limit of a limiter.Multi at this instance's
+// share of it, and an acquisition takes from every limit all-or-nothing
+// (a lane refuses a provider that counts another dimension than its own):
 //
 //	g, err := cluster.JoinGroup(ctx, cli, []cluster.Lane{
 //		{Provider: "llm-api"},

@@ -81,7 +81,10 @@ func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...
 	errs := make([]error, len(lanes))
 	var wg sync.WaitGroup
 	for i, ln := range lanes {
-		wg.Go(func() { g.members[i], errs[i] = startMember(ctx, cli, ln.Provider, keys, o, multi.Limiter(i), clk) })
+		dim := multi.Limits()[i].Dimension
+		wg.Go(func() {
+			g.members[i], errs[i] = startMember(ctx, cli, ln.Provider, keys, o, multi.Limiter(i), clk, dim)
+		})
 	}
 	wg.Wait() // the lanes wait for their first view, or the cold start, together
 	if err := errors.Join(errs...); err != nil {

@@ -37,7 +37,7 @@ func TestGroupSharesEveryLimit(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 20, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
-	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 200, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Dimension: "tokens", Limit: 200, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
 	a := joinGroup(t, cli, "a", twoLanes)
 	b := joinGroup(t, cli, "b", twoLanes)
 	for _, g := range []*Group{a, b} {
@@ -72,7 +72,7 @@ func TestGroupSharesEveryLimit(t *testing.T) {
 	}
 
 	// A retune of one provider moves that limit alone.
-	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 400, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Dimension: "tokens", Limit: 400, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
 	for _, g := range []*Group{a, b} {
 		enforcing(t, g.Members()[1], 200)
 		if q := g.Members()[0].Limiter().Stats().Quota; q != 10 {
@@ -94,7 +94,7 @@ func TestGroupAppliesTheClockToEveryLimit(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
-	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 1000, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Dimension: "tokens", Limit: 1000, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
 	g := joinGroup(t, cli, "a", twoLanes, WithClockMonitor(mon))
 	near := func(d, want time.Duration) bool { return d > want-time.Millisecond && d < want+time.Millisecond }
 	waitFor(t, "offset applied", func() bool {
@@ -143,11 +143,38 @@ func TestGroupClockFollowsAnyConfiguredLane(t *testing.T) {
 	ntpSrv, mon := startClockMonitor(t, 250*time.Millisecond)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
-	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 1000, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Dimension: "tokens", Limit: 1000, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
 	g := joinGroup(t, cli, "a", twoLanes, WithClockMonitor(mon))
 	near := func(d, want time.Duration) bool { return d > want-time.Millisecond && d < want+time.Millisecond }
 	waitFor(t, "the offset applied to the tokens lane", func() bool { return near(g.Multi().Limiter(1).ClockOffset(), 250*time.Millisecond) })
 	enforcing(t, g.Members()[1], 1000)
 	ntpSrv.SetOffset(400 * time.Millisecond)
 	waitFor(t, "the new offset applied", func() bool { return near(g.Multi().Limiter(1).ClockOffset(), 400*time.Millisecond) })
+}
+
+// TestGroupLaneRefusesAConfigOfAnotherDimension: a lane names what its
+// limit counts; a provider whose config counts something else is a
+// misconfiguration, listed in the Member's problems, and the lane stays on
+// its fallback (0: nothing admitted) rather than enforce the wrong limit.
+func TestGroupLaneRefusesAConfigOfAnotherDimension(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 20, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Limit: 200, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	g := joinGroup(t, cli, "a", twoLanes) // the tokens lane; api-tokens counts requests
+	enforcing(t, g.Members()[0], 20)
+	waitFor(t, "the tokens lane listing the config as a problem", func() bool {
+		for _, p := range g.Members()[1].Status().Problems {
+			if strings.Contains(p, "counts requests, and this instance's lane of it tokens") {
+				return true
+			}
+		}
+		return false
+	})
+	if st := g.Members()[1].Status(); st.Source != "fallback" || g.Multi().Limiter(1).Stats().Quota != 0 {
+		t.Errorf("tokens lane: source %s, quota %d; want the fallback, 0", st.Source, g.Multi().Limiter(1).Stats().Quota)
+	}
+	// Configured to count tokens, the lane follows it.
+	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Dimension: "tokens", Limit: 200, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	enforcing(t, g.Members()[1], 200)
 }

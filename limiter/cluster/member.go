@@ -47,6 +47,9 @@ type Member struct {
 	status Status
 
 	clk *clock // the Member's own, or its Group's
+	// dimension is what its limiter counts, for a Member of a Group: a
+	// config that counts something else is refused. "": not checked.
+	dimension string
 	// registered is the etcd revision at which this process first wrote
 	// its record (0: not yet); owned by the run goroutine. A shares record
 	// written before it gives this process nothing: what it names for this
@@ -123,7 +126,7 @@ func Join(ctx context.Context, cli *clientv3.Client, provider string, opts ...Op
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	return startMember(ctx, cli, provider, keys, o, lim, &clock{to: lim})
+	return startMember(ctx, cli, provider, keys, o, lim, &clock{to: lim}, "")
 }
 
 // joinOptions checks Join's arguments and returns the options, with the
@@ -160,23 +163,24 @@ func joinOptions(cli *clientv3.Client, providers []string, opts []Option) (optio
 }
 
 // startMember starts a Member that keeps lim at its share of provider,
-// with clk the clock lim reads.
-func startMember(ctx context.Context, cli *clientv3.Client, provider string, keys schema.Keys, o options, lim *limiter.Limiter, clk *clock) (*Member, error) {
+// with clk the clock lim reads and dimension what it counts ("": any).
+func startMember(ctx context.Context, cli *clientv3.Client, provider string, keys schema.Keys, o options, lim *limiter.Limiter, clk *clock, dimension string) (*Member, error) {
 	id := o.id
 	runCtx, cancel := context.WithCancel(context.Background())
 	m := &Member{
-		cli:      cli,
-		provider: provider,
-		id:       id,
-		keys:     keys,
-		cfg:      o,
-		lim:      lim,
-		clk:      clk,
-		log:      o.logger.With("provider", provider, "instance", id),
-		cancel:   cancel,
-		done:     make(chan struct{}),
-		ready:    make(chan struct{}),
-		status:   Status{Source: "fallback", Share: o.fallbackQuota, Window: o.fallbackWindow},
+		cli:       cli,
+		provider:  provider,
+		id:        id,
+		keys:      keys,
+		cfg:       o,
+		lim:       lim,
+		clk:       clk,
+		dimension: dimension,
+		log:       o.logger.With("provider", provider, "instance", id),
+		cancel:    cancel,
+		done:      make(chan struct{}),
+		ready:     make(chan struct{}),
+		status:    Status{Source: "fallback", Share: o.fallbackQuota, Window: o.fallbackWindow},
 	}
 	go m.run(runCtx)
 

@@ -628,6 +628,9 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		if err == nil && c.Name != m.provider {
 			err = fmt.Errorf("config names provider %q", c.Name)
 		}
+		if err == nil && m.dimension != "" && c.DimensionOrDefault() != m.dimension {
+			err = fmt.Errorf("its limit counts %s, and this instance's lane of it %s (cluster.Lane)", c.DimensionOrDefault(), m.dimension)
+		}
 		if err != nil {
 			bad(err)
 			return

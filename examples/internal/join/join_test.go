@@ -19,7 +19,7 @@ func TestOpenJoinsTwoProviders(t *testing.T) {
 	keys := schema.DefaultKeys()
 	for _, c := range []schema.ProviderConfig{
 		{Version: 1, Name: "llm", Limit: 10, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)},
-		{Version: 1, Name: "llm-tokens", Limit: 500, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)},
+		{Version: 1, Name: "llm-tokens", Dimension: "tokens", Limit: 500, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)},
 	} {
 		b, err := schema.Encode(c.WithDefaults())
 		if err != nil {
