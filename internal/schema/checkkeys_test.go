@@ -44,10 +44,7 @@ func tokenCheckKeys(dec *json.Decoder, t reflect.Type, where string) error {
 		}
 		key, _ := tok.(string)
 		if seen[key] {
-			return &ValidationError{Field: where, Err: &keyError{
-				msg: fmt.Sprintf("duplicate key %q (a key may appear only once in an object)", key),
-				err: ErrDuplicateKey,
-			}}
+			return duplicateKey(where, key)
 		}
 		seen[key] = true
 		if t.Kind() == reflect.Map {
@@ -58,13 +55,8 @@ func tokenCheckKeys(dec *json.Decoder, t reflect.Type, where string) error {
 		}
 		ft, ok := fields[key]
 		if !ok {
-			for name := range fields {
-				if strings.EqualFold(name, key) { // the folding encoding/json uses
-					return &ValidationError{Field: where, Err: &keyError{
-						msg: fmt.Sprintf("unknown field %q (field names are case-sensitive; did you mean %q?)", key, name),
-						err: ErrUnknownField,
-					}}
-				}
+			if err := foldedKey(where, key, fields); err != nil {
+				return err
 			}
 			// Decode rejected unknown fields already.
 			if err := tokenSkip(dec); err != nil {

@@ -110,10 +110,7 @@ func checkKeys(s *keyScan, t reflect.Type, where string) error {
 		}
 		s.i++
 		if seen[key] {
-			return &ValidationError{Field: where, Err: &keyError{
-				msg: fmt.Sprintf("duplicate key %q (a key may appear only once in an object)", key),
-				err: ErrDuplicateKey,
-			}}
+			return duplicateKey(where, key)
 		}
 		if seen == nil {
 			seen = map[string]bool{}
@@ -127,13 +124,8 @@ func checkKeys(s *keyScan, t reflect.Type, where string) error {
 		}
 		ft, ok := fields[key]
 		if !ok {
-			for name := range fields {
-				if strings.EqualFold(name, key) { // the folding encoding/json uses
-					return &ValidationError{Field: where, Err: &keyError{
-						msg: fmt.Sprintf("unknown field %q (field names are case-sensitive; did you mean %q?)", key, name),
-						err: ErrUnknownField,
-					}}
-				}
+			if err := foldedKey(where, key, fields); err != nil {
+				return err
 			}
 			// Decode rejected unknown fields already.
 			if err := s.skip(); err != nil {
@@ -145,6 +137,29 @@ func checkKeys(s *keyScan, t reflect.Type, where string) error {
 			return err
 		}
 	}
+}
+
+// duplicateKey is the error for key, met twice in one object at where.
+func duplicateKey(where, key string) error {
+	return &ValidationError{Field: where, Err: &keyError{
+		msg: fmt.Sprintf("duplicate key %q (a key may appear only once in an object)", key),
+		err: ErrDuplicateKey,
+	}}
+}
+
+// foldedKey returns the error for key, not a field of an object at where
+// but matching one when case is ignored (encoding/json would take it for
+// that field); nil when it matches none.
+func foldedKey(where, key string, fields map[string]reflect.Type) error {
+	for name := range fields {
+		if strings.EqualFold(name, key) { // the folding encoding/json uses
+			return &ValidationError{Field: where, Err: &keyError{
+				msg: fmt.Sprintf("unknown field %q (field names are case-sensitive; did you mean %q?)", key, name),
+				err: ErrUnknownField,
+			}}
+		}
+	}
+	return nil
 }
 
 var jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
