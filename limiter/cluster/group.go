@@ -79,11 +79,11 @@ func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...
 	g := &Group{multi: multi, members: make([]*Member, len(lanes))}
 	clk := &clock{to: multi} // one clock: every Member applies it to every limit
 	errs := make([]error, len(lanes))
+	named := multi.Limits() // each lane's dimension named (requests when empty)
 	var wg sync.WaitGroup
 	for i, ln := range lanes {
-		dim := multi.Limits()[i].Dimension
 		wg.Go(func() {
-			g.members[i], errs[i] = startMember(ctx, cli, ln.Provider, keys, o, multi.Limiter(i), clk, dim)
+			g.members[i], errs[i] = startMember(ctx, cli, ln.Provider, keys, o, multi.Limiter(i), clk, named[i].Dimension)
 		})
 	}
 	wg.Wait() // the lanes wait for their first view, or the cold start, together
