@@ -73,6 +73,7 @@ type Limiter struct {
 
 	base  time.Time // monotonic anchor of the system clock
 	clock Clock     // nil: the system clock through base
+	group *Multi    // the Multi this is a limit of, if any (see lockChange)
 
 	mu sync.Mutex // guards the fields below, and every change of the window
 	// in the state word

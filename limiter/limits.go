@@ -18,8 +18,8 @@ func (l *Limiter) Backoff(d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lockChange()
+	defer l.unlockChange()
 	now := l.now()
 	until := addClamped(now, d)
 	if until <= l.backoffUntil || l.closed {
@@ -88,8 +88,8 @@ func (l *Limiter) setLimit(q, window int64, at time.Time) (from int64, err error
 	if err := ValidateQuota(q); err != nil {
 		return 0, err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lockChange()
+	defer l.unlockChange()
 	if l.closed {
 		return 0, ErrClosed
 	}
@@ -165,8 +165,8 @@ func (l *Limiter) SetShadow(on bool) { l.shadow.Store(on) }
 // moves time backwards does not reopen a window already closed: the current
 // window lasts until its end on the new clock.
 func (l *Limiter) SetClockOffset(d time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lockChange()
+	defer l.unlockChange()
 	l.setClockOffsetLocked(d, time.Now())
 }
 
@@ -205,8 +205,8 @@ func (l *Limiter) setClockOffsetLocked(d time.Duration, anchor time.Time) {
 // just under half the window. 0 (the default) trusts the clock; a negative
 // u counts as 0. Waiters are placed again, in order, outside the band.
 func (l *Limiter) SetClockUncertainty(u time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lockChange()
+	defer l.unlockChange()
 	l.setClockUncertaintyLocked(u)
 }
 
@@ -265,8 +265,8 @@ func (l *Limiter) SetExpiry(t time.Time) {
 	if expires {
 		e = clampUnixNano(t)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lockChange()
+	defer l.unlockChange()
 	if expires == l.sched.expires && e == l.sched.expiry {
 		return
 	}
@@ -293,6 +293,26 @@ func (l *Limiter) Expiry() time.Time {
 	return time.Unix(0, l.sched.expiry)
 }
 
+// lockChange takes what a change of limits needs: l's mutex, or, for a
+// limit of a Multi, every limit's, in the Multi's order. A change moves
+// reservations not yet valid, and whether a part of a MultiReservation is
+// valid depends on the other parts (see Reservation.validLocked).
+func (l *Limiter) lockChange() {
+	if l.group != nil {
+		l.group.lock()
+		return
+	}
+	l.mu.Lock()
+}
+
+func (l *Limiter) unlockChange() {
+	if l.group != nil {
+		l.group.unlock()
+		return
+	}
+	l.mu.Unlock()
+}
+
 // maxOffset bounds a clock correction so that corrected time stays within
 // what int64 nanoseconds hold (years 1678 to 2262) for any clock of this
 // century: about 100 years either way.
@@ -312,8 +332,8 @@ func (l *Limiter) Now() time.Time { return time.Unix(0, l.now()) }
 // fail: TryAcquire reports false, Acquire and Reserve return ErrClosed.
 // Close is idempotent and always returns nil.
 func (l *Limiter) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lockChange()
+	defer l.unlockChange()
 	if l.closed {
 		return nil
 	}

@@ -109,6 +109,7 @@ func NewMulti(limits []Limit, opts ...Option) (*Multi, error) {
 				m.req = d
 			}
 		}
+		l.group = m
 		m.lims = append(m.lims, l)
 		m.limits = append(m.limits, lm)
 		m.dim = append(m.dim, d)

@@ -161,6 +161,40 @@ func TestMultiPartNotValidBeforeTheInstant(t *testing.T) {
 	})
 }
 
+// TestMultiPartLeftBehindIsNotValid: when one limit moves its part of a
+// reservation later, the other parts are not valid at the instant they
+// shared, even once it has come and before the Multi brings them together
+// again: a drop of their limit still moves or fails them. (The oracle
+// found a part placed alone when its limit's quota came, kept through a
+// drop as if valid, and granted at the Multi's instant into a window
+// over the dropped quota.)
+func TestMultiPartLeftBehindIsNotValid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		time.Sleep(time.Until(WindowStart(time.Now(), 100*ms).Add(100 * ms)))
+		m := mustMulti(t, Limit{Quota: 1, Window: 10 * ms}, Limit{Dimension: "tokens", Quota: 10, Window: 100 * ms})
+		m.TryAcquire() // the requests window [0, 10ms) is full
+		r, err := m.Reserve(50*ms, Cost("tokens", 5))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := r.Delay(); d != 10*ms {
+			t.Fatalf("ready in %v, want 10ms, the next requests window", d)
+		}
+		m.Limiter(0).Backoff(15 * ms) // the requests part moves to 15ms; the tokens part stays at 10ms
+		time.Sleep(12 * ms)
+		if err := m.SetQuota(1, 4, time.Time{}); err != nil { // below the 5 tokens the part holds
+			t.Fatal(err)
+		}
+		if err := r.Err(); !errors.Is(err, ErrTimeout) {
+			t.Fatalf("Err() = %v after the tokens quota dropped to 4 before the reservation was valid, want ErrTimeout", err)
+		}
+		if st := m.Stats()[1]; st.Remaining != 4 {
+			t.Errorf("tokens remaining %d, want 4: the failed part gives its 5 back", st.Remaining)
+		}
+	})
+}
+
 // TestMultiDeadlineFollowsTheClock: a wait's deadline is an instant of
 // real time, so a clock correction does not stretch or cut it. (The oracle
 // found a wait for quota ending after its maxWait, the deadline left on

@@ -75,7 +75,7 @@ func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.D
 	for i, l := range m.lims {
 		if ns[i] > 0 {
 			r.rs[i] = l.newReservation(ns[i], now, deadline, holder)
-			r.rs[i].wake, r.rs[i].part = r.wake, true
+			r.rs[i].wake, r.rs[i].multi = r.wake, r
 		}
 	}
 	k, err := m.placeAllLocked(r, now, math.MinInt64)

@@ -289,7 +289,7 @@ func (l *Limiter) unplaceLocked(now int64) []*Reservation {
 		for r := range bw.res {
 			switch {
 			case r.state != resPending:
-			case r.due > now:
+			case !r.validLocked(now):
 				rs = append(rs, r)
 			default:
 				// Valid already: it stays so whatever changes now (its
@@ -309,6 +309,33 @@ func (l *Limiter) unplaceLocked(now int64) []*Reservation {
 	return rs
 }
 
+// validLocked reports whether r's permits are valid at now. A part of a
+// MultiReservation is valid only with the whole: every part placed at the
+// instant the Multi agreed on, and that instant come. A part can be due
+// alone, placed by its limit when the quota it waited for came, or left
+// behind when another limit moved its part, until the Multi brings them
+// together again; a change of its limit meanwhile must move it like any
+// reservation not yet valid, or it would keep permits its limit no longer
+// has. The caller holds every lock of r's Multi (lockChange).
+func (r *Reservation) validLocked(now int64) bool {
+	if r.due > now {
+		return false
+	}
+	mr := r.multi
+	if mr == nil {
+		return true
+	}
+	if mr.state != resPending || mr.due != r.due {
+		return false
+	}
+	for i, p := range mr.rs {
+		if p != nil && (!mr.placed[i] || p.state == resFailed || p.due != mr.due) {
+			return false
+		}
+	}
+	return true
+}
+
 // replaceLocked places the reservations unplaceLocked returned again, in
 // order, under the new limits. shift is how far the limiter's time moved
 // (a new clock offset): deadlines, which stand for real time, move with it,
@@ -323,7 +350,7 @@ func (l *Limiter) replaceLocked(rs []*Reservation, now, shift int64) {
 	for _, r := range rs {
 		r.deadline = addClamped(r.deadline, time.Duration(shift))
 		minDue := int64(math.MinInt64)
-		if (r.holder || r.part) && r.due != math.MaxInt64 {
+		if (r.holder || r.multi != nil) && r.due != math.MaxInt64 {
 			minDue = addClamped(r.due, time.Duration(shift))
 		}
 		_, err := l.placeLocked(r.n, now, r.deadline, minDue, r)

@@ -47,10 +47,11 @@ type Reservation struct {
 	err      error
 	counted  bool // in Stats.Delayed already
 	holder   bool // made by Reserve: its holder uses it at ReadyAt, so it never moves earlier
-	// A part of a MultiReservation: valid only when every part is, at the
-	// instant they share, so it never moves earlier either; the Multi
-	// moves all its parts together.
-	part   bool
+	// The MultiReservation r is a part of, or nil: a part is valid only
+	// when every part is, at the instant they share (see validLocked), so
+	// it never moves earlier either; the Multi moves all its parts
+	// together.
+	multi  *MultiReservation
 	shadow int // admitted by shadow mode beyond the quota: what it was counted as (shadowDelayed, shadowRejected)
 
 	wake chan struct{} // poked when due or state change; nil for done ones
