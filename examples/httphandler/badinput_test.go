@@ -98,6 +98,8 @@ func TestBadFlagCombinations(t *testing.T) {
 	}{
 		{[]string{"-tokens-limit", "100", "-etcd-endpoints", "http://127.0.0.1:2379"}, "-tokens-limit is a local limit"},
 		{[]string{"-tokens-provider", "llm-tokens"}, "-tokens-provider needs -etcd-endpoints"},
+		{[]string{"-tokens-fallback", "500", "-etcd-endpoints", "http://127.0.0.1:2379"}, "-tokens-fallback is the fallback of -tokens-provider's share"},
+		{[]string{"-tokens-fallback", "-1", "-tokens-provider", "llm-tokens", "-etcd-endpoints", "http://127.0.0.1:2379"}, "-tokens-fallback -1: must be ≥ 0"},
 		{[]string{"-transit", "-1ms"}, "-transit -1ms: must be ≥ 0"},
 		{[]string{"-transit", "5ms", "-etcd-endpoints", "http://127.0.0.1:2379", "-ntp-servers", "127.0.0.1:123"}, "not given with -ntp-servers"},
 	} {

@@ -114,6 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.join.TokensProvider, "tokens-provider", "", "with -etcd-endpoints: a second provider, whose limit counts tokens; both shares are enforced together (cluster.JoinGroup)")
 	fs.StringVar(&c.join.ID, "instance-id", "", "instance id (default: chosen by cluster.Join)")
 	fs.Int64Var(&c.join.Fallback, "fallback", 0, "quota per window before a share is known when etcd is unreachable (0: fail-closed)")
+	fs.Int64Var(&c.join.TokensFallback, "tokens-fallback", 0, "with -tokens-provider: tokens per window before its share is known when etcd is unreachable (0: fail-closed)")
 	fs.StringVar(&ntp, "ntp-servers", "", "comma-separated NTP servers (host or host:port) to measure the clock with (with -etcd-endpoints)")
 	fs.DurationVar(&c.join.NTPInterval, "ntp-interval", 64*time.Second, "time between NTP measurements")
 	fs.DurationVar(&c.join.ClockSkew, "clock-skew", 0, "inject a clock error: the limiter's clock is the system clock plus this (demos)")
@@ -131,8 +132,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("-call-time %v: must be ≥ 0 and less than -budget", c.callTime)
 	case c.downstreamLimit <= 0:
 		return c, fmt.Errorf("-downstream-limit %d: must be > 0", c.downstreamLimit)
-	case c.tokensLimit < 0 || c.downstreamTokens < 0 || c.tokens < 0:
-		return c, fmt.Errorf("-tokens-limit %d, -downstream-tokens-limit %d, -tokens %d: must be ≥ 0", c.tokensLimit, c.downstreamTokens, c.tokens)
+	case c.tokensLimit < 0 || c.downstreamTokens < 0 || c.tokens < 0 || c.join.TokensFallback < 0:
+		return c, fmt.Errorf("-tokens-limit %d, -downstream-tokens-limit %d, -tokens %d, -tokens-fallback %d: must be ≥ 0", c.tokensLimit, c.downstreamTokens, c.tokens, c.join.TokensFallback)
+	case c.join.TokensFallback > 0 && c.join.TokensProvider == "":
+		return c, errors.New("-tokens-fallback is the fallback of -tokens-provider's share; without it, a local tokens limit is -tokens-limit")
 	case c.tokensLimit > 0 && len(c.join.Endpoints) > 0:
 		return c, errors.New("-tokens-limit is a local limit: with -etcd-endpoints, the tokens limit is a provider's, named with -tokens-provider")
 	case c.join.TokensProvider != "" && len(c.join.Endpoints) == 0:

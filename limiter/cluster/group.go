@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -18,6 +19,17 @@ import (
 type Lane struct {
 	Provider  string
 	Dimension string
+	// Fallback, when set, is this lane's quota and window until its
+	// provider's config is read, in place of WithFallback's, which every
+	// lane without one takes: a fallback of 100 requests per second says
+	// nothing of how many tokens to admit meanwhile.
+	Fallback *Fallback
+}
+
+// Fallback is a lane's own fallback quota and window (see WithFallback).
+type Fallback struct {
+	Quota  int64
+	Window time.Duration
 }
 
 // Group is one instance's membership of several providers, each keeping
@@ -36,8 +48,9 @@ type Lane struct {
 // provider is configured keeps it current — and every Member cuts its
 // share by the same band. Each lane's mode comes from its provider: a
 // lane in shadow mode admits past its share only where every lane an
-// acquisition takes from is in shadow (see limiter.Multi). WithFallback
-// gives every lane the same fallback quota, whatever it counts.
+// acquisition takes from is in shadow (see limiter.Multi). A lane's
+// Fallback, or else WithFallback, is its quota until its provider's config
+// is read.
 //
 // A Group is safe for concurrent use; Close stops every Member.
 type Group struct {
@@ -48,8 +61,8 @@ type Group struct {
 // JoinGroup registers this instance under every lane's provider and
 // returns a running Group, as Join does for one: it waits for the first
 // view of each provider until ctx ends or the cold start timeout passes,
-// and each limit starts on the fallback quota (WithFallback) until its
-// provider's config is read. lanes holds 1 to limiter.MaxLimits providers,
+// and each limit starts on its fallback quota (Lane.Fallback, or
+// WithFallback) until its provider's config is read. lanes holds 1 to limiter.MaxLimits providers,
 // each named once; opts apply to every Member.
 func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...Option) (*Group, error) {
 	if len(lanes) < 1 || len(lanes) > limiter.MaxLimits {
@@ -68,9 +81,17 @@ func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...
 	if err != nil {
 		return nil, err
 	}
+	laneOpts := make([]options, len(lanes))
 	limits := make([]limiter.Limit, len(lanes))
 	for i, ln := range lanes {
-		limits[i] = limiter.Limit{Dimension: ln.Dimension, Quota: o.fallbackQuota, Window: o.fallbackWindow}
+		laneOpts[i] = o
+		if f := ln.Fallback; f != nil {
+			laneOpts[i].fallbackQuota, laneOpts[i].fallbackWindow = f.Quota, f.Window
+			if err := laneOpts[i].validateFallback(); err != nil {
+				return nil, fmt.Errorf("cluster: lane %q: %w", ln.Provider, err)
+			}
+		}
+		limits[i] = limiter.Limit{Dimension: ln.Dimension, Quota: laneOpts[i].fallbackQuota, Window: laneOpts[i].fallbackWindow}
 	}
 	multi, err := limiter.NewMulti(limits, o.limiterOpts...)
 	if err != nil {
@@ -83,7 +104,7 @@ func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...
 	var wg sync.WaitGroup
 	for i, ln := range lanes {
 		wg.Go(func() {
-			g.members[i], errs[i] = startMember(ctx, cli, ln.Provider, keys, o, multi.Limiter(i), clk, named[i].Dimension)
+			g.members[i], errs[i] = startMember(ctx, cli, ln.Provider, keys, laneOpts[i], multi.Limiter(i), clk, named[i].Dimension)
 		})
 	}
 	wg.Wait() // the lanes wait for their first view, or the cold start, together

@@ -120,6 +120,8 @@ func TestJoinGroupBadInput(t *testing.T) {
 		{[]Lane{{Provider: "api"}, {Provider: "api", Dimension: "tokens"}}, `"api" is in two lanes`},
 		{[]Lane{{Provider: "Api"}}, "name must match"},
 		{[]Lane{{Provider: "api", Dimension: "Tokens"}}, `got "Tokens"`},
+		{[]Lane{{Provider: "api"}, {Provider: "api-tokens", Fallback: &Fallback{Quota: -1, Window: time.Second}}}, `lane "api-tokens": fallback quota`},
+		{[]Lane{{Provider: "api", Fallback: &Fallback{Quota: 5, Window: 7 * time.Second}}}, `lane "api": fallback window`},
 	} {
 		g, err := JoinGroup(context.Background(), cli, tc.lanes, WithID("a"))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -131,6 +133,28 @@ func TestJoinGroupBadInput(t *testing.T) {
 	}
 	if _, err := JoinGroup(context.Background(), nil, twoLanes); err == nil {
 		t.Error("JoinGroup with a nil client: no error")
+	}
+}
+
+// TestGroupLaneFallback: before its provider is configured, each lane
+// keeps its own fallback, and a lane without one the Group's
+// (WithFallback); a config read replaces only its lane's.
+func TestGroupLaneFallback(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	lanes := []Lane{{Provider: "api"}, {Provider: "api-tokens", Dimension: "tokens", Fallback: &Fallback{Quota: 3000, Window: time.Minute}}}
+	g := joinGroup(t, cli, "a", lanes, WithFallback(10, time.Second))
+	lims := g.Multi().Limits()
+	if lims[0].Quota != 10 || lims[0].Window != time.Second || lims[1].Quota != 3000 || lims[1].Window != time.Minute {
+		t.Fatalf("limits %v before any config, want requests 10/1s (WithFallback) and tokens 3000/1m (the lane's)", lims)
+	}
+	if st := g.Multi().Stats(); st[0].Remaining != 10 || st[1].Remaining != 3000 {
+		t.Fatalf("remaining %d requests and %d tokens, want 10 and 3000", st[0].Remaining, st[1].Remaining)
+	}
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 20, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
+	enforcing(t, g.Members()[0], 20)
+	if st := g.Multi().Stats(); st[1].Remaining != 3000 {
+		t.Errorf("tokens remaining %d after the requests provider's config, want its fallback 3000 still", st[1].Remaining)
 	}
 }
 

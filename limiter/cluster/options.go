@@ -68,11 +68,20 @@ func (o options) validate() error {
 	case o.opTimeout <= 0:
 		return fmt.Errorf("cluster: etcd operation timeout must be positive, got %v", o.opTimeout)
 	}
+	if err := o.validateFallback(); err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	return nil
+}
+
+// validateFallback checks the fallback quota and window (WithFallback,
+// Lane.Fallback).
+func (o *options) validateFallback() error {
 	if err := limiter.ValidateQuota(o.fallbackQuota); err != nil {
-		return fmt.Errorf("cluster: fallback quota: %w", err)
+		return fmt.Errorf("fallback quota: %w", err)
 	}
 	if err := limiter.ValidateWindow(o.fallbackWindow); err != nil {
-		return fmt.Errorf("cluster: fallback window: %w", err)
+		return fmt.Errorf("fallback window: %w", err)
 	}
 	return nil
 }

@@ -41,6 +41,9 @@ type Config struct {
 	Limit          int64  // local quota (no Endpoints)
 	Window         time.Duration
 	Fallback       int64 // quota before a share is known (cold start without etcd)
+	// TokensFallback is the tokens lane's (with TokensProvider): a
+	// fallback of requests says nothing of tokens.
+	TokensFallback int64
 	LeaseTTL       time.Duration
 
 	// NTPServers, when given, make the member measure its clock
@@ -143,7 +146,8 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 	}
 	j := &Joined{Registry: reg, provider: cfg.Provider, cli: cli}
 	if cfg.TokensProvider != "" {
-		j.Group, err = cluster.JoinGroup(ctx, cli, []cluster.Lane{{Provider: cfg.Provider}, {Provider: cfg.TokensProvider, Dimension: "tokens"}}, opts...)
+		j.Group, err = cluster.JoinGroup(ctx, cli, []cluster.Lane{{Provider: cfg.Provider}, {Provider: cfg.TokensProvider, Dimension: "tokens",
+			Fallback: &cluster.Fallback{Quota: cfg.TokensFallback, Window: cfg.Window}}}, opts...)
 		if err != nil {
 			cli.Close()
 			return nil, err

@@ -70,3 +70,19 @@ func TestOpenJoinsTwoProviders(t *testing.T) {
 		t.Errorf("metrics for providers %v, want llm and llm-tokens", providers)
 	}
 }
+
+// TestOpenGivesTheTokensLaneItsFallback: before the providers are
+// configured, the requests limit keeps Fallback and the tokens limit
+// TokensFallback, not the requests' count taken as tokens.
+func TestOpenGivesTheTokensLaneItsFallback(t *testing.T) {
+	srv := etcdtest.Start(t)
+	j, err := Open(context.Background(), Config{Endpoints: srv.Endpoints(), Provider: "llm", TokensProvider: "llm-tokens",
+		ID: "a", Window: time.Second, LeaseTTL: time.Second, Fallback: 5, TokensFallback: 700})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if st := j.Multi.Stats(); st[0].Quota != 5 || st[1].Quota != 700 {
+		t.Errorf("quotas %d requests and %d tokens before any config, want the fallbacks 5 and 700", st[0].Quota, st[1].Quota)
+	}
+}
