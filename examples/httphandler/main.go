@@ -56,7 +56,6 @@ import (
 
 	"github.com/sluice-go/sluice/examples/internal/join"
 	"github.com/sluice-go/sluice/internal/stub"
-	"github.com/sluice-go/sluice/limiter"
 )
 
 type config struct {
@@ -64,7 +63,6 @@ type config struct {
 	downstream       string
 	downstreamLimit  int64
 	downstreamTokens int64
-	tokensLimit      int64
 	tokens           int64
 	budget           time.Duration
 	callTime         time.Duration
@@ -103,7 +101,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.transit, "transit", 0, "the most a call takes to reach the provider, which counts it when it arrives: no permit is granted within it of a window boundary (the limiter's guard band), so none arrives in the next window; not with -ntp-servers, whose measurement sets the band")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long; 0: until signalled")
 	fs.Int64Var(&c.join.Limit, "limit", 100, "the local limiter's quota per window (without -etcd-endpoints)")
-	fs.Int64Var(&c.tokensLimit, "tokens-limit", 0, "a second limit: tokens per window (-window), enforced with the requests limit; 0: none")
+	fs.Int64Var(&c.join.TokensLimit, "tokens-limit", 0, "a second limit: tokens per window (-window), enforced with the requests limit; 0: none")
 	fs.Int64Var(&c.tokens, "tokens", 100, "estimated tokens of a request that does not send "+TokensHeader+" (with -tokens-limit or -tokens-provider)")
 	fs.Int64Var(&c.downstreamTokens, "downstream-tokens-limit", 0, "the in-process stub's tokens limit per window; 0: it does not limit tokens")
 	fs.DurationVar(&c.join.Window, "window", time.Second, "the local limiter's window, and the fallback's")
@@ -132,11 +130,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("-call-time %v: must be ≥ 0 and less than -budget", c.callTime)
 	case c.downstreamLimit <= 0:
 		return c, fmt.Errorf("-downstream-limit %d: must be > 0", c.downstreamLimit)
-	case c.tokensLimit < 0 || c.downstreamTokens < 0 || c.tokens < 0 || c.join.TokensFallback < 0:
-		return c, fmt.Errorf("-tokens-limit %d, -downstream-tokens-limit %d, -tokens %d, -tokens-fallback %d: must be ≥ 0", c.tokensLimit, c.downstreamTokens, c.tokens, c.join.TokensFallback)
+	case c.join.TokensLimit < 0 || c.downstreamTokens < 0 || c.tokens < 0 || c.join.TokensFallback < 0:
+		return c, fmt.Errorf("-tokens-limit %d, -downstream-tokens-limit %d, -tokens %d, -tokens-fallback %d: must be ≥ 0", c.join.TokensLimit, c.downstreamTokens, c.tokens, c.join.TokensFallback)
 	case c.join.TokensFallback > 0 && c.join.TokensProvider == "":
 		return c, errors.New("-tokens-fallback is the fallback of -tokens-provider's share; without it, a local tokens limit is -tokens-limit")
-	case c.tokensLimit > 0 && len(c.join.Endpoints) > 0:
+	case c.join.TokensLimit > 0 && len(c.join.Endpoints) > 0:
 		return c, errors.New("-tokens-limit is a local limit: with -etcd-endpoints, the tokens limit is a provider's, named with -tokens-provider")
 	case c.join.TokensProvider != "" && len(c.join.Endpoints) == 0:
 		return c, errors.New("-tokens-provider needs -etcd-endpoints (a local tokens limit is -tokens-limit)")
@@ -237,23 +235,12 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	return err
 }
 
-// openLimits sets h's limits: a requests and a tokens limit, local, with
-// -tokens-limit; else what cfg.join selects: one limit (local, or a share
-// of a provider's), or with -tokens-provider a share of each of two
-// providers'. It returns the registry of the limits' metrics, a
-// start-up line saying where they come from, and how to close them.
+// openLimits sets h's limits, what cfg.join selects: one limit (local, or
+// a share of a provider's), or a requests and a tokens limit (local with
+// -tokens-limit, or with -tokens-provider a share of each of two
+// providers'). It returns the registry of the limits' metrics, a start-up
+// line saying where they come from, and how to close them.
 func (h *handler) openLimits(ctx context.Context, cfg config) (reg *prometheus.Registry, describe string, closeFn func() error, err error) {
-	if cfg.tokensLimit > 0 {
-		m, err := limiter.NewMulti([]limiter.Limit{
-			{Quota: cfg.join.Limit, Window: cfg.join.Window},
-			{Dimension: tokens, Quota: cfg.tokensLimit, Window: cfg.join.Window},
-		})
-		if err != nil {
-			return nil, "", nil, err
-		}
-		h.multi = m
-		return prometheus.NewRegistry(), fmt.Sprintf("limits: %v (local, all or nothing)", m.Limits()), m.Close, nil
-	}
 	j, err := join.Open(ctx, cfg.join)
 	if err != nil {
 		return nil, "", nil, err

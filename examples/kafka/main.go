@@ -17,6 +17,15 @@
 //	    -etcd-endpoints http://127.0.0.1:2379 -provider orders-api \
 //	    -metrics-listen :9090 -ntp-servers pool.ntp.org
 //
+// With -tokens-limit it enforces a second limit, on tokens, as for a model
+// API: each message takes its estimated tokens (consumer.WithCost), the
+// stub answers with what the call used (50-100% of the estimate), and the
+// handler settles that (consumer.Settle), giving back what was charged too
+// much. With etcd, -tokens-provider joins a second provider whose limit
+// counts tokens, and both shares are enforced together:
+//
+//	go run ./examples/kafka -limit 500 -tokens-limit 30000
+//
 // With -topic set, nothing is produced unless -messages is given, and it runs
 // until signalled unless -duration is given. The first signal stops it
 // gracefully (in-flight messages finish and are committed), a second one
@@ -83,8 +92,12 @@ type config struct {
 	provider      string
 	instanceID    string
 	fallback      int64
-	ntpServers    []string
-	metricsListen string
+
+	tokensLimit    int64  // the stub's tokens per window, and the local tokens limit; 0: none
+	tokensProvider string // with etcd: the provider of the tokens limit
+	tokensFallback int64
+	ntpServers     []string
+	metricsListen  string
 }
 
 // defaultInstanceID is $POD_NAME (set from the downward API in Kubernetes),
@@ -124,6 +137,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.provider, "provider", "kafka-demo", "provider name: the metrics' provider label, and what to join with -etcd-endpoints")
 	fs.StringVar(&c.instanceID, "instance-id", defaultInstanceID(), "this instance's id ($POD_NAME, else the host name)")
 	fs.Int64Var(&c.fallback, "fallback", 0, "quota per window when etcd is unreachable at a cold start (0: admit nothing until a share is known)")
+	fs.Int64Var(&c.tokensLimit, "tokens-limit", 0, "the provider stub's tokens limit per window; also a local tokens limit without -etcd-endpoints; 0: tokens are not limited")
+	fs.StringVar(&c.tokensProvider, "tokens-provider", "", "with -etcd-endpoints: a second provider, whose limit counts tokens; both shares are enforced together (cluster.JoinGroup)")
+	fs.Int64Var(&c.tokensFallback, "tokens-fallback", 0, "with -tokens-provider: tokens per window when etcd is unreachable at a cold start (0: admit nothing until a share is known)")
 	fs.StringVar(&ntpServers, "ntp-servers", "", "comma-separated NTP servers to measure the clock offset with (with -etcd-endpoints); empty trusts the clock")
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address (e.g. :9090); empty: none")
 	if err := fs.Parse(args); err != nil {
@@ -163,6 +179,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("-topic needs -brokers")
 	case c.fallback < 0:
 		return c, fmt.Errorf("-fallback %d: must be ≥ 0", c.fallback)
+	case c.tokensLimit < 0 || c.tokensFallback < 0:
+		return c, fmt.Errorf("-tokens-limit %d, -tokens-fallback %d: must be ≥ 0", c.tokensLimit, c.tokensFallback)
+	case c.tokensProvider != "" && len(c.etcdEndpoints) == 0:
+		return c, fmt.Errorf("-tokens-provider needs -etcd-endpoints (a local tokens limit is -tokens-limit)")
+	case c.tokensFallback > 0 && c.tokensProvider == "":
+		return c, fmt.Errorf("-tokens-fallback is the fallback of -tokens-provider's share")
 	case (c.etcdCert == "") != (c.etcdKey == ""):
 		return c, fmt.Errorf("-etcd-cert and -etcd-key go together")
 	case (c.etcdUser == "") != (c.etcdPassFile == ""):

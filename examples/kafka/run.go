@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"math"
@@ -17,16 +18,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"go.etcd.io/etcd/client/pkg/v3/transport"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/examples/internal/join"
 	"github.com/sluice-go/sluice/limiter"
-	"github.com/sluice-go/sluice/limiter/cluster"
-	"github.com/sluice-go/sluice/limiter/metrics"
-	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 // run consumes until the demo backlog is handled, cfg.duration passes, or
@@ -75,39 +70,54 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "produced %d messages to %s\n", cfg.messages, topic)
 	}
 
-	lim, closeLim, info, err := newLimiter(ctx, cfg, log)
+	j, err := openLimits(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer closeLim()
-	labels := prometheus.Labels{"provider": cfg.provider, "instance": cfg.instanceID}
-	reg := prometheus.NewRegistry()
-	if err := metrics.Register(reg, lim, labels); err != nil {
-		return err
-	}
-	if info.member != nil {
-		if err := reg.Register(cluster.NewCollector(info.member, labels)); err != nil {
-			return err
+	defer func() {
+		if err := j.Close(); err != nil {
+			log.Warn("leaving the provider", "error", err)
 		}
-	}
+	}()
+	lim, reg := j.Limiter, j.Registry
 
-	prov := &provider{limit: cfg.limit, window: cfg.window}
+	prov := &provider{limit: cfg.limit, tokensLimit: cfg.tokensLimit, window: cfg.window}
 	var handled atomic.Int64
 	all := make(chan struct{})
 	demo := cfg.topic == ""
+	var climit consumer.Limiter = lim
+	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg)}
+	if j.Multi != nil {
+		climit = j.Multi
+		opts = append(opts, consumer.WithCost(func(m kafka.Message) []limiter.Amount {
+			return []limiter.Amount{limiter.Cost("tokens", tokensOf(m))}
+		}))
+	}
 	c, err := consumer.New(consumer.Config{
 		Brokers: brokers, Topic: topic, GroupID: group,
 		Workers: cfg.workers, MaxInFlight: 4 * cfg.workers, Ordering: consumer.OrderKey,
 		DrainTimeout: 5 * time.Second,
-	}, lim, func(ctx context.Context, m kafka.Message) error {
-		if err := prov.call(); err != nil {
+	}, climit, func(ctx context.Context, m kafka.Message) error {
+		var estimate int64
+		if j.Multi != nil {
+			estimate = tokensOf(m)
+		}
+		used, err := prov.call(estimate, m.Value)
+		if j.Multi != nil {
+			// What the call used goes back to the tokens limit: a refused
+			// call used none.
+			if err := consumer.Settle(ctx, limiter.Cost("tokens", used)); err != nil {
+				return err
+			}
+		}
+		if err != nil {
 			return err
 		}
 		if handled.Add(1) == int64(cfg.messages) && demo {
 			close(all)
 		}
 		return nil
-	}, consumer.WithLogger(log), consumer.WithRegisterer(reg))
+	}, opts...)
 	if err != nil {
 		return err
 	}
@@ -128,7 +138,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	// partial: rates are measured from its start.
 	start := time.Now().Truncate(cfg.window)
 	go func() { errc <- c.Run(runCtx) }()
-	fmt.Fprintf(stdout, "consuming %s (group %s) as %s; %s\n", topic, group, cfg.instanceID, info.what)
+	fmt.Fprintf(stdout, "consuming %s (group %s) as %s; %s\n", topic, group, cfg.instanceID, j.Describe())
 
 	every := 500 * time.Millisecond
 	if !demo {
@@ -150,6 +160,11 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%s %6.1fs  handled %d%s  %.0f/s over %.0f window(s)  quota %d per %v  busiest window %d (stub limit %d)  throttled %d  provider refusals %d  in flight %d\n",
 			prefix, el.Seconds(), n, of, float64(n)/(windows*cfg.window.Seconds()), windows, lim.Stats().Quota, cfg.window,
 			prov.busiest.Load(), cfg.limit, st.Throttled, prov.refused.Load(), st.InFlight)
+		if j.Multi != nil {
+			ts := j.Multi.Stats()[1]
+			fmt.Fprintf(stdout, "%s tokens: quota %d per %v  busiest window %d (stub limit %s)  %d given back by settling  provider refusals %d\n",
+				prefix, ts.Quota, ts.Window, prov.busiestTokens.Load(), stubLimit(cfg.tokensLimit), -ts.Settled, prov.refusedTokens.Load())
+		}
 	}
 	end := time.Time{}
 loop:
@@ -173,9 +188,16 @@ loop:
 		end = time.Now()
 	}
 	report("done", end)
+	refused := false
 	if n := prov.refused.Load(); n > 0 {
-		fmt.Fprintln(stdout, refusalVerdict(n, cfg.limit, lim.Stats().Quota, len(cfg.etcdEndpoints) > 0))
-	} else {
+		refused = true
+		fmt.Fprintln(stdout, refusalVerdict(n, "calls", "-limit", cfg.limit, lim.Stats().Quota, len(cfg.etcdEndpoints) > 0))
+	}
+	if n := prov.refusedTokens.Load(); n > 0 {
+		refused = true
+		fmt.Fprintln(stdout, refusalVerdict(n, "tokens", "-tokens-limit", cfg.tokensLimit, j.Multi.Stats()[1].Quota, len(cfg.etcdEndpoints) > 0))
+	}
+	if !refused {
 		fmt.Fprintln(stdout, "the provider stub never saw more than its limit in any window")
 	}
 	if demo && runErr == nil && handled.Load() < int64(cfg.messages) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -184,77 +206,27 @@ loop:
 	return runErr
 }
 
-// limiterInfo says where the limiter's quota comes from.
-type limiterInfo struct {
-	member *cluster.Member // nil for a local limiter
-	what   string
+// openLimits returns the limits cfg selects (package join): a local
+// limiter of cfg.limit per window, or with etcd the share of cfg.provider;
+// with tokens, a Multi of requests and tokens, local or a share of each
+// of two providers.
+func openLimits(ctx context.Context, cfg config, log *slog.Logger) (*join.Joined, error) {
+	jc := join.Config{
+		Endpoints: cfg.etcdEndpoints, Username: cfg.etcdUser, PasswordFile: cfg.etcdPassFile,
+		CAFile: cfg.etcdCA, CertFile: cfg.etcdCert, KeyFile: cfg.etcdKey, Prefix: cfg.etcdPrefix,
+		Provider: cfg.provider, TokensProvider: cfg.tokensProvider, ID: cfg.instanceID,
+		Limit: cfg.limit, Window: cfg.window, Fallback: cfg.fallback, TokensFallback: cfg.tokensFallback,
+		NTPServers: cfg.ntpServers, Logger: log,
+	}
+	if len(cfg.etcdEndpoints) == 0 {
+		jc.TokensLimit = cfg.tokensLimit
+	}
+	return join.Open(ctx, jc)
 }
 
-// newLimiter returns a local limiter of cfg.limit per window, or, with
-// etcd endpoints, the limiter of a Member that joined cfg.provider.
-func newLimiter(ctx context.Context, cfg config, log *slog.Logger) (*limiter.Limiter, func(), limiterInfo, error) {
-	if len(cfg.etcdEndpoints) == 0 {
-		lim, err := limiter.New(cfg.limit, cfg.window)
-		if err != nil {
-			return nil, nil, limiterInfo{}, err
-		}
-		return lim, func() { lim.Close() }, limiterInfo{what: fmt.Sprintf("local limiter: %d per %v", cfg.limit, cfg.window)}, nil
-	}
-	pw, err := join.Password(cfg.etcdPassFile)
-	if err != nil {
-		return nil, nil, limiterInfo{}, err
-	}
-	ecfg := clientv3.Config{Endpoints: cfg.etcdEndpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: cluster.DialOptions(), Username: cfg.etcdUser, Password: pw}
-	if cfg.etcdCA != "" || cfg.etcdCert != "" {
-		info := transport.TLSInfo{CertFile: cfg.etcdCert, KeyFile: cfg.etcdKey, TrustedCAFile: cfg.etcdCA}
-		tlsCfg, err := info.ClientConfig()
-		if err != nil {
-			return nil, nil, limiterInfo{}, fmt.Errorf("etcd TLS: %w", err)
-		}
-		ecfg.TLS = tlsCfg
-	}
-	cli, err := clientv3.New(ecfg)
-	if err != nil {
-		return nil, nil, limiterInfo{}, fmt.Errorf("etcd: %w", err)
-	}
-	opts := []cluster.Option{
-		cluster.WithID(cfg.instanceID),
-		cluster.WithLogger(log),
-		cluster.WithFallback(cfg.fallback, cfg.window),
-	}
-	if cfg.etcdPrefix != "" {
-		opts = append(opts, cluster.WithPrefix(cfg.etcdPrefix))
-	}
-	if len(cfg.ntpServers) > 0 {
-		mon, err := skew.New(skew.WithServers(cfg.ntpServers...), skew.WithLogger(log))
-		if err != nil {
-			cli.Close()
-			return nil, nil, limiterInfo{}, err
-		}
-		opts = append(opts, cluster.WithClockMonitor(mon))
-	}
-	m, err := cluster.Join(ctx, cli, cfg.provider, opts...)
-	if err != nil {
-		cli.Close()
-		return nil, nil, limiterInfo{}, err
-	}
-	closeFn := func() {
-		if err := m.Close(); err != nil {
-			log.Warn("leaving the provider", "error", err)
-		}
-		cli.Close()
-	}
-	st := m.Status()
-	what := fmt.Sprintf("joined provider %s through etcd (share %d of %d, source %s", cfg.provider, st.Share, st.Total, st.Source)
-	if q := m.Limiter().Stats().Quota; q != st.Share {
-		// A share grows only from a window boundary at least the change
-		// margin ahead (so that no window gets it twice): say so, or the
-		// first lines' "quota 0" contradicts this one.
-		what += fmt.Sprintf("; it takes effect at a window boundary ahead, the quota is %d until then", q)
-	}
-	return m.Limiter(), closeFn, limiterInfo{member: m, what: what + ")"}, nil
-}
+// tokensOf is a message's estimated tokens: what it takes from the tokens
+// limit before the call, settled to what the call used after it.
+func tokensOf(m kafka.Message) int64 { return 20 + 10*int64(len(m.Value)) }
 
 // serveMetrics serves reg on addr until the returned function is called.
 func serveMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop func(), err error) {
@@ -307,48 +279,73 @@ func backlog(ctx context.Context, brokers []string, transport *kafka.Transport, 
 }
 
 // provider stands in for the rate-limited API: it accepts at most limit
-// calls per wall-clock-aligned window and answers the rest with "429, retry
-// at the next window". Each process has its own stub, so with several
-// instances it checks only this instance's calls.
+// calls, and with tokensLimit at most that many tokens used, per
+// wall-clock-aligned window, and answers the rest with "429, retry at the
+// next window". Each process has its own stub, so with several instances
+// it checks only this instance's calls.
 type provider struct {
-	limit   int64
-	window  time.Duration
-	mu      sync.Mutex
-	win     int64
-	used    int64
-	refused atomic.Int64
-	busiest atomic.Int64 // most calls accepted in one window
+	limit, tokensLimit int64
+	window             time.Duration
+	mu                 sync.Mutex
+	win                int64
+	used, tokens       int64
+	refused            atomic.Int64 // over the calls limit
+	refusedTokens      atomic.Int64 // over the tokens limit
+	busiest            atomic.Int64 // most calls accepted in one window
+	busiestTokens      atomic.Int64 // most tokens used in one window
 }
 
-func (p *provider) call() error {
+// call is one call estimated at estimate tokens (0: tokens not counted),
+// asking value: it uses 50-100% of the estimate, as a model API's answer
+// uses fewer tokens than its request's maximum, and says how many.
+func (p *provider) call(estimate int64, value []byte) (used int64, err error) {
+	if estimate > 0 {
+		h := fnv.New32a()
+		h.Write(value)
+		used = max(1, estimate*int64(50+h.Sum32()%51)/100)
+	}
 	now := time.Now().UnixNano()
 	w := now / int64(p.window)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if w != p.win {
-		p.win, p.used = w, 0
+		p.win, p.used, p.tokens = w, 0, 0
 	}
-	if p.used >= p.limit {
+	retry := time.Duration((w+1)*int64(p.window) - now)
+	switch {
+	case p.used >= p.limit:
 		p.refused.Add(1)
-		return consumer.RetryAfter(time.Duration((w+1)*int64(p.window)-now), errors.New("provider: 429 too many requests"))
+		return 0, consumer.RetryAfter(retry, errors.New("provider: 429 too many requests"))
+	case p.tokensLimit > 0 && p.tokens+used > p.tokensLimit:
+		p.refusedTokens.Add(1)
+		return 0, consumer.RetryAfter(retry, errors.New("provider: 429 too many tokens"))
 	}
 	p.used++
-	if p.used > p.busiest.Load() {
-		p.busiest.Store(p.used)
-	}
-	return nil
+	p.tokens += used
+	p.busiest.Store(max(p.busiest.Load(), p.used))
+	p.busiestTokens.Store(max(p.busiestTokens.Load(), p.tokens))
+	return used, nil
 }
 
-// refusalVerdict says why the provider stub refused calls. This instance's
-// stub allows stubLimit per window (-limit); with etcd, what the limiter
-// lets through is the share configd gives it of the provider's limit,
-// which an operator may set above the stub's (a retune above what the
-// provider allows): the refusals are then the stub's configuration, not a
-// limiter letting more through than it was told.
-func refusalVerdict(refused, stubLimit, quota int64, cluster bool) string {
+// refusalVerdict says why the provider stub refused calls over its limit
+// of what (calls or tokens). This instance's stub allows stubLimit per
+// window (flag); with etcd, what the limiter lets through is the share
+// configd gives it of the provider's limit, which an operator may set
+// above the stub's (a retune above what the provider allows): the
+// refusals are then the stub's configuration, not a limiter letting more
+// through than it was told.
+func refusalVerdict(refused int64, what, flag string, stubLimit, quota int64, cluster bool) string {
 	if cluster && quota > stubLimit {
-		return fmt.Sprintf("the provider stub refused %d calls: its own limit (-limit %d per window) is below the quota configd gave this instance (%d): "+
-			"the provider's limit in configd is above what the stub allows, so the stub refuses what sluice was told to let through", refused, stubLimit, quota)
+		return fmt.Sprintf("the provider stub refused %d calls: its own limit (%s %d %s per window) is below the quota configd gave this instance (%d): "+
+			"the provider's limit in configd is above what the stub allows, so the stub refuses what sluice was told to let through", refused, flag, stubLimit, what, quota)
 	}
-	return fmt.Sprintf("the provider stub refused %d calls: the limiter let more through than the stub's limit of %d per window", refused, stubLimit)
+	return fmt.Sprintf("the provider stub refused %d calls: the limiter let more through than the stub's limit of %d %s per window", refused, stubLimit, what)
+}
+
+// stubLimit says the stub's tokens limit: "none" for 0.
+func stubLimit(n int64) string {
+	if n == 0 {
+		return "none"
+	}
+	return fmt.Sprint(n)
 }

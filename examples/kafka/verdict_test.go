@@ -10,10 +10,13 @@ import (
 // configuration, and the verdict says so instead of blaming the limiter
 // (issue 13, point 6).
 func TestRefusalVerdict(t *testing.T) {
-	if v := refusalVerdict(39, 1000, 1200, true); strings.Contains(v, "the limiter let more through") || !strings.Contains(v, "-limit 1000") {
+	if v := refusalVerdict(39, "calls", "-limit", 1000, 1200, true); strings.Contains(v, "the limiter let more through") || !strings.Contains(v, "-limit 1000 calls") {
 		t.Errorf("retuned above the stub: %q", v)
 	}
-	if v := refusalVerdict(3, 1000, 800, true); !strings.Contains(v, "the limiter let more through") {
+	if v := refusalVerdict(3, "calls", "-limit", 1000, 800, true); !strings.Contains(v, "the limiter let more through") {
 		t.Errorf("within the stub's limit: %q", v)
+	}
+	if v := refusalVerdict(3, "tokens", "-tokens-limit", 30000, 30000, false); !strings.Contains(v, "30000 tokens per window") {
+		t.Errorf("tokens: %q", v)
 	}
 }

@@ -1,8 +1,9 @@
-// Package join is what the examples share to get their limiter: a local one
-// of a fixed quota, or the limiter of a cluster.Member that joined a
-// provider through etcd, optionally with an NTP clock monitor; and a
-// Prometheus registry of its own holding the limiter's and the member's
-// collectors.
+// Package join is what the examples share to get their limits: a local
+// limiter of a fixed quota, or the limiter of a cluster.Member that joined
+// a provider through etcd, optionally with an NTP clock monitor; with a
+// tokens limit, a limiter.Multi of requests and tokens, local or a
+// cluster.Group of two providers; and a Prometheus registry of its own
+// holding the limiters' and the members' collectors.
 package join
 
 import (
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -32,15 +34,22 @@ type Config struct {
 	// embedded etcd wants user "instance" and the password configd wrote to
 	// <data-dir>/credentials/instance.
 	Username, PasswordFile string
-	Provider               string
+	// CAFile, with Endpoints, enables TLS: the CA that signed etcd's
+	// server certificate; CertFile and KeyFile, a client certificate.
+	CAFile, CertFile, KeyFile string
+	Prefix                    string // etcd key prefix shared with configd ("": cluster's default)
+	Provider                  string
 	// TokensProvider, with Endpoints, is a second provider, whose limit
 	// counts tokens: the instance joins both (cluster.JoinGroup), and
 	// Multi holds the two limits.
 	TokensProvider string
 	ID             string // instance id; "" lets cluster choose
 	Limit          int64  // local quota (no Endpoints)
-	Window         time.Duration
-	Fallback       int64 // quota before a share is known (cold start without etcd)
+	// TokensLimit, without Endpoints, is a local second limit: tokens per
+	// Window, held with Limit in Multi.
+	TokensLimit int64
+	Window      time.Duration
+	Fallback    int64 // quota before a share is known (cold start without etcd)
 	// TokensFallback is the tokens lane's (with TokensProvider): a
 	// fallback of requests says nothing of tokens.
 	TokensFallback int64
@@ -73,6 +82,9 @@ type Joined struct {
 
 // Describe says where the quota comes from, for a start-up line.
 func (j *Joined) Describe() string {
+	if j.Member == nil && j.Multi != nil {
+		return fmt.Sprintf("limits: %v (local, all or nothing)", j.Multi.Limits())
+	}
 	if j.Member == nil {
 		st := j.Limiter.Stats()
 		return fmt.Sprintf("local limiter: %d per %v", st.Quota, st.Window)
@@ -86,7 +98,14 @@ func (j *Joined) Describe() string {
 		return fmt.Sprintf("joined %s as %s through etcd, all or nothing", strings.Join(parts, " and "), j.Member.ID())
 	}
 	st := j.Member.Status()
-	return fmt.Sprintf("joined %s as %s through etcd (share %d of %d, source %s)", j.provider, j.Member.ID(), st.Share, st.Total, st.Source)
+	s := fmt.Sprintf("joined %s as %s through etcd (share %d of %d, source %s", j.provider, j.Member.ID(), st.Share, st.Total, st.Source)
+	if q := j.Limiter.Stats().Quota; q != st.Share {
+		// A share grows only from a window boundary at least the change
+		// margin ahead (so that no window gets it twice): say so, or a
+		// first report's lower quota contradicts this line.
+		s += fmt.Sprintf("; it takes effect at a window boundary ahead, the quota is %d until then", q)
+	}
+	return s + ")"
 }
 
 // Close leaves the providers (revoking the leases) or closes the local
@@ -98,6 +117,8 @@ func (j *Joined) Close() error {
 		err = j.Group.Close()
 	case j.Member != nil:
 		err = j.Member.Close()
+	case j.Multi != nil:
+		return j.Multi.Close()
 	default:
 		return j.Limiter.Close()
 	}
@@ -120,22 +141,21 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 		if cfg.ClockSkew != 0 {
 			opts = append(opts, limiter.WithClock(skewed(cfg.ClockSkew)))
 		}
-		lim, err := limiter.New(cfg.Limit, cfg.Window, opts...)
-		if err != nil {
-			return nil, err
-		}
-		if err := metrics.Register(reg, lim, labels); err != nil {
-			lim.Close()
-			return nil, err
-		}
-		return &Joined{Limiter: lim, Registry: reg}, nil
+		return openLocal(cfg, labels, opts)
 	}
 	pw, err := Password(cfg.PasswordFile)
 	if err != nil {
 		return nil, err
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: cluster.DialOptions(), Username: cfg.Username, Password: pw})
+	ecfg := clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: cluster.DialOptions(), Username: cfg.Username, Password: pw}
+	if cfg.CAFile != "" || cfg.CertFile != "" {
+		info := transport.TLSInfo{CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, TrustedCAFile: cfg.CAFile}
+		if ecfg.TLS, err = info.ClientConfig(); err != nil {
+			return nil, fmt.Errorf("etcd TLS: %w", err)
+		}
+	}
+	cli, err := clientv3.New(ecfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
@@ -176,9 +196,40 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 	return j, nil
 }
 
+// openLocal returns a local limiter of cfg.Limit per window, or with
+// cfg.TokensLimit a Multi of it and a tokens limit; the requests limit's
+// metrics are in the registry.
+func openLocal(cfg Config, labels prometheus.Labels, opts []limiter.Option) (*Joined, error) {
+	j := &Joined{Registry: prometheus.NewRegistry()}
+	if cfg.TokensLimit > 0 {
+		m, err := limiter.NewMulti([]limiter.Limit{
+			{Quota: cfg.Limit, Window: cfg.Window},
+			{Dimension: "tokens", Quota: cfg.TokensLimit, Window: cfg.Window},
+		}, opts...)
+		if err != nil {
+			return nil, err
+		}
+		j.Multi, j.Limiter = m, m.Limiter(0)
+	} else {
+		lim, err := limiter.New(cfg.Limit, cfg.Window, opts...)
+		if err != nil {
+			return nil, err
+		}
+		j.Limiter = lim
+	}
+	if err := metrics.Register(j.Registry, j.Limiter, labels); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
 // memberOptions returns the cluster options cfg selects.
 func memberOptions(cfg Config, log *slog.Logger) ([]cluster.Option, error) {
 	opts := []cluster.Option{cluster.WithLogger(log), cluster.WithFallback(cfg.Fallback, cfg.Window)}
+	if cfg.Prefix != "" {
+		opts = append(opts, cluster.WithPrefix(cfg.Prefix))
+	}
 	if cfg.ID != "" {
 		opts = append(opts, cluster.WithID(cfg.ID))
 	}
