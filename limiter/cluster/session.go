@@ -589,7 +589,9 @@ func (m *Member) leave(lease clientv3.LeaseID, rep *reporter) {
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	// Bounded like every etcd operation: Close must return, and a loaded
+	// etcd answers a write in well under it.
+	ctx, cancel := m.opCtx(context.Background())
 	defer cancel()
 	if _, err := m.cli.Put(ctx, m.keys.Instance(m.provider, m.id), string(b), clientv3.WithLease(lease)); err != nil {
 		m.log.Warn("could not say the instance is leaving; configd keeps its share reserved for the provider's fail_static", "err", err)
