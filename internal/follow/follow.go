@@ -95,8 +95,8 @@ func Next(v View, fallback Applied) Applied {
 
 // Step is how the limiter moves to a new quota.
 type Step struct {
-	// Cut says to set Interim at once, in the current window, before the
-	// new quota takes over.
+	// Cut says to set Interim at once, in the current window and at its
+	// length (limiter.SetQuota), before the new quota takes over.
 	Cut     bool
 	Interim int64
 	// From (Unix ns) is when the new quota applies: from the first window
@@ -121,12 +121,19 @@ type InForce struct {
 // applies from the first boundary at least the margin ahead, by which the
 // other instances have it too; the even split, where it grows the quota
 // in force, also not before at, the boundary of the grant that caps it
-// (View.EvenFrom). Switching sources in the same window length
-// is done in two steps: the instances do not switch at the same instant,
-// and within a window two sources disagree on who holds what (the even
-// split against configd's shares), so the smaller of the quota in force
-// and the new one applies at once and the new one only from a boundary at
-// least the margin ahead, when the others have switched too.
+// (View.EvenFrom). Switching sources is done in two steps: the instances
+// do not switch at the same instant, and within a window two sources
+// disagree on who holds what (the even split against configd's shares),
+// so the smaller of the quota in force and the new one applies at once, in
+// the window under way, and the new one only from a boundary at least the
+// margin ahead, when the others have switched too. A new quota of another
+// window length is counted into the length in force (share.In) for that
+// cut: an instance that joined during a configd outage and took an even
+// share kept it, in 100 ms windows, until configd's first record of a 5 s
+// window took over seconds later, while the others went back to the
+// shares configd had given out before it joined (found by the protocol
+// search: 888 in a 100 ms window of 862). Interim is per window of the
+// length in force.
 //
 // A quota that arrives after its boundary applies at once only if it
 // shrinks the quota in force in the window under way, in the same length:
@@ -150,14 +157,37 @@ func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Durati
 			st.From = max(NextBoundary(at, int64(next.Window)), soon)
 		}
 	}
-	if prev.Source != next.Source && prev.Source != "" && prev.Window == next.Window {
-		st.Cut, st.Interim = true, min(cur.Quota, next.Quota)
-		st.From = max(st.From, soon)
+	if prev.Source != next.Source && prev.Source != "" {
+		interim := min(cur.Quota, share.In(next.Quota, next.Window, cur.Window))
+		if prev.Window == next.Window || interim < cur.Quota {
+			st.Cut, st.Interim = true, interim
+			st.From = max(st.From, soon)
+		}
 	}
 	if st.From <= now && (next.Quota > cur.Quota || next.Window != cur.Window) {
 		st.From = NextBoundary(now+1, int64(next.Window))
 	}
 	return st
+}
+
+// Limiter is what Move sets (a *limiter.Limiter).
+type Limiter interface {
+	SetQuota(q int64, at time.Time) error
+	Schedule(q int64, window time.Duration, at time.Time) (time.Time, error)
+}
+
+// Move takes lim to next by st: the cut at once, in the window under way
+// and at the length in force (a SetLimit at next's length would leave that
+// window alone while a change of length is pending, as the protocol search
+// found), then next from st.From. It returns from when next governs whole
+// windows (limiter.Schedule). The member and the simulator both move so.
+func Move(lim Limiter, st Step, next Applied) (time.Time, error) {
+	if st.Cut {
+		if err := lim.SetQuota(st.Interim, time.Time{}); err != nil {
+			return time.Time{}, err
+		}
+	}
+	return lim.Schedule(next.Quota, next.Window, time.Unix(0, st.From))
 }
 
 // NextBoundary returns the first multiple of w at or after t.

@@ -3,6 +3,8 @@ package follow
 import (
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/limiter"
 )
 
 func TestSchedule(t *testing.T) {
@@ -26,6 +28,15 @@ func TestSchedule(t *testing.T) {
 		{"shares to even", shares(300), even(100), 0, Step{Cut: true, Interim: 100, From: 12 * w}},
 		{"a share published further ahead keeps its boundary", even(100), shares(50), 15 * w, Step{Cut: true, Interim: 50, From: 15 * w}},
 		{"fallback to shares in another window", Applied{Source: "fallback", Quota: 5, Window: time.Minute}, shares(20), 11 * w, Step{From: 11 * w}},
+		// Found by the protocol search: an instance on the even split in
+		// 1 s windows kept its even share until its first record, of
+		// another window, took over, while the others were back on their
+		// records. The new share counted into the length in force caps it
+		// at once.
+		{"even to shares of a longer window: cut at once", even(100), Applied{Source: "shares", Quota: 0, Window: 5 * time.Second}, 15 * w, Step{Cut: true, Interim: 0, From: 15 * w}},
+		{"even to shares of a longer window, smaller", even(100), Applied{Source: "shares", Quota: 60, Window: 5 * time.Second}, 15 * w, Step{Cut: true, Interim: 60, From: 15 * w}},
+		{"even to shares of a shorter window: counted into the longer", Applied{Source: "even", Quota: 100, Window: 2 * time.Second}, Applied{Source: "shares", Quota: 30, Window: time.Second}, 12 * w, Step{Cut: true, Interim: 60, From: 12 * w}},
+		{"even to shares of another window, no smaller", even(10), Applied{Source: "shares", Quota: 60, Window: 5 * time.Second}, 15 * w, Step{From: 15 * w}},
 		// Late: the boundary has passed (issue 12, hole 7).
 		{"a late shrink applies at once", shares(20), shares(10), 10 * w, Step{From: 10 * w}},
 		{"a late growth waits for the next boundary", shares(10), shares(20), 10 * w, Step{From: 11 * w}},
@@ -134,5 +145,35 @@ func TestDue(t *testing.T) {
 	}
 	if !Due(base, base, RefreshEvery*time.Second, time.Second) || Due(base, base, RefreshEvery*time.Second-1, time.Second) {
 		t.Errorf("an unchanged record is not refreshed after exactly %d intervals", RefreshEvery)
+	}
+}
+
+// TestMoveCutsTheWindowUnderWay: a cut applies to the window under way at
+// the length in force, also while a change of length is pending. (The
+// member cut with SetLimit at the new length, which leaves the window
+// under way alone until a boundary both lengths share: an instance kept
+// its even share of a 100 ms window for seconds after switching to a
+// record of 0 per 5 s, found by the protocol search.)
+func TestMoveCutsTheWindowUnderWay(t *testing.T) {
+	lim, err := limiter.New(123, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	in5s := limiter.WindowStart(lim.Now(), 5*time.Second).Add(5 * time.Second)
+	if _, err := lim.Schedule(69, 5*time.Second, in5s); err != nil { // the even split's next length, pending
+		t.Fatal(err)
+	}
+	next := Applied{Source: SourceShares, Quota: 0, Window: 5 * time.Second}
+	st := Schedule(Applied{Source: SourceEven, Quota: 69, Window: 5 * time.Second}, next,
+		InForce{Quota: 123, Window: 100 * time.Millisecond}, in5s.UnixNano(), lim.Now().UnixNano(), 10*time.Millisecond)
+	if !st.Cut || st.Interim != 0 {
+		t.Fatalf("step %+v, want a cut to 0", st)
+	}
+	if _, err := Move(lim, st, next); err != nil {
+		t.Fatal(err)
+	}
+	if s := lim.Stats(); s.Quota != 0 || s.Window != 100*time.Millisecond || lim.TryAcquire() {
+		t.Errorf("after the move: quota %d per %v, want 0 per 100ms at once", s.Quota, s.Window)
 	}
 }

@@ -337,11 +337,8 @@ func (in *instance) apply(e *engine) bool {
 	now := e.now - in.skew
 	st := in.lim.Stats()
 	step := e.schedule(ap, next, follow.InForce{Quota: st.Quota, Window: st.Window}, next.At, now, e.sc.Margin.D())
-	if step.Cut {
-		in.lim.SetLimit(step.Interim, next.Window, time.Time{})
-	}
 	next.At = step.From
-	from, err := in.lim.Schedule(next.Quota, next.Window, time.Unix(0, next.At))
+	from, err := follow.Move(in.lim, step, next)
 	if err != nil {
 		panic("sim: " + err.Error()) // quotas and windows come validated
 	}

@@ -753,13 +753,8 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	st := lim.Stats()
 	cur := follow.InForce{Quota: st.Quota, Window: st.Window}
 	step := follow.Schedule(*ap, next, cur, next.At, lim.Now().UnixNano(), m.cfg.margin)
-	if step.Cut {
-		if err := lim.SetLimit(step.Interim, next.Window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
-			m.log.Error("cannot apply share", "share", step.Interim, "window", next.Window, "err", err)
-		}
-	}
 	next.At = step.From
-	from, err := lim.Schedule(next.Quota, next.Window, time.Unix(0, next.At))
+	from, err := follow.Move(lim, step, next)
 	if err != nil {
 		if !errors.Is(err, limiter.ErrClosed) {
 			m.log.Error("cannot apply share", "share", next.Quota, "window", next.Window, "err", err)
