@@ -233,15 +233,16 @@ func (l *Limiter) tryAcquireSlow(n int64) bool {
 	if n < 1 || n > MaxQuota {
 		return false
 	}
-	_, _, ok := l.trySlow(n)
+	_, _, ok := l.trySlow(n, true)
 	return ok
 }
 
 // trySlow is TryAcquireN's slow path: it rolls the window on and takes n
 // permits if they are valid now, or counts the refusal. charged says
 // whether it took permits, and seq names their window (see fastAt): shadow
-// mode admits without taking any when none are free.
-func (l *Limiter) trySlow(n int64) (seq uint64, charged, ok bool) {
+// mode admits without taking any when none are free, if shadow allows it
+// (a Multi's acquisition from limits not all in shadow does not).
+func (l *Limiter) trySlow(n int64, shadow bool) (seq uint64, charged, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -252,7 +253,7 @@ func (l *Limiter) trySlow(n int64) (seq uint64, charged, ok bool) {
 	if l.takeLocked(n, now) {
 		return seqOf(l.seq), true, true
 	}
-	if l.shadow.Load() {
+	if shadow && l.shadow.Load() {
 		l.counts.shadow(shadowRejected, n)
 		return 0, false, true
 	}

@@ -208,6 +208,7 @@ type Grant struct {
 	n       [MaxLimits]int64  // permits charged to each limit
 	seq     [MaxLimits]uint64 // the window each was charged to (see fastAt)
 	charged [MaxLimits]bool   // false: none taken (shadow mode admitted it)
+	res     *MultiReservation // the reservation it came from, if any: Settle and its Cancel give back once
 	_       [0]func()         // not comparable
 }
 
@@ -242,6 +243,7 @@ func (m *Multi) TryAcquire(cost ...Amount) (Grant, bool) {
 	}
 	now := m.lims[0].now()
 	g.at = now
+	shadow := -1 // unknown until a limit has no room: 1 if every limit g takes from is in shadow
 	for i, l := range m.lims {
 		n := g.n[i]
 		if n == 0 {
@@ -250,7 +252,13 @@ func (m *Multi) TryAcquire(cost ...Amount) (Grant, bool) {
 		seq, ok := l.fastAt(n, now)
 		charged := ok
 		if !ok {
-			seq, charged, ok = l.trySlow(n)
+			if shadow < 0 {
+				shadow = 0
+				if m.allShadow(g.n) {
+					shadow = 1
+				}
+			}
+			seq, charged, ok = l.trySlow(n, shadow == 1)
 		}
 		if !ok {
 			m.giveBack(&g, i)
@@ -260,6 +268,21 @@ func (m *Multi) TryAcquire(cost ...Amount) (Grant, bool) {
 	}
 	g.m = m
 	return g, true
+}
+
+// allShadow reports whether every limit ns takes from is in shadow mode,
+// so that the acquisition only counts what enforcing would do. The limits
+// of one Multi may disagree (a cluster.Group sets each from its own
+// provider's config): then every part is taken as if enforced, so that an
+// enforcing limit never admits past its quota because another limit is in
+// shadow, nor a shadow one past its own while another enforces.
+func (m *Multi) allShadow(ns [MaxLimits]int64) bool {
+	for i, l := range m.lims {
+		if ns[i] > 0 && !l.shadow.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // giveBack returns what g took from the limits before limit k, to the
@@ -484,7 +507,10 @@ func (m *Multi) Close() error {
 //
 // A Grant settles once; Settle on a Grant already settled, or the zero
 // Grant, returns an error wrapping ErrInvalid, as does an invalid amount,
-// and then changes nothing.
+// and then changes nothing. So does Settle on the Grant of a
+// MultiReservation cancelled since (Cancel gave everything back), and
+// after Settle, Cancel of that reservation gives nothing back: the
+// permits go back once.
 func (g *Grant) Settle(actual ...Amount) error {
 	if g.m == nil {
 		return fmt.Errorf("%w: the grant was settled already, or is empty", ErrInvalid)
@@ -494,6 +520,15 @@ func (g *Grant) Settle(actual ...Amount) error {
 	var seen [MaxLimits]bool
 	if err := m.named(actual, &per, &seen); err != nil {
 		return err
+	}
+	if r := g.res; r != nil && r.holder { // only a holder can Cancel
+		m.lock()
+		canceled := r.state == resCanceled
+		r.settled = !canceled
+		m.unlock()
+		if canceled {
+			return fmt.Errorf("%w: the reservation was cancelled, which gave its permits back", ErrInvalid)
+		}
 	}
 	for i, l := range m.lims {
 		d := m.dim[i]

@@ -195,6 +195,104 @@ func TestMultiPartLeftBehindIsNotValid(t *testing.T) {
 	})
 }
 
+// TestMultiWaitNotGrantedFromAClosedLimit: a wait for one limit's quota,
+// holding no part of the others, fails with ErrClosed when another limit
+// it takes from was closed alone (a Group's Member left, handing its
+// share on), rather than being granted from it when the quota comes.
+// Found by review.
+func TestMultiWaitNotGrantedFromAClosedLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		m := mustMulti(t, Limit{Quota: 5, Window: 10 * ms}, Limit{Dimension: "tokens", Quota: 0, Window: 100 * ms})
+		done := make(chan error, 1)
+		go func() {
+			_, err := m.Acquire(context.Background(), 50*ms, Cost("tokens", 5))
+			done <- err
+		}()
+		synctest.Wait() // waiting for the tokens quota
+		m.Limiter(0).Close()
+		time.Sleep(ms)
+		if err := m.SetQuota(1, 10, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Errorf("Acquire = %v after the requests limit was closed, want ErrClosed", err)
+		}
+		if st := m.Stats(); st[0].Admitted != 0 || st[1].Admitted != 0 {
+			t.Errorf("admitted %d requests and %d tokens, want none", st[0].Admitted, st[1].Admitted)
+		}
+	})
+}
+
+// TestMultiSettleAndCancelGiveBackOnce: a holder that settles its grant
+// and then cancels the reservation (a deferred Cancel) gives the permits
+// back once; cancelled first, the grant does not settle. Found by review:
+// both gave back, and a 100 ms window of 10 tokens granted 20.
+func TestMultiSettleAndCancelGiveBackOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		time.Sleep(time.Until(WindowStart(time.Now(), 100*ms).Add(100 * ms)))
+		m := mustMulti(t, Limit{Quota: 100, Window: 100 * ms}, Limit{Dimension: "tokens", Quota: 10, Window: 100 * ms})
+		r, err := m.Reserve(0, Cost("tokens", 10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := r.Wait(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Settle(Cost("tokens", 4)); err != nil {
+			t.Fatal(err)
+		}
+		r.Cancel()
+		if rem := remaining(m); rem[1] != 6 {
+			t.Errorf("tokens remaining %d after settling 4 of 10 and cancelling, want 6", rem[1])
+		}
+
+		r2, err := m.Reserve(0, Cost("tokens", 6))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g2, err := r2.Wait(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2.Cancel()
+		if err := g2.Settle(Cost("tokens", 0)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Settle after Cancel = %v, want ErrInvalid", err)
+		}
+		if rem := remaining(m); rem[1] != 6 {
+			t.Errorf("tokens remaining %d after cancelling 6 and settling, want 6", rem[1])
+		}
+	})
+}
+
+// TestMultiTryAcquireShadowOnlyWhereEveryLimitIs: TryAcquire passes a
+// shadow limit's quota only when every limit it takes from is in shadow,
+// as Acquire does; with another enforcing, it is refused. Found by
+// review: TryAcquire honoured each limit's mode alone.
+func TestMultiTryAcquireShadowOnlyWhereEveryLimitIs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		time.Sleep(time.Until(WindowStart(time.Now(), 100*ms).Add(100 * ms)))
+		m := mustMulti(t, Limit{Quota: 1, Window: 100 * ms}, Limit{Dimension: "tokens", Quota: 100, Window: 100 * ms})
+		m.Limiter(0).SetShadow(true)
+		if _, ok := m.TryAcquire(Cost("tokens", 1)); !ok {
+			t.Fatal("the first acquisition was refused")
+		}
+		if _, ok := m.TryAcquire(Cost("tokens", 1)); ok {
+			t.Error("a second request admitted past the shadow requests limit while the tokens limit enforces")
+		}
+		if rem := remaining(m); rem[1] != 99 {
+			t.Errorf("tokens remaining %d, want 99: the refusal takes nothing", rem[1])
+		}
+		m.Limiter(1).SetShadow(true)
+		if _, ok := m.TryAcquire(Cost("tokens", 1)); !ok {
+			t.Error("refused with every limit in shadow")
+		}
+	})
+}
+
 // TestMultiDeadlineFollowsTheClock: a wait's deadline is an instant of
 // real time, so a clock correction does not stretch or cut it. (The oracle
 // found a wait for quota ending after its maxWait, the deadline left on

@@ -492,6 +492,29 @@ func (h *mhist) control(tag string) {
 		h.addCtl(-1, ctlEv{kind: ctlClose})
 		h.m.Close()
 		h.logf("Close()%s", tag)
+	// One limit alone, as a cluster.Group's Member sets its own (the
+	// review that drew these found a wait granted from a limit closed
+	// alone: TestMultiWaitNotGrantedFromAClosedLimit).
+	case r < 92:
+		d := h.rng.Int64N(3 * h.shortest())
+		h.addCtl(li, ctlEv{kind: ctlBackoff, v: d})
+		h.m.Limiter(li).Backoff(time.Duration(d))
+		h.logf("Limiter(%d).Backoff(%v)%s", li, time.Duration(d), tag)
+	case r < 96:
+		if h.rng.IntN(3) == 0 {
+			h.addCtl(li, ctlEv{kind: ctlExpiry})
+			h.m.Limiter(li).SetExpiry(time.Time{})
+			h.logf("Limiter(%d).SetExpiry(none)%s", li, tag)
+			return
+		}
+		e := c + h.rng.Int64N(10*h.shortest())
+		h.addCtl(li, ctlEv{kind: ctlExpiry, v: e, on: true})
+		h.m.Limiter(li).SetExpiry(time.Unix(0, e))
+		h.logf("Limiter(%d).SetExpiry(+%v)%s", li, time.Duration(e-c), tag)
+	case r < 97:
+		h.addCtl(li, ctlEv{kind: ctlClose})
+		h.m.Limiter(li).Close()
+		h.logf("Limiter(%d).Close()%s", li, tag)
 	}
 }
 

@@ -17,8 +17,10 @@ import (
 // the window, of its own limit, that contains the new instant: the
 // instant only ever moves for all of them at once. A reservation made by
 // Reserve never moves earlier than the time it first gave. Wait follows
-// such moves; a holder that sleeps until ReadyAt itself should check Err
-// when it wakes.
+// such moves; a holder that sleeps until ReadyAt itself should check Delay
+// when it wakes: 0 when the permits are valid, more when the reservation
+// moved later, and math.MaxInt64 when it failed (Err says why) or waits
+// for quota.
 type MultiReservation struct {
 	m      *Multi
 	ns     [MaxLimits]int64
@@ -36,7 +38,10 @@ type MultiReservation struct {
 	state  int
 	err    error
 	grant  Grant
-	shadow [MaxLimits]int // what shadow mode counted each part as
+	// settled: the holder settled the Grant, reporting what it used, so
+	// Cancel has nothing more to give back.
+	settled bool
+	shadow  [MaxLimits]int // what shadow mode counted each part as
 }
 
 // deadlineLocked is r's deadline on the limits' clock as it reads now.
@@ -68,7 +73,7 @@ func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.D
 		deadline = min(deadline, addClamped(now, time.Until(d)))
 	}
 	r.realDeadline = addClamped(deadline, -time.Duration(m.lims[0].offset.Load()))
-	if m.shadowForLocked(ns) {
+	if m.allShadow(ns) {
 		m.shadowLocked(r, now)
 		return r, nil
 	}
@@ -93,21 +98,6 @@ func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.D
 		return nil, fmt.Errorf("%w: %w: limit %v: %s", ErrTimeout, ErrNoQuota, m.limits[k], m.lims[k].noQuotaLocked(ns[k], "is"))
 	}
 	return nil, fmt.Errorf("%w: %s not available within %v", ErrTimeout, m.describe(ns), time.Duration(deadline-now))
-}
-
-// shadowForLocked reports whether every limit ns takes from is in shadow
-// mode, so that the acquisition only counts what enforcing would do. The
-// limits of one Multi may disagree (a cluster.Group sets each from its own
-// provider's config): then every part is placed as if enforced, so that
-// an enforcing limit never admits past its quota because another limit
-// is in shadow.
-func (m *Multi) shadowForLocked(ns [MaxLimits]int64) bool {
-	for i, l := range m.lims {
-		if ns[i] > 0 && !l.shadow.Load() {
-			return false
-		}
-	}
-	return true
 }
 
 // describe says what ns takes, for errors: "3 requests, 700 tokens".
@@ -146,7 +136,7 @@ func (m *Multi) takeAllLocked(r *MultiReservation, now int64) bool {
 			r.grant.seq[i], r.grant.charged[i] = seqOf(l.seq), true
 		}
 	}
-	r.grant.m, r.grant.at, r.grant.n = m, now, r.ns
+	r.grant.m, r.grant.at, r.grant.n, r.grant.res = m, now, r.ns, r
 	r.due, r.state = now, resDone
 	return true
 }
@@ -165,7 +155,7 @@ func (m *Multi) shadowLocked(r *MultiReservation, now int64) {
 		l.counts.shadow(kind, r.ns[i])
 		r.shadow[i] = kind
 	}
-	r.grant.m, r.grant.at, r.grant.n = m, now, r.ns
+	r.grant.m, r.grant.at, r.grant.n, r.grant.res = m, now, r.ns, r
 	r.due, r.state = now, resDone
 }
 
@@ -273,6 +263,16 @@ func (m *Multi) waitForQuotaLocked(r *MultiReservation, k int) {
 func (m *Multi) reconcileLocked(r *MultiReservation, now int64) {
 	if r.state != resPending {
 		return
+	}
+	for i, l := range m.lims {
+		if r.ns[i] > 0 && l.closed {
+			// One limit closed alone (a Group's Member left, its share
+			// handed on): nothing more is granted from it, also to a wait
+			// that held no part of it when it closed.
+			m.failLocked(r, ErrClosed)
+			r.poke()
+			return
+		}
 	}
 	for _, l := range m.lims {
 		l.advanceLocked(now)
@@ -384,7 +384,7 @@ func (m *Multi) grantLocked(r *MultiReservation, now int64) {
 			r.grant.seq[i] = seqOf(l.seq)
 		}
 	}
-	r.grant.m, r.grant.at, r.grant.n = m, now, r.ns
+	r.grant.m, r.grant.at, r.grant.n, r.grant.res = m, now, r.ns, r
 	r.state = resDone
 }
 
@@ -437,7 +437,8 @@ func (r *MultiReservation) Err() error {
 }
 
 // Cancel gives every limit its permits back, as Reservation.Cancel does;
-// it is idempotent.
+// it is idempotent. After the Grant that Wait returned was settled, it
+// gives nothing back: Settle did, for what the call did not use.
 func (r *MultiReservation) Cancel() {
 	m := r.m
 	m.lock()
@@ -446,7 +447,7 @@ func (r *MultiReservation) Cancel() {
 }
 
 func (r *MultiReservation) cancelLocked() {
-	if r.state != resPending && r.state != resDone {
+	if r.state != resPending && r.state != resDone || r.settled {
 		return
 	}
 	for i, rr := range r.rs {

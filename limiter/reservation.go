@@ -28,7 +28,9 @@ const (
 // makes its time look ahead again, since its holder may be using it.
 // One made by Reserve never moves earlier than the time it first gave. Wait
 // follows such moves; a holder that sleeps until ReadyAt itself should check
-// Err when it wakes.
+// Delay when it wakes: 0 when the permits are valid, more when the
+// Reservation moved later, and math.MaxInt64 when it failed (Err says why)
+// or waits for quota.
 //
 // Cancel gives the permits back to callers that ask after it; waiters
 // already placed keep their times (as with golang.org/x/time/rate), so a
