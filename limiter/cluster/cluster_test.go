@@ -612,6 +612,65 @@ func TestLapsedShareStartsFromNothing(t *testing.T) {
 	}
 }
 
+// TestLapsedShareStartsFromNothingWhileTheWindowChanges: as above, with a
+// change of window length pending when the share lapsed. Dropping it must
+// zero the window under way at the length in force: a SetLimit at the
+// pending length left the 100 ms windows their old share, which came back
+// once the new lease moved the expiry on (the shape of the switch the
+// protocol search found, follow.Move).
+func TestLapsedShareStartsFromNothingWhileTheWindowChanges(t *testing.T) {
+	const w = 100 * time.Millisecond
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(500 * time.Millisecond)})
+	lease, err := cli.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putLeader(t, cli, lease.ID)
+	shares := func(gen int64, from time.Time, win time.Duration, s map[string]int64) {
+		putShares(t, cli, schema.Shares{
+			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: from.Truncate(win).UnixNano(), Window: schema.Duration(win),
+			Total: 40, Instances: len(s), Shares: s,
+		})
+	}
+	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcli.Close()
+	var logs logbuf.Buffer
+	a := join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	shares(1, time.Now(), w, map[string]int64{"a": 40})
+	enforcing(t, a, 40)
+	// A change to 1 s windows, from a boundary seconds ahead: pending.
+	switchAt := time.Now().Add(6 * time.Second).Truncate(time.Second)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(time.Second), FailStatic: schema.Duration(500 * time.Millisecond)})
+	shares(2, switchAt, time.Second, map[string]int64{"a": 40})
+	waitFor(t, "the change of length applied, pending", func() bool { return a.Status().Generation == 2 })
+	if st := a.Limiter().Stats(); st.Window != w {
+		t.Fatalf("window %v before %v, want %v still", st.Window, switchAt, w)
+	}
+
+	px.Cut()
+	waitFor(t, "disconnected", func() bool { return !a.Status().Connected })
+	until := a.Status().AdmitsUntil
+	waitFor(t, "past the horizon", func() bool { return !a.Limiter().Now().Before(until.Truncate(w).Add(w)) })
+	ahead := switchAt.Add(time.Second)
+	shares(3, time.Now(), time.Second, map[string]int64{"b": 40})
+	shares(4, ahead, time.Second, map[string]int64{"a": 0, "b": 40})
+
+	px.Heal()
+	waitFor(t, "reconnected", func() bool { return a.Status().Connected && a.Status().Generation == 4 })
+	for time.Now().Before(ahead) {
+		if a.Limiter().TryAcquire() {
+			t.Fatalf("admitted with the lapsed share at %v, before generation 4 takes effect at %v; log:\n%s", time.Now().Format("15:04:05.000"), ahead.Format("15:04:05.000"), logs.From(0))
+		}
+		time.Sleep(5 * time.Millisecond) // sampling the windows until the boundary: no event to await
+	}
+}
+
 // TestEvenSplitKeepsOutUnconfirmedGrants: configd's shares are a 60, b 30;
 // a is cut off from etcd, then configd goes. b falls back to the even
 // split, but a keeps enforcing 60 until its fail-static horizon, never

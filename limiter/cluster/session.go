@@ -230,8 +230,10 @@ func (s *following) startOver() {
 		// joining instance does, so that no window before the shares
 		// found now take effect admits the old share when the expiry
 		// moves on (see follow.Schedule: a new source grows only from a
-		// boundary ahead).
-		if err := m.lim.SetLimit(0, ap.Window, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
+		// boundary ahead). At the length in force, dropping any change of
+		// length still pending: at that length, the windows under way up
+		// to the change would keep the old share (see follow.Move).
+		if err := m.lim.SetQuota(0, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
 			m.log.Error("cannot drop the lapsed share", "err", err)
 		}
 		*ap = applied{Source: follow.SourceLapsed, Window: ap.Window}
