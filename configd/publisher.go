@@ -1080,7 +1080,11 @@ func (p *publisher) commitRev(ctx context.Context, f fence, cond clientv3.Cmp, o
 func acked(live map[string]schema.InstanceRecord) map[string]plan.Ack {
 	a := make(map[string]plan.Ack, len(live))
 	for id, rec := range live {
-		a[id] = plan.Ack{Generation: rec.AppliedGeneration, From: rec.AppliedFrom}
+		ack := plan.Ack{Generation: rec.AppliedGeneration, From: rec.AppliedFrom}
+		if rec.Source == schema.SourceEven {
+			ack.Even = rec.Enforced
+		}
+		a[id] = ack
 	}
 	return a
 }

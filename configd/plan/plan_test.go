@@ -484,3 +484,41 @@ func TestDecideWindowChangeRightAfterALoweredLimit(t *testing.T) {
 		t.Errorf("shares %v: a's new share beside b's 544 per 2 s is %d, over the new limit 2960 (the old regimes' limits are not known once merged)", d.Shares, got)
 	}
 }
+
+// TestDecideCountsEvenShares: after an outage, an instance whose record
+// says it enforces the even split counts at the larger of its grant and
+// its even share until it acknowledges a record, so that no growth takes
+// the room its even share still admits; also for the very first publish.
+// (Found by review: with configd's clock behind, a growth published after
+// an outage applied before the other instance had left the even split:
+// 2,099 in a 100 ms window of 2,000.)
+func TestDecideCountsEvenShares(t *testing.T) {
+	w := 100 * time.Millisecond
+	t0 := time.Unix(1000, 0)
+	cur := &Published{Generation: 7, EffectiveFrom: t0.Add(-10 * w), Total: 2000, Window: w, ConfigRevision: 2,
+		Shares: map[string]int64{"a": 99, "b": 901}, Granted: map[string]int64{"a": 99, "b": 901}, At: t0.Add(-10 * w)}
+	in := Input{
+		Total: 2000, Window: w, ConfigRevision: 2, Margin: 20 * time.Millisecond,
+		Target: map[string]int64{"a": 1900, "b": 100},
+		Acked:  map[string]Ack{"a": {Generation: 7}, "b": {Even: 1000}},
+		Cur:    cur, Now: t0,
+	}
+	d := Decide(in)
+	if d.Shares["a"] > 1000 {
+		t.Errorf("a grows to %d while b may still admit its even 1000 of 2000", d.Shares["a"])
+	}
+	if d.Granted["b"] < 1000 {
+		t.Errorf("b granted %d, want its even 1000 kept for a new leader", d.Granted["b"])
+	}
+	in.Acked["b"] = Ack{Generation: 7} // b back on configd's record
+	if d := Decide(in); d.Shares["a"] != 1099 {
+		t.Errorf("after b acknowledged: a %d, want 1099 (2000 less b's grant of 901)", d.Shares["a"])
+	}
+
+	first := Input{Total: 1000, Window: w, ConfigRevision: 1, Margin: 20 * time.Millisecond,
+		Target: map[string]int64{"a": 900, "b": 100},
+		Acked:  map[string]Ack{"a": {Even: 500}, "b": {Even: 500}}, Now: t0}
+	if d := Decide(first); d.Shares["a"] > 500 {
+		t.Errorf("first publish: a %d while b may admit its even 500 of 1000", d.Shares["a"])
+	}
+}

@@ -422,7 +422,8 @@ func (in *instance) report(e *engine, force bool) {
 		}
 	}
 	in.askedAcc, in.lastAt = 0, e.now
-	rec := record{demand: int64(math.Round(in.demand)), gen: in.ap.Generation, appliedFrom: in.ap.InForce, inc: in.inc}
+	rec := record{demand: int64(math.Round(in.demand)), gen: in.ap.Generation, appliedFrom: in.ap.InForce,
+		source: in.ap.Source, enforced: in.ap.Quota, inc: in.inc}
 	if !force && in.haveWrite && !follow.Due(in.written.follow(), rec.follow(), time.Duration(e.now-in.wroteAt), e.sc.ReportInterval.D()) {
 		return
 	}

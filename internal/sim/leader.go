@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/configd/plan"
+	"github.com/sluice-go/sluice/internal/follow"
 )
 
 // The leader: configd's publisher for the one provider.
@@ -99,7 +100,12 @@ func (e *engine) publish() {
 	acked := make(map[string]plan.Ack, len(ids))
 	for i, id := range ids {
 		target[id] = split[i]
-		acked[id] = plan.Ack{Generation: e.records[id].gen, From: e.records[id].appliedFrom}
+		r := e.records[id]
+		ack := plan.Ack{Generation: r.gen, From: r.appliedFrom}
+		if r.source == follow.SourceEven {
+			ack.Even = r.enforced
+		}
+		acked[id] = ack
 	}
 	var cur *plan.Published
 	rewrite := false

@@ -14,7 +14,7 @@ import (
 // which `go run ./bench/sim FILE` replays exactly.
 
 // Draw returns the random scenario of seed: a provider with a limit and a
-// window, a few groups of instances with their own clock errors, message
+// window (one in eight of 30 s or 1 min, longer than leases and outages), a few groups of instances with their own clock errors, message
 // delays, losses and reordering, and a sequence of events — demand moves,
 // joins, crashes, restarts with the same ids, limit and window changes (up
 // and down), the provider deleted and created again, leader failovers, and
@@ -30,12 +30,26 @@ func Draw(seed uint64) Scenario {
 	sc.Seed = seed
 	windows := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 250 * time.Millisecond,
 		500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second}
+	long := r.IntN(8) == 0
+	if long {
+		// Windows longer than the leases, the fail_static and most
+		// outages, as a provider's per-minute (or per-day) limit has:
+		// crashes, restarts, expiries and outages then fall inside one
+		// window, which the short windows rarely show.
+		windows = append(windows, 30*time.Second, time.Minute)
+	}
 	pick := func() time.Duration { return windows[r.IntN(len(windows))] }
 	sc.Window = Duration(pick())
+	if long {
+		sc.Window = Duration(windows[len(windows)-1-r.IntN(2)])
+	}
 	sc.Limit = 20 + r.Int64N(3000)
 	sc.Algorithm = []string{"fair", "even"}[r.IntN(2)]
 	sc.Admissions = []string{AdmitSpread, AdmitBunched}[r.IntN(2)]
 	sc.Duration = Duration(40*time.Second + time.Duration(r.Int64N(int64(40*time.Second))))
+	if long {
+		sc.Duration += 3 * sc.Window // a few whole windows, each checked
+	}
 	sc.Warmup = 0
 	sc.ReportInterval = Duration(time.Duration(300+r.Int64N(1700)) * time.Millisecond)
 	sc.Margin = Duration(time.Duration(r.Int64N(300)) * time.Millisecond)

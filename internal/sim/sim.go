@@ -123,11 +123,15 @@ type record struct {
 	demand      int64
 	gen         int64 // AppliedGeneration
 	appliedFrom int64 // AppliedFrom: when that generation governs whole windows
+	source      string
+	enforced    int64 // Enforced: the quota applied, per window of its source
 	inc         int   // the process (incarnation) that wrote it
 	regAt       int64 // when that process registered (its key's creation), true time
 }
 
-func (r record) follow() follow.Record { return follow.Record{Demand: r.demand, Generation: r.gen} }
+func (r record) follow() follow.Record {
+	return follow.Record{Demand: r.demand, Generation: r.gen, Source: r.source, Enforced: r.enforced}
+}
 
 type engine struct {
 	sc       Scenario
