@@ -556,6 +556,46 @@ sluice_member_source{provider="api",source="shares"} 0
 	}
 }
 
+// lapse is a member "a" of provider api (40 per 100 ms, fail_static
+// 500 ms, a configd leader key) joined through a proxy the test can cut,
+// and a writer of share records.
+type lapse struct {
+	t    *testing.T
+	cli  *clientv3.Client // straight to etcd
+	px   *netcut.Proxy
+	a    *Member
+	logs logbuf.Buffer
+}
+
+func startLapse(t *testing.T) *lapse {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	l := &lapse{t: t, cli: srv.Client(t)}
+	putConfig(t, l.cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(100 * time.Millisecond), FailStatic: schema.Duration(500 * time.Millisecond)})
+	lease, err := l.cli.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putLeader(t, l.cli, lease.ID)
+	l.px = netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{l.px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pcli.Close() })
+	l.a = join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&l.logs, nil))))
+	return l
+}
+
+// shares writes generation gen of the provider's shares, in windows of
+// win from the boundary at or before from.
+func (l *lapse) shares(gen int64, from time.Time, win time.Duration, s map[string]int64) {
+	putShares(l.t, l.cli, schema.Shares{
+		Version: 1, Provider: "api", Generation: gen, EffectiveFrom: from.Truncate(win).UnixNano(), Window: schema.Duration(win),
+		Total: 40, Instances: len(s), Shares: s,
+	})
+}
+
 // TestLapsedShareStartsFromNothing: an instance cut off from etcd past its
 // fail-static horizon admits nothing; when it is back, the share it had
 // must not return in the windows before the shares it now finds take
@@ -564,30 +604,11 @@ sluice_member_source{provider="api",source="shares"} 0
 // configd had handed it to others).
 func TestLapsedShareStartsFromNothing(t *testing.T) {
 	const w = 100 * time.Millisecond
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(500 * time.Millisecond)})
-	lease, err := cli.Grant(context.Background(), 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, lease.ID)
-	shares := func(gen int64, from time.Time, s map[string]int64) {
-		putShares(t, cli, schema.Shares{
-			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: from.Truncate(w).UnixNano(), Window: schema.Duration(w),
-			Total: 40, Instances: len(s), Shares: s,
-		})
-	}
-	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
-	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcli.Close()
-	var logs logbuf.Buffer
-	a := join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	shares(1, time.Now(), map[string]int64{"a": 40}) // published once a registered, as configd does
-	enforcing(t, a, 40)
+	l := startLapse(t)
+	l.shares(1, time.Now(), w, map[string]int64{"a": 40}) // published once a registered, as configd does
+	enforcing(t, l.a, 40)
+	a, px, logs := l.a, l.px, &l.logs
+	shares := func(gen int64, from time.Time, s map[string]int64) { l.shares(gen, from, w, s) }
 
 	px.Cut()
 	waitFor(t, "disconnected", func() bool { return !a.Status().Connected })
@@ -620,28 +641,8 @@ func TestLapsedShareStartsFromNothing(t *testing.T) {
 // protocol search found, follow.Move).
 func TestLapsedShareStartsFromNothingWhileTheWindowChanges(t *testing.T) {
 	const w = 100 * time.Millisecond
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(500 * time.Millisecond)})
-	lease, err := cli.Grant(context.Background(), 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, lease.ID)
-	shares := func(gen int64, from time.Time, win time.Duration, s map[string]int64) {
-		putShares(t, cli, schema.Shares{
-			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: from.Truncate(win).UnixNano(), Window: schema.Duration(win),
-			Total: 40, Instances: len(s), Shares: s,
-		})
-	}
-	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
-	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcli.Close()
-	var logs logbuf.Buffer
-	a := join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	l := startLapse(t)
+	cli, a, px, logs, shares := l.cli, l.a, l.px, &l.logs, l.shares
 	shares(1, time.Now(), w, map[string]int64{"a": 40})
 	enforcing(t, a, 40)
 	// A change to 1 s windows, from a boundary seconds ahead: pending.
