@@ -293,6 +293,31 @@ func TestMultiTryAcquireShadowOnlyWhereEveryLimitIs(t *testing.T) {
 	})
 }
 
+// TestMultiValidStaysValidAcrossABackwardCorrection: a reservation whose
+// instant has come stays valid, Delay 0, when the clock is then corrected
+// backwards, as a Reservation does. Found by review: Delay said the
+// holder had to wait again.
+func TestMultiValidStaysValidAcrossABackwardCorrection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		time.Sleep(time.Until(WindowStart(time.Now(), 100*ms).Add(100 * ms)))
+		m := mustMulti(t, Limit{Quota: 1, Window: 10 * ms}, Limit{Dimension: "tokens", Quota: 10, Window: 100 * ms})
+		m.TryAcquire() // the requests window is full: the reservation waits for the next
+		r, err := m.Reserve(50*ms, Cost("tokens", 5))
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(r.Delay())
+		m.SetClockOffset(-5 * ms)
+		if d := r.Delay(); d != 0 {
+			t.Errorf("Delay() = %v after a backward correction of a valid reservation, want 0", d)
+		}
+		if err := r.Err(); err != nil {
+			t.Errorf("Err() = %v", err)
+		}
+	})
+}
+
 // TestMultiDeadlineFollowsTheClock: a wait's deadline is an instant of
 // real time, so a clock correction does not stretch or cut it. (The oracle
 // found a wait for quota ending after its maxWait, the deadline left on

@@ -415,12 +415,27 @@ func (r *MultiReservation) Delay() time.Duration {
 	now := m.lims[0].now()
 	m.reconcileLocked(r, now)
 	switch {
-	case r.state == resDone:
+	case r.state == resDone || r.partsValidLocked():
 		return 0
 	case r.state != resPending || r.due == math.MaxInt64:
 		return math.MaxInt64
 	}
 	return time.Duration(max(0, r.due-now))
+}
+
+// partsValidLocked reports whether every part of r was found valid by a
+// change of its limit (see Reservation.validLocked): valid it stays, even
+// when a clock corrected backwards makes its instant look ahead again.
+func (r *MultiReservation) partsValidLocked() bool {
+	if r.state != resPending {
+		return false
+	}
+	for i, rr := range r.rs {
+		if rr != nil && (!r.placed[i] || rr.state != resDone) {
+			return false
+		}
+	}
+	return r.rs != [MaxLimits]*Reservation{}
 }
 
 // Err returns nil while the reservation holds, or the error that ended it
