@@ -96,6 +96,14 @@ func Draw(seed uint64) Scenario {
 			ev = Event{At: ev.At, Kind: EventFailover, Down: Duration(r.Int64N(int64(5*time.Second))) + 1}
 		case k < 92:
 			ev = Event{At: ev.At, Kind: EventOutage, Down: Duration(r.Int64N(int64(40*time.Second))) + 1}
+			if r.IntN(3) == 0 {
+				// configd comes back with its clock behind by up to a few
+				// margins: its first publishes' boundaries have passed
+				// when they arrive (an adversarial review found growth
+				// beside an even share so; plan.evenHeld).
+				events = append(events, Event{At: max(0, ev.At+ev.Down-Duration(r.Int64N(int64(time.Second)))),
+					Kind: EventClock, Offset: -Duration(r.Int64N(int64(3*sc.Margin) + 1))})
+			}
 		default:
 			ev = Event{At: ev.At, Kind: EventClock, Offset: Duration(randomOffset(r))}
 		}
