@@ -164,7 +164,8 @@ func FuzzDecodeHistoryEntry(f *testing.F) {
 
 func FuzzKeysParse(f *testing.F) {
 	k := DefaultKeys()
-	for _, s := range []string{k.Config("p"), k.Instance("p", "i:1"), k.HistoryEntry("p", 9), k.Shares("p"), "/sluice/providers//config", "/sluice/providers/p/instances/a/b"} {
+	for _, s := range []string{k.Config("p"), k.Instance("p", "i:1"), k.HistoryEntry("p", 9), k.Shares("p"), k.Share("p", "i:1"),
+		k.LegacyShares("p"), k.EvenMark("p", "i:1"), "/sluice/providers//config", "/sluice/providers/p/instances/a/b"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, key string) {
@@ -177,7 +178,15 @@ func FuzzKeysParse(f *testing.F) {
 		case KindConfig:
 			again = k.Config(p.Provider)
 		case KindShares:
-			again = k.Shares(p.Provider)
+			// An instance's record, or without one the key where an
+			// older configd kept every share (the fuzzer found the latter
+			// formatted back as the records' folder).
+			again = k.Share(p.Provider, p.Instance)
+			if p.Instance == "" {
+				again = k.LegacyShares(p.Provider)
+			}
+		case KindEven:
+			again = k.EvenMark(p.Provider, p.Instance)
 		case KindInstance:
 			again = k.Instance(p.Provider, p.Instance)
 		case KindHistory:
