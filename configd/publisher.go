@@ -1081,9 +1081,7 @@ func acked(live map[string]schema.InstanceRecord) map[string]plan.Ack {
 	a := make(map[string]plan.Ack, len(live))
 	for id, rec := range live {
 		ack := plan.Ack{Generation: rec.AppliedGeneration, From: rec.AppliedFrom}
-		if rec.Source == schema.SourceEven {
-			ack.Even = rec.Enforced
-		}
+		ack.Even = rec.Source == schema.SourceEven
 		a[id] = ack
 	}
 	return a

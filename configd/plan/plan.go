@@ -164,15 +164,15 @@ type Transition struct {
 // windows of its limiter; From 0 when the instance did not say (one from
 // before the field): the record's boundary is taken.
 //
-// Even is the quota per window of the config (Input.Window) the instance
-// says it enforces on the even split (its record's source is the even
-// split: no configd was alive when it last wrote it); 0 otherwise. Until
-// it switches back to configd's shares, which it does within the change
-// margin of seeing a replica alive, it may admit that much, whatever its
-// grant: it counts at the larger of the two (see evenHeld).
+// Even says the instance's record says it enforces the even split (no
+// configd was alive when it last wrote it). Until it switches back to
+// configd's shares, which it does within the change margin of seeing a
+// replica alive, it may admit its even share, whatever its grant, and
+// that may be more than its record says: nobody grows meanwhile (see
+// frozen).
 type Ack struct {
 	Generation, From int64
-	Even             int64
+	Even             bool
 }
 
 // Decision is what the leader does.
@@ -308,23 +308,24 @@ func (p Planner) Decide(in Input) Decision {
 func (p Planner) move(cur *Published, in Input, target, held map[string]int64) (shares, granted map[string]int64, before *Transition) {
 	handover := p.handover()
 	if cur == nil {
-		shares, granted = handover(in.Total, target, evenHeld(in, target, in.Window, nil))
+		shares, granted = handover(in.Total, frozen(in, target, nil), map[string]int64{})
 		return shares, granted, nil
 	}
 	cb := bounds(cur, target, in.Acked, in.Now, p.bound()) // per window of cur
-	evenHeld(in, target, cur.Window, cb)
 	maps.Copy(cb, held)
 	before = transition(cur, in, cb)
 	if before == nil { // one length: cur's
-		shares, granted = handover(in.Total, target, cb)
+		shares, granted = handover(in.Total, frozen(in, target, cur.Shares), cb)
 		maps.Copy(granted, held) // bounds covers only the target's IDs
 		return shares, granted, nil
 	}
 	w, ow := in.Window, before.Window
 	fresh := map[string]int64{} // the new regime: nothing of it yet when it starts now
+	has := map[string]int64{}
 	if before.Since != 0 {
-		fresh = cb
+		fresh, has = cb, cur.Shares // cur is of the new regime: of length w
 	}
+	target = frozen(in, target, has)
 	either := maps.Clone(fresh) // per window of w
 	old := map[string]int64{}   // per window of ow: the old regime, or a share of w counted in
 	for id, v := range fresh {
@@ -379,28 +380,36 @@ func (p Planner) move(cur *Published, in Input, target, held map[string]int64) (
 	return shares, granted, before
 }
 
-// evenHeld raises b, per window of w, to what each live instance of
-// target says it enforces on the even split (Ack.Even), and returns it (a
-// new map when b is nil). An instance learns that a configd replica is
-// alive again within the change margin, and switches then; a publish
-// made before, whose growth took effect before it switched, put its even
-// share and the growth in one window. The margin on the leader's clock
-// does not keep them apart: a leader whose clock is behind publishes a
-// boundary that has passed, and a late growth applies from the next one
-// (found by review: 2,099 in a 100 ms window of 2,000 after an outage
-// with configd's clock 3 s behind). Counted so, a growth comes only out
-// of room no even share holds, whatever the clocks say, until the
-// instance acknowledges a record.
-func evenHeld(in Input, target map[string]int64, w time.Duration, b map[string]int64) map[string]int64 {
-	if b == nil {
-		b = make(map[string]int64, len(target))
-	}
+// frozen returns target with no share above what it has (per the same
+// window; none: 0) while any live instance's record says it enforces the
+// even split (Ack.Even); else target itself. An instance learns that a
+// configd replica is alive again within the change margin, and switches
+// then; a growth that took effect before put its even share and the
+// growth in one window. The margin on the leader's clock does not keep
+// them apart: a leader whose clock is behind publishes a boundary that
+// has passed, and a late growth applies from the next one (found by
+// review: 2,099 in a 100 ms window of 2,000 after an outage with configd's
+// clock 3 s behind). Nor would counting the instance at the quota its
+// record names: it writes its record after applying a larger even share
+// (the same review: records of 500 while 1,000 was in force); and
+// counting it at more than its grant lets the handover take any share up
+// to that for no growth of its own. So nobody grows until every instance
+// has left the even split, whatever the clocks say; the instances that
+// leave it take their shares from a boundary a margin after they switch
+// (follow.Schedule), when the others have switched too.
+func frozen(in Input, target, has map[string]int64) map[string]int64 {
+	even := false
 	for id := range target {
-		if e := in.Acked[id].Even; e > 0 {
-			b[id] = max(b[id], share.In(e, in.Window, w))
-		}
+		even = even || in.Acked[id].Even
 	}
-	return b
+	if !even {
+		return target
+	}
+	t := make(map[string]int64, len(target))
+	for id, v := range target {
+		t[id] = min(v, has[id])
+	}
+	return t
 }
 
 // transition returns the change of regime this publish keeps: a new one

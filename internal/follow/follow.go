@@ -126,13 +126,18 @@ type InForce struct {
 // disagree on who holds what (the even split against configd's shares),
 // so the smaller of the quota in force and the new one applies at once, in
 // the window under way, and the new one only from a boundary at least the
-// margin ahead, when the others have switched too. A new quota of another
-// window length is counted into the length in force (share.In) for that
-// cut: an instance that joined during a configd outage and took an even
-// share kept it, in 100 ms windows, until configd's first record of a 5 s
-// window took over seconds later, while the others went back to the
-// shares configd had given out before it joined (found by the protocol
-// search: 888 in a 100 ms window of 862). Interim is per window of the
+// margin ahead, when the others have switched too; with no cut as well
+// (an adversarial review found a switch to a record of another length,
+// not smaller, applied at the next boundary: 6,020 in a window of 6,000).
+// A new quota of another window length must hold in windows of both
+// lengths for that cut: counted into the length in force (share.In), and
+// no more per window of it than keeps every window of the new length
+// within the new quota (share.Within). An instance that joined during a
+// configd outage and took an even share kept it, in 100 ms windows, until
+// configd's first record of a 5 s window took over seconds later (found by
+// the protocol search: 888 in a 100 ms window of 862); one cut to 30 per
+// 1 s by a record of 30 per minute put 1,800 into a minute (found by the
+// review: 7,770 in a minute of 6,000). Interim is per window of the
 // length in force.
 //
 // A quota that arrives after its boundary applies at once only if it
@@ -158,10 +163,10 @@ func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Durati
 		}
 	}
 	if prev.Source != next.Source && prev.Source != "" {
-		interim := min(cur.Quota, share.In(next.Quota, next.Window, cur.Window))
+		st.From = max(st.From, soon)
+		interim := min(cur.Quota, share.In(next.Quota, next.Window, cur.Window), share.Within(next.Quota, cur.Window, next.Window))
 		if prev.Window == next.Window || interim < cur.Quota {
 			st.Cut, st.Interim = true, interim
-			st.From = max(st.From, soon)
 		}
 	}
 	if st.From <= now && (next.Quota > cur.Quota || next.Window != cur.Window) {

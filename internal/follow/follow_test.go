@@ -27,15 +27,20 @@ func TestSchedule(t *testing.T) {
 			even(100), shares(300), 11 * w, Step{Cut: true, Interim: 100, From: 12 * w}},
 		{"shares to even", shares(300), even(100), 0, Step{Cut: true, Interim: 100, From: 12 * w}},
 		{"a share published further ahead keeps its boundary", even(100), shares(50), 15 * w, Step{Cut: true, Interim: 50, From: 15 * w}},
-		{"fallback to shares in another window", Applied{Source: "fallback", Quota: 5, Window: time.Minute}, shares(20), 11 * w, Step{From: 11 * w}},
+		// Found by review: a switch with no cut skipped the margin.
+		{"fallback to shares in another window: from a boundary the margin ahead", Applied{Source: "fallback", Quota: 5, Window: time.Minute}, shares(20), 11 * w, Step{From: 12 * w}},
 		// Found by the protocol search: an instance on the even split in
 		// 1 s windows kept its even share until its first record, of
 		// another window, took over, while the others were back on their
 		// records. The new share counted into the length in force caps it
 		// at once.
 		{"even to shares of a longer window: cut at once", even(100), Applied{Source: "shares", Quota: 0, Window: 5 * time.Second}, 15 * w, Step{Cut: true, Interim: 0, From: 15 * w}},
-		{"even to shares of a longer window, smaller", even(100), Applied{Source: "shares", Quota: 60, Window: 5 * time.Second}, 15 * w, Step{Cut: true, Interim: 60, From: 15 * w}},
-		{"even to shares of a shorter window: counted into the longer", Applied{Source: "even", Quota: 100, Window: 2 * time.Second}, Applied{Source: "shares", Quota: 30, Window: time.Second}, 12 * w, Step{Cut: true, Interim: 60, From: 12 * w}},
+		// Found by review: 30 per minute cut to 30 per second put 1,800
+		// into a minute; the cut must keep every window of the new length
+		// within its quota too.
+		{"even to shares of a longer window, smaller", even(100), Applied{Source: "shares", Quota: 60, Window: 5 * time.Second}, 15 * w, Step{Cut: true, Interim: 12, From: 15 * w}},
+		{"even to shares of a minute window", even(50), Applied{Source: "shares", Quota: 30, Window: time.Minute}, 60 * w, Step{Cut: true, Interim: 0, From: 60 * w}},
+		{"even to shares of a shorter window: within both lengths", Applied{Source: "even", Quota: 100, Window: 2 * time.Second}, Applied{Source: "shares", Quota: 30, Window: time.Second}, 12 * w, Step{Cut: true, Interim: 30, From: 12 * w}},
 		{"even to shares of another window, no smaller", even(10), Applied{Source: "shares", Quota: 60, Window: 5 * time.Second}, 15 * w, Step{From: 15 * w}},
 		// Late: the boundary has passed (issue 12, hole 7).
 		{"a late shrink applies at once", shares(20), shares(10), 10 * w, Step{From: 10 * w}},

@@ -102,9 +102,7 @@ func (e *engine) publish() {
 		target[id] = split[i]
 		r := e.records[id]
 		ack := plan.Ack{Generation: r.gen, From: r.appliedFrom}
-		if r.source == follow.SourceEven {
-			ack.Even = r.enforced
-		}
+		ack.Even = r.source == follow.SourceEven
 		acked[id] = ack
 	}
 	var cur *plan.Published
