@@ -169,6 +169,15 @@ func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Durati
 			st.Cut, st.Interim = true, interim
 		}
 	}
+	if prev.Source == next.Source && prev.At > now && (next.Quota > cur.Quota || next.Window != cur.Window) {
+		// A growth waits for the step still pending before it: after a
+		// switch of source, the second step, a margin ahead, is what keeps
+		// it apart from the instances still on the old source (found by
+		// review: a record that came right after the switch, its boundary
+		// passed, grew over the cut at the next boundary beside an even
+		// share: 1,450 in a window of 1,000).
+		st.From = max(st.From, prev.At)
+	}
 	if st.From <= now && (next.Quota > cur.Quota || next.Window != cur.Window) {
 		st.From = NextBoundary(now+1, int64(next.Window))
 	}

@@ -77,6 +77,13 @@ func TestSchedule(t *testing.T) {
 	if got := Schedule(shares(498), shares(303), cur, 10*w, now, margin); got != (Step{From: 11 * w}) {
 		t.Errorf("a late 303 over 3 in force (498 scheduled ahead): %+v, want from the next boundary", got)
 	}
+	// Found by review: right after a switch (cut to 500, the share of
+	// 1000 from 12 s), a record whose boundary had passed grew over the
+	// cut from the next boundary, 11 s, beside an even share.
+	pending := Applied{Source: "shares", Quota: 1000, Window: time.Second, At: 12 * w}
+	if got := Schedule(pending, shares(950), InForce{Quota: 500, Window: time.Second}, 9*w, now, margin); got != (Step{From: 12 * w}) {
+		t.Errorf("a growth right after a switch still pending: %+v, want from the switch's boundary 12 s", got)
+	}
 	if got := Schedule(shares(498), even(400), cur, 0, now, margin); got.Interim != 3 {
 		t.Errorf("a switch of source with 3 in force and 498 scheduled: interim %d, want 3", got.Interim)
 	}
