@@ -72,7 +72,7 @@ func TestHoldFor(t *testing.T) {
 			if tt.rec != nil && written.IsZero() {
 				written = tt.rec.Updated
 			}
-			if got := st.holdFor(tt.rec, written); got != tt.want {
+			if got := st.holdFor("i", tt.rec, written); got != tt.want {
 				t.Errorf("holdFor = %v, want %v (replaced %v)", got, tt.want, st.replaced)
 			}
 		})
@@ -88,7 +88,7 @@ func TestReplacedFailStaticForgotten(t *testing.T) {
 	cur.FailStatic = schema.Duration(time.Second)
 	st := &providerState{cfg: &cur}
 	st.noteFailStatic(old, t0)
-	if got := st.holdFor(nil, time.Time{}); got < time.Hour {
+	if got := st.holdFor("i", nil, time.Time{}); got < time.Hour {
 		t.Fatalf("just after the change: hold %v, want at least the replaced 1h", got)
 	}
 	st.noteFailStatic(&cur, t0.Add(failStaticMemory)) // no change: only prunes
@@ -96,7 +96,7 @@ func TestReplacedFailStaticForgotten(t *testing.T) {
 		t.Fatalf("forgotten at exactly failStaticMemory: %v", st.replaced)
 	}
 	st.noteFailStatic(&cur, t0.Add(failStaticMemory+time.Second))
-	if got, want := st.holdFor(nil, time.Time{}), time.Second+20*time.Millisecond; got != want || len(st.replaced) != 0 {
+	if got, want := st.holdFor("i", nil, time.Time{}), time.Second+20*time.Millisecond; got != want || len(st.replaced) != 0 {
 		t.Errorf("after failStaticMemory: hold %v (replaced %v), want %v", got, st.replaced, want)
 	}
 }
@@ -210,5 +210,31 @@ func TestOwnMalformedRecordIsNotRewritten(t *testing.T) {
 	p.apply(mvccpb.PUT, &mvccpb.KeyValue{Key: []byte(k), ModRevision: 8, Value: []byte(`{"version":1,`)})
 	if !st.shares.bad() {
 		t.Errorf("a malformed record written by someone else is not to be rewritten")
+	}
+}
+
+// TestHoldCoversAWindowOfAnotherLength: an instance whose share record is
+// of another window length than the config's (the window changed while it
+// was cut off) may admit past its horizon to the end of a window that began
+// before it, so its hold is longer by that length. Found by review: a 10 s
+// window ran 8 s past a hold that ended when the window had become 1 s,
+// 90 in a 1 s window of 60.
+func TestHoldCoversAWindowOfAnotherLength(t *testing.T) {
+	cfg := &schema.ProviderConfig{Version: 1, Name: "pay", Limit: 60, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)}
+	st := &providerState{cfg: cfg, shares: newShareState()}
+	rec := &schema.InstanceRecord{FailStatic: schema.Duration(time.Second)}
+	base := st.holdFor("a", rec, time.Time{})
+	st.shares.records["a"] = shareEntry{rec: schema.ShareRecord{Window: schema.Duration(time.Second), Share: 30}}
+	if got := st.holdFor("a", rec, time.Time{}); got != base {
+		t.Errorf("a record of the config's window: hold %v, want %v", got, base)
+	}
+	st.shares.records["a"] = shareEntry{rec: schema.ShareRecord{Window: schema.Duration(10 * time.Second), Share: 30}}
+	if got := st.holdFor("a", rec, time.Time{}); got != base+10*time.Second {
+		t.Errorf("a record of 10 s windows under a config of 1 s: hold %v, want %v", got, base+10*time.Second)
+	}
+	st.shares.records["a"] = shareEntry{rec: schema.ShareRecord{Window: schema.Duration(time.Second), Share: 30,
+		Before: &schema.ShareTransition{Window: schema.Duration(5 * time.Second), Since: 3, Granted: 150}}}
+	if got := st.holdFor("a", rec, time.Time{}); got != base+5*time.Second {
+		t.Errorf("a record keeping an old regime of 5 s windows: hold %v, want %v", got, base+5*time.Second)
 	}
 }

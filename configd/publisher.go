@@ -269,13 +269,14 @@ func (st *providerState) replacedFrom(kvs []*mvccpb.KeyValue, now time.Time) {
 	}
 }
 
-// holdFor is how long after an instance's key went its grant is held
+// holdFor is how long after instance id's key went its grant is held
 // (schema.ProviderConfig.HoldAfter): for the longest fail_static it may be
 // counting with — the provider's, the one its last record (rec, written at
 // written; nil when unknown) says, and any this replica knows was replaced
 // since that record was written, which it may have read after (with no
-// record: any remembered) — plus the clock bound.
-func (st *providerState) holdFor(rec *schema.InstanceRecord, written time.Time) time.Duration {
+// record: any remembered) — plus the clock bound, plus how long it may
+// admit past its horizon (lingers).
+func (st *providerState) holdFor(id string, rec *schema.InstanceRecord, written time.Time) time.Duration {
 	var d time.Duration
 	if rec != nil {
 		d = rec.FailStatic.D()
@@ -285,7 +286,34 @@ func (st *providerState) holdFor(rec *schema.InstanceRecord, written time.Time) 
 			d = max(d, r.d)
 		}
 	}
-	return st.config().HoldAfter(d)
+	return st.config().HoldAfter(d) + st.lingers(id)
+}
+
+// lingers is how long past its fail-static horizon instance id may still
+// admit by its share record: a window that began before its expiry keeps
+// its quota to its end (limiter.SetExpiry). In the config's window length
+// that end is at or before the boundary the others grow at after the
+// hold; in another length (the window changed while it was cut off) it
+// can be later, by up to that length. An adversarial review found a
+// 10 s window running 8 s past a hold that ended when the window had
+// become 1 s: 90 in a 1 s window of 60.
+func (st *providerState) lingers(id string) time.Duration {
+	e, ok := st.shares.records[id]
+	if !ok {
+		return 0
+	}
+	w := st.config().Window.D()
+	lengths := []time.Duration{e.rec.Window.D()}
+	if b := e.rec.Before; b != nil {
+		lengths = append(lengths, b.Window.D())
+	}
+	var d time.Duration
+	for _, x := range lengths {
+		if x != w {
+			d = max(d, x)
+		}
+	}
+	return d
 }
 
 // enforcing returns the most id's share record leaves it enforcing
@@ -306,7 +334,7 @@ func (st *providerState) holdMissing(now time.Time) {
 			continue
 		}
 		if _, ok := st.held[id]; !ok {
-			st.held[id] = now.Add(st.holdFor(nil, time.Time{}))
+			st.held[id] = now.Add(st.holdFor(id, nil, time.Time{}))
 		}
 	}
 }
@@ -747,7 +775,7 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 			delete(st.written, k.Instance)
 			delete(st.shares.registered, k.Instance)
 			if was && !rec.Leaving && st.holdable(k.Instance) {
-				hold := st.holdFor(&rec, written)
+				hold := st.holdFor(k.Instance, &rec, written)
 				until := p.now().Add(hold)
 				st.held[k.Instance] = until
 				p.log.Info("instance lease expired; its share stays reserved as long as it may enforce it (the fail_static it may count with, plus the clock bound)",
