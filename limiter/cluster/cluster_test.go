@@ -672,6 +672,91 @@ func TestLapsedShareStartsFromNothingWhileTheWindowChanges(t *testing.T) {
 	}
 }
 
+// TestEvenSplitHoldsForALoweredFailStatic: configd's shares give a 60
+// and b 30 of 90, fail_static 10 s; a is cut off from etcd, an operator
+// lowers fail_static to 1 s, and configd goes. a may admit its 60 until a
+// 10 s fail_static past its lease; b, on the even split, must stay within
+// its 30 until then, holding for the fail_static it saw replaced. Found
+// by review: b took the whole 90 after a hold of the lowered 1 s, 150 in
+// a window of 90.
+func TestEvenSplitHoldsForALoweredFailStatic(t *testing.T) {
+	const w = 100 * time.Millisecond
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(10 * time.Second)})
+	ctx := context.Background()
+	leader, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putLeader(t, cli, leader.ID)
+	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcli.Close()
+	a := join(t, pcli, "api", "a")
+	var logs logbuf.Buffer
+	b := join(t, cli, "api", "b", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	putShares(t, cli, schema.Shares{
+		Version: 1, Provider: "api", Generation: 7, EffectiveFrom: time.Now().Add(2 * w).Truncate(w).UnixNano(), Window: schema.Duration(w),
+		Total: 90, Instances: 2, Shares: map[string]int64{"a": 60, "b": 30}, Granted: map[string]int64{"a": 60, "b": 30},
+	})
+	enforcing(t, a, 60)
+	enforcing(t, b, 30)
+
+	px.Cut()
+	horizon := a.Status().AdmitsUntil
+	// While a is cut off: fail_static lowered, then configd gone.
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(time.Second)})
+	if _, err := cli.Revoke(ctx, leader.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b on the even split", func() bool { return b.Status().Source == "even" })
+	for {
+		now := time.Now()
+		if !now.Before(horizon.Add(-time.Second)) {
+			return // b stayed within 30 while a could admit 60: as promised
+		}
+		if b.Limiter().Stats().Quota > 30 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Admit in one 100 ms window: wait for a fresh window of b's.
+	for {
+		n := b.Limiter().Now()
+		if n.Sub(n.Truncate(w)) < 20*time.Millisecond {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	start := b.Limiter().Now().Truncate(w)
+	var got int64
+	for _, m := range []*Member{a, b} {
+		q := m.Limiter().Stats().Quota
+		if m.Limiter().TryAcquireN(q) {
+			got += q
+		}
+	}
+	end := b.Limiter().Now().Truncate(w)
+	if start.Equal(end) && got > 90 {
+		t.Fatalf("admitted %d in the 100 ms window at %s, limit 90: a (cut off, fail_static 10 s, admits until %s) and b (even split, whole limit); b's log:\n%s",
+			got, start.Format("15:04:05.000"), horizon.Format("15:04:05.000"), logs.From(0))
+	}
+	t.Logf("admitted %d in one window (start %s end %s)", got, start.Format("15:04:05.000"), end.Format("15:04:05.000"))
+}
+
+// TestReviewCutOffKeepsItsLongWindowPastTheHold: the even split (no
+// configd), 60 per 10 s, a and b 30 each. a is cut off just before a 10 s
+// boundary, so its horizon (its lease's end, 3 s) falls early in the next
+// 10 s window, which it begins and keeps (SetExpiry: a window begun keeps
+// its quota). Meanwhile the operator changes the config to 60 per 1 s. b
+// counts a out a hold after its key went and takes 60 per 1 s while a's
+// 10 s window is still open: a's 30 and b's 60 in one 1 s window, where the
+// largest limit any instance enforces, counted into 1 s, is 60.
+
 // TestEvenSplitKeepsOutUnconfirmedGrants: configd's shares are a 60, b 30;
 // a is cut off from etcd, then configd goes. b falls back to the even
 // split, but a keeps enforcing 60 until its fail-static horizon, never

@@ -45,6 +45,7 @@ type view struct {
 	// checked again when the config changes.
 	refused    []byte
 	refusedRev int64
+	replaced   []replaced // see evenHold
 }
 
 func newView() *view {
@@ -407,7 +408,7 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 		}
 	}
 	if len(v.leaders) == 0 {
-		v.even.Observe(time.Now(), rs[3].GetResponseRange().Count, rs[4].GetResponseRange().Count, holdFor(v.config, m.cfg.report))
+		v.even.Observe(time.Now(), rs[3].GetResponseRange().Count, rs[4].GetResponseRange().Count, v.evenHold(m.cfg.report, time.Now()))
 	}
 	m.listProblems(v)
 	return resp.Header.Revision, nil
@@ -429,7 +430,7 @@ func (m *Member) pollEven(ctx context.Context, v *view) error {
 		return fmt.Errorf("count instances of %s: %w", m.provider, err)
 	}
 	rs := resp.Responses
-	v.even.Observe(time.Now(), rs[0].GetResponseRange().Count, rs[1].GetResponseRange().Count, holdFor(v.config, m.cfg.report))
+	v.even.Observe(time.Now(), rs[0].GetResponseRange().Count, rs[1].GetResponseRange().Count, v.evenHold(m.cfg.report, time.Now()))
 	return nil
 }
 
@@ -640,6 +641,7 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 			return
 		}
 		good()
+		v.noteReplaced(v.config, &c, time.Now(), m.cfg.leaseTTL)
 		v.config, v.configRev = &c, rev
 		if r := v.refused; r != nil {
 			v.refused = nil
@@ -732,7 +734,7 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	if c := v.config; c != nil {
 		fv.Config = &follow.Config{Limit: c.Limit, Window: c.Window.D()}
 		if !fv.Leader {
-			fv.Even = v.even.Share(c.Limit, grant, m.registeredAt, time.Now(), holdFor(c, m.cfg.report))
+			fv.Even = v.even.Share(c.Limit, grant, m.registeredAt, time.Now(), v.evenHold(m.cfg.report, time.Now()))
 			if grant > 0 {
 				fv.EvenFrom = v.share.EffectiveFrom
 			}
