@@ -250,7 +250,22 @@ func (s *shareState) published(provider string, at time.Time) *plan.Published {
 // grant.
 func (p *publisher) records(name string, cfg schema.ProviderConfig, cfgRev int64, d plan.Decision, gen int64, now time.Time) map[string]schema.ShareRecord {
 	out := make(map[string]schema.ShareRecord, len(d.Granted))
-	for id, granted := range d.Granted {
+	ids := maps.Clone(d.Granted)
+	if ids == nil {
+		ids = map[string]int64{}
+	}
+	if b := d.Before; b != nil {
+		// An instance held after its key went keeps only an old regime's
+		// grant when the limit or the window changes: its record keeps it
+		// (share 0, held), or the hold would go with the record (found by
+		// review: 89 in a 1 s window of 60 after --limit 59).
+		for id, g := range b.Granted {
+			if _, ok := ids[id]; !ok && g > 0 {
+				ids[id] = 0
+			}
+		}
+	}
+	for id, granted := range ids {
 		sh, named := d.Shares[id]
 		r := schema.ShareRecord{
 			Version: schema.Version, Provider: name, Instance: id,

@@ -27,8 +27,14 @@ func (v *view) noteReplaced(prev, c *schema.ProviderConfig, now time.Time, ttl t
 	if fs <= c.FailStaticOrDefault() && w == c.Window.D() {
 		return
 	}
-	v.replaced = append(v.replaced, replaced{failStatic: fs, window: w, until: now.Add(ttl + prev.HoldAfter(0) + w)})
+	// As long as configd remembers a replaced fail_static: the cut-off
+	// instance's lease may be longer than this Member's (found by review).
+	v.replaced = append(v.replaced, replaced{failStatic: fs, window: w, until: now.Add(max(replacedMemory, ttl+prev.HoldAfter(0)+w))})
 }
+
+// replacedMemory is how long a Member remembers a replaced fail_static
+// or window length, as configd does: longer than any lease.
+const replacedMemory = 2 * time.Hour
 
 // evenHold is the hold of the even split (follow.Even), at now: as long
 // as configd holds a lapsed share — the longest fail_static an instance

@@ -46,6 +46,11 @@ type view struct {
 	refused    []byte
 	refusedRev int64
 	replaced   []replaced // see evenHold
+	// lastConfig is the last good config seen, kept across a deletion
+	// and a reload, so that a change seen through either is noted
+	// (noteReplaced; found by review: a session restarted between the
+	// change and the split forgot the old fail_static).
+	lastConfig *schema.ProviderConfig
 }
 
 func newView() *view {
@@ -391,6 +396,9 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("load provider %s: %w", m.provider, err)
 	}
+	if v.config != nil {
+		v.lastConfig = v.config
+	}
 	v.config, v.share, v.refused = nil, nil, nil
 	clear(v.leaders)
 	// Every record is read again: a key deleted while etcd was out of
@@ -625,6 +633,9 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 	switch k.Kind {
 	case schema.KindConfig:
 		if deleted {
+			if v.config != nil {
+				v.lastConfig = v.config
+			}
 			v.config = nil
 			good()
 			return
@@ -641,7 +652,11 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 			return
 		}
 		good()
-		v.noteReplaced(v.config, &c, time.Now(), m.cfg.leaseTTL)
+		prev := v.config
+		if prev == nil {
+			prev = v.lastConfig
+		}
+		v.noteReplaced(prev, &c, time.Now(), m.cfg.leaseTTL)
 		v.config, v.configRev = &c, rev
 		if r := v.refused; r != nil {
 			v.refused = nil
