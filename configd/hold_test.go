@@ -238,3 +238,26 @@ func TestHoldCoversAWindowOfAnotherLength(t *testing.T) {
 		t.Errorf("a record keeping an old regime of 5 s windows: hold %v, want %v", got, base+5*time.Second)
 	}
 }
+
+// TestHoldGrowsWhenTheWindowChanges: a hold set while the config's window
+// was that of the held instance's record grows by that window's length
+// when the config's window changes, since the instance's limiter may run
+// a window of the old length past its horizon. Found by review: the hold
+// ended inside the held instance's 10 s window after it became 1 s.
+func TestHoldGrowsWhenTheWindowChanges(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 6, 0, 0, 0, time.UTC)
+	old := &schema.ProviderConfig{Version: 1, Name: "pay", Limit: 60, Window: schema.Duration(10 * time.Second), FailStatic: schema.Duration(3 * time.Second)}
+	st := &providerState{cfg: old, shares: newShareState(), held: map[string]time.Time{"a": t0}}
+	st.shares.records["a"] = shareEntry{rec: schema.ShareRecord{Window: schema.Duration(10 * time.Second), Share: 30}}
+	st.windowChanged(old)
+	if got := st.held["a"]; !got.Equal(t0) {
+		t.Errorf("no change of window: hold until %v, want %v", got, t0)
+	}
+	cur := *old
+	cur.Window = schema.Duration(time.Second)
+	st.cfg = &cur
+	st.windowChanged(old)
+	if got, want := st.held["a"], t0.Add(10*time.Second); !got.Equal(want) {
+		t.Errorf("window 10s became 1s: hold until %v, want %v", got, want)
+	}
+}

@@ -289,6 +289,21 @@ func (st *providerState) holdFor(id string, rec *schema.InstanceRecord, written 
 	return st.config().HoldAfter(d) + st.lingers(id)
 }
 
+// windowChanged lengthens the holds set before the config's window changed
+// from prev's by how long each held instance may admit past its horizon in
+// a window of its record's length, which was not counted then (lingers;
+// found by review: a hold set while the window was 10 s ended inside the
+// held instance's 10 s window after it became 1 s, 90 in a 1 s window
+// of 60).
+func (st *providerState) windowChanged(prev *schema.ProviderConfig) {
+	if prev == nil || st.cfg == nil || prev.Window == st.cfg.Window {
+		return
+	}
+	for id, until := range st.held {
+		st.held[id] = until.Add(st.lingers(id))
+	}
+}
+
 // lingers is how long past its fail-static horizon instance id may still
 // admit by its share record: a window that began before its expiry keeps
 // its quota to its end (limiter.SetExpiry). In the config's window length
@@ -767,15 +782,7 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 		prev := st.cfg
 		st.cfg, st.cfgRev = &cfg, kv.ModRevision
 		st.noteFailStatic(prev, p.wall())
-		if prev != nil && prev.Window != cfg.Window {
-			// A hold set before the window changed did not count a window
-			// of the held record's length running past the horizon
-			// (lingers); it does now (found by review: 90 in a 1 s
-			// window of 60).
-			for id, until := range st.held {
-				st.held[id] = until.Add(st.lingers(id))
-			}
-		}
+		st.windowChanged(prev)
 	case schema.KindInstance:
 		if !put {
 			rec, was := st.instances[k.Instance]
