@@ -18,7 +18,7 @@ import (
 
 // TestEvenSplitRemembersAReplacedFailStatic is
 // TestEvenSplitHoldsForALoweredFailStatic with one more thing, each found
-// by an adversarial review of 2e28fd8: b's own session restarts (b loses
+// by an adversarial review of 2078e09: b's own session restarts (b loses
 // etcd for a moment, or its watch falls behind a compaction) while
 // fail_static is lowered, or the provider is deleted and created again,
 // or a's lease is longer than b's. The Member forgot the old value on a
