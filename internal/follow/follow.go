@@ -33,6 +33,12 @@ type Applied struct {
 	// said when the generation was first applied: what the instance
 	// acknowledges, as its record's AppliedFrom.
 	InForce int64
+	// Switched (Unix ns; 0: none) is the boundary from which the last
+	// switch of source governs: before it, other instances may still be
+	// on the old source, so no growth applies before it. It is carried on
+	// across steps of the same source, which may take the place of the
+	// switch's own step in the limiter (Step.Switched).
+	Switched int64
 }
 
 // View is what an instance knows of its provider when it decides what to
@@ -102,6 +108,9 @@ type Step struct {
 	// From (Unix ns) is when the new quota applies: from the first window
 	// boundary at or after it.
 	From int64
+	// Switched is the new Applied.Switched: From if this step switches
+	// source, else the previous one's.
+	Switched int64
 }
 
 // InForce is what a limiter enforces in the window under way: its quota
@@ -152,7 +161,7 @@ type InForce struct {
 // boundary ahead.
 func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Duration) Step {
 	soon := NextBoundary(now+int64(margin), int64(next.Window))
-	st := Step{From: at}
+	st := Step{From: at, Switched: prev.Switched}
 	if st.From == 0 || next.Source == SourceEven {
 		st.From = soon
 		// The grant that caps the even split counts from its record's
@@ -169,17 +178,24 @@ func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Durati
 			st.Cut, st.Interim = true, interim
 		}
 	}
-	if prev.Source == next.Source && prev.At > now && (next.Quota > cur.Quota || next.Window != cur.Window) {
-		// A growth waits for the step still pending before it: after a
-		// switch of source, the second step, a margin ahead, is what keeps
-		// it apart from the instances still on the old source (found by
-		// review: a record that came right after the switch, its boundary
-		// passed, grew over the cut at the next boundary beside an even
-		// share: 1,450 in a window of 1,000).
-		st.From = max(st.From, prev.At)
+	if prev.Source == next.Source && (next.Quota > cur.Quota || next.Window != cur.Window) {
+		// A growth waits for the step still pending before it, and for
+		// the last switch of source: its second step, a margin ahead, is
+		// what keeps it apart from the instances still on the old source
+		// (found by review: a record that came right after the switch,
+		// its boundary passed, grew over the cut at the next boundary
+		// beside an even share: 1,450 in a window of 1,000). The switch's
+		// boundary is kept apart from the step pending: a clock cut below
+		// the quota in force applies at once and takes the pending step's
+		// place, and the growth back when the cut lifted came before the
+		// switch's boundary (found by review).
+		st.From = max(st.From, prev.At, prev.Switched)
 	}
 	if st.From <= now && (next.Quota > cur.Quota || next.Window != cur.Window) {
 		st.From = NextBoundary(now+1, int64(next.Window))
+	}
+	if prev.Source != next.Source && prev.Source != "" {
+		st.Switched = st.From
 	}
 	return st
 }

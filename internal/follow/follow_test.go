@@ -64,6 +64,9 @@ func TestSchedule(t *testing.T) {
 	}
 	for _, c := range cases {
 		cur := InForce{Quota: c.prev.Quota, Window: c.prev.Window}
+		if c.prev.Source != c.next.Source && c.prev.Source != "" {
+			c.want.Switched = c.want.From // a switch's boundary is carried on
+		}
 		if got := Schedule(c.prev, c.next, cur, c.at, now, margin); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
@@ -83,6 +86,25 @@ func TestSchedule(t *testing.T) {
 	pending := Applied{Source: "shares", Quota: 1000, Window: time.Second, At: 12 * w}
 	if got := Schedule(pending, shares(950), InForce{Quota: 500, Window: time.Second}, 9*w, now, margin); got != (Step{From: 12 * w}) {
 		t.Errorf("a growth right after a switch still pending: %+v, want from the switch's boundary 12 s", got)
+	}
+	// Found by review: right after a switch (cut to 500, the share of
+	// 1000 from 12 s), a clock cut to 400 applied at once and took the
+	// place of the pending step; when the cut lifted, the share grew
+	// back to 1000 at 11 s, before the switch's boundary, beside an
+	// instance still on the even split. The switch's boundary is carried
+	// on until it has passed.
+	st := Schedule(even(500), Applied{Source: "shares", Quota: 1000, Window: time.Second, At: 9 * w}, InForce{Quota: 500, Window: time.Second}, 9*w, now, margin)
+	if st != (Step{Cut: true, Interim: 500, From: 12 * w, Switched: 12 * w}) {
+		t.Fatalf("the switch: %+v", st)
+	}
+	ap := Applied{Source: "shares", Quota: 1000, Window: time.Second, At: st.From, Switched: st.Switched}
+	st = Schedule(ap, Applied{Source: "shares", Quota: 400, Window: time.Second, At: 9 * w}, InForce{Quota: 500, Window: time.Second}, 9*w, now, margin)
+	if st.From > now || st.Switched != 12*w {
+		t.Fatalf("a clock cut to 400 after the switch: %+v, want at once, the switch's boundary kept", st)
+	}
+	ap = Applied{Source: "shares", Quota: 400, Window: time.Second, At: st.From, Switched: st.Switched}
+	if st = Schedule(ap, Applied{Source: "shares", Quota: 1000, Window: time.Second, At: 9 * w}, InForce{Quota: 400, Window: time.Second}, 9*w, now, margin); st.From != 12*w {
+		t.Errorf("the cut lifted right after a switch: %+v, want from the switch's boundary 12 s", st)
 	}
 	if got := Schedule(shares(498), even(400), cur, 0, now, margin); got.Interim != 3 {
 		t.Errorf("a switch of source with 3 in force and 498 scheduled: interim %d, want 3", got.Interim)

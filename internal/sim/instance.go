@@ -337,7 +337,7 @@ func (in *instance) apply(e *engine) bool {
 	now := e.now - in.skew
 	st := in.lim.Stats()
 	step := e.schedule(ap, next, follow.InForce{Quota: st.Quota, Window: st.Window}, next.At, now, e.sc.Margin.D())
-	next.At = step.From
+	next.At, next.Switched = step.From, step.Switched
 	from, err := follow.Move(in.lim, step, next)
 	if err != nil {
 		panic("sim: " + err.Error()) // quotas and windows come validated

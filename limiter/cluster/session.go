@@ -242,7 +242,7 @@ func (s *following) startOver() {
 		if err := m.lim.SetQuota(0, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
 			m.log.Error("cannot drop the lapsed share", "err", err)
 		}
-		*ap = applied{Source: follow.SourceLapsed, Window: ap.Window}
+		*ap = applied{Source: follow.SourceLapsed, Window: ap.Window, Switched: ap.Switched}
 		m.log.Warn("the last share lapsed while etcd was out of reach; starting from nothing", "expired", exp.UTC())
 	}
 	s.rep.haveWrite = false
@@ -772,7 +772,7 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	st := lim.Stats()
 	cur := follow.InForce{Quota: st.Quota, Window: st.Window}
 	step := follow.Schedule(*ap, next, cur, next.At, lim.Now().UnixNano(), m.cfg.margin)
-	next.At = step.From
+	next.At, next.Switched = step.From, step.Switched
 	from, err := follow.Move(lim, step, next)
 	if err != nil {
 		if !errors.Is(err, limiter.ErrClosed) {
