@@ -27,16 +27,31 @@ import "time"
 //     horizon, a fail_static past its lease's end, before a hold has
 //     passed since the first poll that no longer sees its key.
 //  3. A count that fell is held up. n is the largest count seen in the last
-//     hold (the provider's fail_static, the clock bound and a report
-//     interval): an instance whose key went may be cut off from etcd and
+//     hold (the provider's fail_static, the clock bound and MaxPoll): an
+//     instance whose key went may be cut off from etcd and
 //     still enforce its even share until its fail-static horizon. So
 //     nobody grows into its room before it has stopped.
 //  4. A newcomer waits. An instance registered less than a hold ago takes
 //     nothing beyond its grant (0 for a new one): the others count it at
-//     their next poll, within a report interval, and shrink at once.
+//     their next poll, within MaxPoll, and shrink at once. An instance
+//     whose share lapsed while it was cut off from etcd comes back as a
+//     newcomer: the others may have grown into its room.
 //
 // Growth then applies from a boundary at least the change margin ahead,
 // and shrinks at once (Schedule).
+
+// MaxPoll is the longest any instance goes between two polls of the
+// counts while it follows the even split, whatever its report interval
+// (PollEvery): the hold includes it, so a newcomer waits until every
+// other instance has counted it (rule 4). With a hold of the newcomer's
+// own report interval, one reporting every 50 ms grew beside one that
+// polled every 6 s and still took the whole limit (found by review: 60 in
+// a window of 40).
+const MaxPoll = time.Second
+
+// PollEvery returns how often an instance that reports every report
+// polls the counts under the even split.
+func PollEvery(report time.Duration) time.Duration { return min(report, MaxPoll) }
 
 // countSample is a poll of the counts, and when it was read.
 type countSample struct {

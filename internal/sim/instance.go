@@ -117,6 +117,22 @@ func (e *engine) join(in *instance) {
 		e.at(e.now+ri, report)
 	}
 	e.at(e.now+e.rng.Int64N(ri)+1, report)
+	if every := int64(follow.PollEvery(e.sc.ReportInterval.D())); every < ri {
+		// The even split's counts, at least every follow.MaxPoll (the
+		// member's poll ticker).
+		var poll func()
+		poll = func() {
+			if !in.alive || in.inc != inc {
+				return
+			}
+			if !in.leaderSeen {
+				in.even.Observe(time.Unix(0, e.now), int64(e.keyed), int64(e.marks), e.hold())
+				in.apply(e)
+			}
+			e.at(e.now+every, poll)
+		}
+		e.at(e.now+e.rng.Int64N(every)+1, poll)
+	}
 	var take func()
 	take = func() {
 		if !in.alive || in.inc != inc {

@@ -437,7 +437,7 @@ func (e *engine) setKeys(on bool) {
 // hold is the even split's hold (cluster's holdFor): the default
 // fail_static, the clock bound and a report interval.
 func (e *engine) hold() time.Duration {
-	return schema.ProviderConfig{Window: schema.Duration(e.sc.Window.D()), MaxClockOffset: schema.Duration(e.sc.ClockBound.D())}.HoldAfter(0) + e.sc.ReportInterval.D()
+	return schema.ProviderConfig{Window: schema.Duration(e.sc.Window.D()), MaxClockOffset: schema.Duration(e.sc.ClockBound.D())}.HoldAfter(0) + follow.MaxPoll
 }
 
 func floorMod(a, b int64) int64 {

@@ -361,6 +361,15 @@ func TestFailStaticThenRegisterAgain(t *testing.T) {
 				resp, err := cli.Get(context.Background(), keys.Instance("api", "a"))
 				return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0
 			})
+			if tc.source == "shares" {
+				// Its share lapsed: it registered as a new process, which
+				// a record from before gives nothing, and configd writes
+				// it a record again (shareState.needsWrite).
+				putShares(t, cli, schema.Shares{
+					Version: 1, Provider: "api", Generation: 2, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
+					Total: 40, Instances: 1, Shares: map[string]int64{"a": 40},
+				})
+			}
 			waitFor(t, "admitting again", func() bool { return a.Limiter().TryAcquire() })
 		})
 	}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"time"
 
+	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -39,16 +40,17 @@ const replacedMemory = 2 * time.Hour
 // evenHold is the hold of the even split (follow.Even), at now: as long
 // as configd holds a lapsed share — the longest fail_static an instance
 // cut off from etcd may count with (the provider's, or one this Member saw
-// replaced), plus the clock bound — plus a report interval for the poll
-// that sees a change, plus a window of another length such an instance
+// replaced), plus the clock bound — plus the longest interval between
+// two polls of any instance (follow.MaxPoll) for the poll that sees a
+// change, plus a window of another length such an instance
 // may keep past its horizon. An adversarial review found the split taking
 // the whole limit while an instance cut off before fail_static was
 // lowered from 10 s to 1 s still admitted its share (150 in a window of
 // 90). A Member that joined after the change does not know the old value.
-func (v *view) evenHold(report time.Duration, now time.Time) time.Duration {
+func (v *view) evenHold(now time.Time) time.Duration {
 	c := v.config
 	if c == nil {
-		return schema.ProviderConfig{}.HoldAfter(0) + report
+		return schema.ProviderConfig{}.HoldAfter(0) + follow.MaxPoll
 	}
 	h, extra := c.HoldAfter(0), time.Duration(0)
 	keep := v.replaced[:0]
@@ -63,5 +65,5 @@ func (v *view) evenHold(report time.Duration, now time.Time) time.Duration {
 		}
 	}
 	v.replaced = keep
-	return h + report + extra
+	return h + follow.MaxPoll + extra
 }

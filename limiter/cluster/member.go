@@ -56,7 +56,9 @@ type Member struct {
 	// id was a previous process's (a restart with the same id), which may
 	// have spent it in the window under way while configd hands it on. A
 	// later session of the same process (after etcd was out of reach)
-	// keeps the first registration: the process knows what it enforced.
+	// keeps the first registration, the process knowing what it enforced,
+	// unless its share lapsed meanwhile (following.startOver): then it is
+	// a new one.
 	registered int64
 	// registeredAt is when, on the monotonic clock: the even split gives a
 	// newcomer nothing beyond its grant for a hold after it (follow.Even).

@@ -161,6 +161,14 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	defer func() { s.w.stop() }()
 	tick := time.NewTicker(m.cfg.report)
 	defer tick.Stop()
+	// The even split's counts are polled at least every follow.MaxPoll,
+	// whatever the report interval: the others' holds count on it.
+	var poll <-chan time.Time
+	if every := follow.PollEvery(m.cfg.report); every < m.cfg.report {
+		pt := time.NewTicker(every)
+		defer pt.Stop()
+		poll = pt.C
+	}
 	for {
 		var err error
 		select {
@@ -178,6 +186,10 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			err = s.leaderEvents(sctx, wr, ok)
 		case <-tick.C:
 			err = s.tick(sctx)
+		case <-poll:
+			if err = s.m.pollEven(sctx, s.v); err == nil {
+				s.applyView()
+			}
 		}
 		if err != nil {
 			return err
@@ -243,6 +255,15 @@ func (s *following) startOver() {
 			m.log.Error("cannot drop the lapsed share", "err", err)
 		}
 		*ap = applied{Source: follow.SourceLapsed, Window: ap.Window, Switched: ap.Switched}
+		// And register as a new process: the others may have grown into
+		// its room since its key went (configd, or the even split after
+		// a hold), and count it again only at their next poll. A share
+		// record from before gives it nothing, and the even split makes
+		// it wait a hold (follow.Even, rule 4). Keeping the first
+		// registration let its old grant cap the even split at once,
+		// beside another instance still on the whole limit (found by
+		// review: 60 in a window of 40).
+		m.registered, m.registeredAt = 0, time.Time{}
 		m.log.Warn("the last share lapsed while etcd was out of reach; starting from nothing", "expired", exp.UTC())
 	}
 	s.rep.haveWrite = false
@@ -416,7 +437,7 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 		}
 	}
 	if len(v.leaders) == 0 {
-		v.even.Observe(time.Now(), rs[3].GetResponseRange().Count, rs[4].GetResponseRange().Count, v.evenHold(m.cfg.report, time.Now()))
+		v.even.Observe(time.Now(), rs[3].GetResponseRange().Count, rs[4].GetResponseRange().Count, v.evenHold(time.Now()))
 	}
 	m.listProblems(v)
 	return resp.Header.Revision, nil
@@ -438,7 +459,7 @@ func (m *Member) pollEven(ctx context.Context, v *view) error {
 		return fmt.Errorf("count instances of %s: %w", m.provider, err)
 	}
 	rs := resp.Responses
-	v.even.Observe(time.Now(), rs[0].GetResponseRange().Count, rs[1].GetResponseRange().Count, v.evenHold(m.cfg.report, time.Now()))
+	v.even.Observe(time.Now(), rs[0].GetResponseRange().Count, rs[1].GetResponseRange().Count, v.evenHold(time.Now()))
 	return nil
 }
 
@@ -749,7 +770,7 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	if c := v.config; c != nil {
 		fv.Config = &follow.Config{Limit: c.Limit, Window: c.Window.D()}
 		if !fv.Leader {
-			fv.Even = v.even.Share(c.Limit, grant, m.registeredAt, time.Now(), v.evenHold(m.cfg.report, time.Now()))
+			fv.Even = v.even.Share(c.Limit, grant, m.registeredAt, time.Now(), v.evenHold(time.Now()))
 			if grant > 0 {
 				fv.EvenFrom = v.share.EffectiveFrom
 			}

@@ -1,0 +1,107 @@
+package cluster
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/logbuf"
+	"github.com/sluice-go/sluice/internal/netcut"
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// Found by review: with no configd alive, an instance cut off from etcd past its
+// lease (its share lapsed) comes back with the same process. Its old
+// share record still caps it at its grant, and it is not a newcomer
+// (registeredAt is its first registration), so it enforces its grant from
+// the next boundary a margin ahead, while the other instance, which grew
+// into its room after a hold, keeps the whole limit until its next poll
+// (60 in a window of 40). A process whose share lapsed now registers as a
+// new one: older share records give it nothing, and the even split makes
+// it wait a hold, by which the others have counted it.
+func TestLapsedShareReturnsAsANewcomerUnderTheEvenSplit(t *testing.T) {
+	const w = time.Second
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(500 * time.Millisecond)})
+	ctx := context.Background()
+	leader, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putLeader(t, cli, leader.ID)
+	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcli.Close()
+	var alog, blog logbuf.Buffer
+	a := join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&alog, nil))))
+	// b polls the counts every 6 s (a legal report interval).
+	b := join(t, cli, "api", "b", WithReportInterval(6*time.Second), WithLogger(slog.New(slog.NewTextHandler(&blog, nil))))
+	putShares(t, cli, schema.Shares{
+		Version: 1, Provider: "api", Generation: 1, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
+		Total: 40, Instances: 2, Shares: map[string]int64{"a": 20, "b": 20}, Granted: map[string]int64{"a": 20, "b": 20},
+	})
+	enforcing(t, a, 20)
+	enforcing(t, b, 20)
+	if _, err := cli.Revoke(ctx, leader.ID); err != nil { // configd gone for good
+		t.Fatal(err)
+	}
+	waitFor(t, "a on the even split", func() bool { return a.Status().Source == "even" })
+	waitFor(t, "b on the even split", func() bool { return b.Status().Source == "even" })
+
+	px.Cut()
+	waitFor(t, "a disconnected", func() bool { return !a.Status().Connected })
+	until := a.Status().AdmitsUntil
+	waitFor(t, "a past its horizon", func() bool { return !a.Limiter().Now().Before(until.Truncate(w).Add(w)) })
+	waitFor(t, "b takes the whole limit", func() bool { return b.Status().Share == 40 && b.Limiter().Stats().Quota == 40 })
+
+	// Both take whatever they are allowed, counted per aligned window.
+	var mu sync.Mutex
+	count := map[int64]int64{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, m := range []*Member{a, b} {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if m.Limiter().TryAcquire() {
+					mu.Lock()
+					count[time.Now().UnixNano()/int64(w)]++
+					mu.Unlock()
+				} else {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
+	}
+	time.Sleep(w)
+	px.Heal()
+	waitFor(t, "a reconnected", func() bool { return a.Status().Connected })
+	time.Sleep(4 * w)
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for k, n := range count {
+		if n > 40 {
+			t.Errorf("window %s admitted %d of 40", time.Unix(0, k*int64(w)).Format("15:04:05"), n)
+		}
+	}
+	if t.Failed() {
+		t.Logf("counts %v\na's log:\n%s\nb's log:\n%s", count, alog.From(0), blog.From(0))
+	}
+}
