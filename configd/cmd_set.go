@@ -15,7 +15,8 @@ import (
 	"github.com/sluice-go/sluice/limiter"
 )
 
-const setUsage = `Usage: configd set NAME --limit [DIM=]N[/W] [--window 1s] [--mode enforce|shadow] [--algorithm even|fair]
+const setUsage = `Usage: configd set NAME --limit [DIM=]N[/W] [--limit [DIM=]N/W ...] [--only] [--window 1s]
+                   [--mode enforce|shadow] [--algorithm even|fair]
                    [--pacing] [--floor N] [--max-clock-offset D] [--fail-static D]
                    [--if-revision R] [--dry-run]
 
@@ -28,10 +29,20 @@ provider in between, set fails with a conflict instead of overwriting it.
 --if-revision R makes the write conditional on revision R (from 'configd get';
 0 means "only if it does not exist yet").
 
+A provider may hold up to 4 limits, enforced together: "100 per second and
+50,000 per hour", "500 requests and 200,000 tokens per minute". Give --limit
+once per limit; the provider's limits become those given, and one no longer
+given is removed (with --only, a lone --limit removes the others too). A lone
+--limit changes the provider's first limit and keeps the others. Instances
+enforce every limit when they join with cluster.JoinProvider.
+
 Examples:
   configd set payments --limit 300000
   configd set payments --limit 5000/1m
   configd set llm-tokens --limit tokens=200000/1m
+  configd set llm --limit 500/1m --limit tokens=200000/1m
+  configd set payments --limit 100/1s --limit 50000/1h
+  configd set payments --limit 100/1s --only
   configd set payments --limit 250000 --window 100ms --pacing
   configd set payments --mode shadow --if-revision 42
 
@@ -67,13 +78,23 @@ func (o *optString) revision(cmd string, least int64) (int64, error) {
 type edit struct {
 	limit, window, mode, algorithm, floor, maxOffset, failStatic optString
 	pacing                                                       *bool // nil: not given
+	// more are the --limit flags after the first, and only says the
+	// limits given are all the provider's: then the provider's limits
+	// become those given (setLimits). A lone --limit changes the first.
+	more []string
+	only bool
 }
 
 // apply returns cfg with the fields e gives changed, validated. Fields not
 // given keep their values.
 func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 	var err error
-	if e.limit.set {
+	switch {
+	case e.limit.set && (len(e.more) > 0 || e.only):
+		if cfg, err = e.setLimits(cfg); err != nil {
+			return cfg, err
+		}
+	case e.limit.set:
 		if cfg, err = e.applyLimit(cfg); err != nil {
 			return cfg, err
 		}
@@ -118,9 +139,6 @@ func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 	return cfg, cfg.Validate()
 }
 
-// errOneLimit says what a provider's config can hold today.
-var errOneLimit = errors.New("a provider has one limit: for several, make one provider per limit, which the instances join together with cluster.JoinGroup (naming what each counts)")
-
 // applyLimit sets cfg's limit from --limit, [DIMENSION=]N[/W]: "100/1s"
 // is 100 per 1 s window, and then --window may not say otherwise;
 // "tokens=200000/1m" counts tokens. Without a dimension the provider's
@@ -153,21 +171,56 @@ func (e edit) applyLimit(cfg schema.ProviderConfig) (schema.ProviderConfig, erro
 	return cfg, nil
 }
 
-// limitFlag is --limit, which a provider takes once.
-type limitFlag struct{ o *optString }
+// setLimits makes the limits --limit gives all of cfg's: the one that
+// counts what cfg's first limit counts (in the same window if one does)
+// stays first, so that the instances' first lane keeps its dimension (for
+// a new provider, the first given), and
+// the others become lanes (numbered when written: schema.NumberLanes,
+// which retires the lanes not given). A limit without a window takes
+// --window, or else the first limit's window.
+func (e edit) setLimits(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
+	if e.window.set {
+		return cfg, usageErrorf("--window applies to a lone --limit; give each limit's window as N/W (100/1s)")
+	}
+	given := make([]schema.Lane, 0, 1+len(e.more))
+	for _, v := range append([]string{e.limit.val}, e.more...) {
+		one, err := edit{limit: optString{val: v, set: true}}.applyLimit(schema.ProviderConfig{Window: cfg.Window})
+		if err != nil {
+			return cfg, err
+		}
+		given = append(given, schema.Lane{Dimension: one.Dimension, Limit: one.Limit, Window: one.Window})
+	}
+	first := slices.IndexFunc(given, func(l schema.Lane) bool { return l.Dimension == cfg.Dimension && l.Window == cfg.Window })
+	if cfg.Limit == 0 { // a new provider: the first given
+		first = 0
+	}
+	if first < 0 {
+		first = max(0, slices.IndexFunc(given, func(l schema.Lane) bool { return l.Dimension == cfg.Dimension }))
+	}
+	cfg.Dimension, cfg.Limit, cfg.Window = given[first].Dimension, given[first].Limit, given[first].Window
+	cfg.Lanes = slices.Delete(given, first, first+1)
+	return cfg, nil
+}
+
+// limitFlag is --limit: the first is edit.limit, the others edit.more.
+type limitFlag struct{ e *edit }
 
 func (l limitFlag) String() string {
-	if l.o == nil {
+	if l.e == nil {
 		return ""
 	}
-	return l.o.val
+	return l.e.limit.val
 }
 
 func (l limitFlag) Set(s string) error {
-	if l.o.set {
-		return errOneLimit
+	if !l.e.limit.set {
+		return l.e.limit.Set(s)
 	}
-	return l.o.Set(s)
+	if 1+len(l.e.more) >= schema.MaxLimits {
+		return fmt.Errorf("a provider enforces at most %d limits together", schema.MaxLimits)
+	}
+	l.e.more = append(l.e.more, s)
+	return nil
 }
 
 func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -176,7 +229,8 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cf.register(fs)
 	var e edit
 	var ifRevision optString
-	fs.Var(limitFlag{&e.limit}, "limit", "permits per window, all instances together (1..1000000000000); N/W: per window W (100/1s); DIM=N[/W]: what the limit counts (tokens=200000/1m; default requests)")
+	fs.Var(limitFlag{&e}, "limit", "permits per window, all instances together (1..1000000000000); N/W: per window W (100/1s); DIM=N[/W]: what the limit counts (tokens=200000/1m; default requests). Given again, a further limit: the provider's limits become those given")
+	fs.BoolVar(&e.only, "only", false, "the --limit flags given are all the provider's limits: remove the others")
 	fs.Var(&e.window, "window", "window length, 10ms..1h, dividing 24h (default 1s for a new provider)")
 	fs.Var(&e.mode, "mode", "enforce or shadow")
 	fs.Var(&e.algorithm, "algorithm", "even or fair")
@@ -297,7 +351,22 @@ func fields(c schema.ProviderConfig) [][2]string {
 		{"floor", strconv.FormatInt(c.Floor, 10)},
 		{"max_clock_offset", c.MaxClockOffset.String()},
 		{"fail_static", c.FailStaticOrDefault().String()}, // 0 means the default: show what applies
+		{"more_limits", moreLimits(c)},
+		{"lane_of", c.Of},
 	}
+}
+
+// moreLimits says c's further limits in force, as --limit takes them:
+// "tokens=200000/1m,50000/1h", or "none".
+func moreLimits(c schema.ProviderConfig) string {
+	var out []string
+	for _, l := range c.InForce()[1:] {
+		out = append(out, l.String())
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ",")
 }
 
 func summary(c schema.ProviderConfig) string {
@@ -309,11 +378,11 @@ func summary(c schema.ProviderConfig) string {
 }
 
 // shown is fields without the dimension of a limit of requests, the
-// default: what summaries and get print.
+// default, nor further limits when there are none: what summaries and get
+// print.
 func shown(c schema.ProviderConfig) [][2]string {
 	fs := fields(c)
-	if c.Dimension == "" {
-		fs = slices.DeleteFunc(fs, func(f [2]string) bool { return f[0] == "dimension" })
-	}
-	return fs
+	return slices.DeleteFunc(fs, func(f [2]string) bool {
+		return (f[0] == "dimension" && c.Dimension == "") || (f[0] == "more_limits" && f[1] == "none") || (f[0] == "lane_of" && f[1] == "")
+	})
 }

@@ -47,6 +47,16 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func printStatus(w io.Writer, v statusView, now time.Time) {
+	printProvider(w, v, now, true)
+	for i, lane := range v.Lanes {
+		fmt.Fprintf(w, "\nlimit %d of %s, kept by its lane provider:\n", i+2, v.Provider)
+		printProvider(w, lane, now, false)
+	}
+}
+
+// printProvider prints one provider's status, and configd's election
+// keys (the same for every provider) if election.
+func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 	fmt.Fprintf(w, "provider:  %s\n", v.Provider)
 	if v.Config != nil {
 		fmt.Fprintf(w, "config:    %s (revision %d)\n", summary(*v.Config), v.ConfigRevision)
@@ -63,7 +73,9 @@ func printStatus(w io.Writer, v statusView, now time.Time) {
 	if v.PublishError != "" {
 		fmt.Fprintf(w, "publish:   FAILING: %s\n", v.PublishError)
 	}
-	printElection(w, v)
+	if election {
+		printElection(w, v)
+	}
 	if v.Owner != "" {
 		fmt.Fprintf(w, "led by:    %s (it publishes this provider's shares)\n", printable(v.Owner))
 	} else if v.ElectionError == "" && len(v.Election) > 0 {

@@ -273,7 +273,7 @@ func (c *console) handlePreview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ch := describeChange(&cur.Config, &next)
-	writeJSON(w, http.StatusOK, previewView{Provider: name, Change: ch, Changed: cur.Config != next, Old: cur.Config, New: next,
+	writeJSON(w, http.StatusOK, previewView{Provider: name, Change: ch, Changed: !cur.Config.Equal(next), Old: cur.Config, New: next,
 		Revision: cur.Revision, ETag: fmt.Sprintf("%q", fmt.Sprint(cur.Revision))})
 }
 

@@ -241,6 +241,16 @@ func TestConsoleBrowser(t *testing.T) {
 	b.until("the chart to draw a limit line", `document.querySelector('#chart path[data-line="limit"]') !== null`)
 	b.screenshot("console-api.png")
 
+	// A provider of several limits shows every one.
+	itCLI(t, "set", "llm", "--limit", "40/1s", "--limit", "tokens=2000/1m", server, auth)
+	b.do("opening llm", chromedp.Navigate(r.url()+"/console/#p=llm"))
+	b.until("llm's config line", `document.querySelector('#config').textContent.includes('tokens=2000/1m')`)
+	if got := eval[string](b, `document.querySelector('#config').textContent`); !strings.Contains(got, "limit 40 per 1s and tokens=2000/1m") {
+		t.Errorf("config line %q, want it to say limit 40 per 1s and tokens=2000/1m", got)
+	}
+	b.do("back to api", chromedp.Navigate(r.url()+"/console/#p=api"))
+	b.until("both instances at 200 again", shareIs("a", 200)+" && "+shareIs("b", 200))
+
 	// configd set: the new shares appear on screen without a reload.
 	itCLI(t, "set", "api", "--limit", "600", "--who", "bob", server, auth)
 	b.until("the shares of limit 600 on screen", shareIs("a", 300)+" && "+shareIs("b", 300))

@@ -63,6 +63,9 @@ type configView struct {
 	FailStatic string `json:"fail_static"`
 	ClockBound string `json:"clock_bound"` // max_clock_offset, or its default
 	Summary    string `json:"summary"`     // as configd get and set print it
+	// MoreLimits are the further limits in force, as --limit takes them
+	// ("tokens=200000/1m,50000/1h"); empty: none.
+	MoreLimits string `json:"more_limits,omitempty"`
 }
 
 // sharesView is the shares record configd's leader published last.
@@ -347,6 +350,9 @@ func buildPanel(st *consoleState, v statusView, hist []schema.HistoryEntry, now 
 	if c := v.Config; c != nil {
 		p.Config = &configView{Limit: c.Limit, Window: c.Window.String(), Mode: string(c.Mode), Algorithm: string(c.Algorithm),
 			Pacing: c.Pacing, FailStatic: c.FailStaticOrDefault().String(), ClockBound: c.ClockBound().String(), Summary: summary(*c)}
+		if more := moreLimits(*c); more != "none" {
+			p.Config.MoreLimits = more
+		}
 	}
 	if s := v.Shares; s != nil {
 		sv := &sharesView{Generation: s.Generation, Total: s.Total, Instances: s.Instances, Window: s.Window.String(),

@@ -200,7 +200,7 @@ func FuzzAdminRequest(f *testing.F) {
 			t.Fatalf("PUT %s answered 200 but %s does not exist", u, k.Config(ch.New.Name))
 		}
 		stored, err := schema.DecodeProviderConfig(resp.Kvs[0].Value)
-		if err != nil || stored != *ch.New {
+		if err != nil || !stored.Equal(*ch.New) {
 			t.Fatalf("PUT %s body %q answered %+v, stored %+v (%v)", u, body, *ch.New, stored, err)
 		}
 		if got := resp.Kvs[0].ModRevision; ch.Changed && got != ch.Revision {

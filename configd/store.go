@@ -160,6 +160,9 @@ type statusView struct {
 	Election      []electionKeyView `json:"election"`
 	ElectionMore  int64             `json:"election_more,omitempty"`
 	ElectionError string            `json:"election_error,omitempty"`
+	// Lanes are the status of the lane providers that keep the
+	// provider's further limits in force (schema.Lane), in lane order.
+	Lanes []statusView `json:"lanes,omitempty"`
 }
 
 // store is the one implementation of the provider operations over etcd,
@@ -213,7 +216,8 @@ func (s *store) get(ctx context.Context, name string) (providerView, error) {
 	return providerView{Config: cfg, Revision: kv.ModRevision}, nil
 }
 
-// list returns every provider, sorted by name. It reads each provider's
+// list returns every provider, sorted by name, without lane providers
+// (schema.Lane), whose limits their provider's config holds. It reads each provider's
 // config key and nothing else (scanProviders): instance records and history
 // entries are never fetched, so a long history does not slow it.
 func (s *store) list(ctx context.Context) (listView, error) {
@@ -231,6 +235,9 @@ func (s *store) list(ctx context.Context) (listView, error) {
 				out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
 				continue
 			}
+			if cfg.Of != "" {
+				continue // a lane of cfg.Of, listed with it (more_limits)
+			}
 			out.Providers = append(out.Providers, providerView{Config: cfg, Revision: kv.ModRevision})
 		}
 	}
@@ -246,14 +253,13 @@ func (s *store) list(ctx context.Context) (listView, error) {
 // revision the caller read (0: must not exist), or anyRevision.
 func (s *store) put(ctx context.Context, cfg schema.ProviderConfig, ifRev int64, who string) (changeView, error) {
 	cfg = cfg.WithDefaults()
+	if err := schema.ValidateUserName(cfg.Name); err != nil {
+		return changeView{}, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return changeView{}, err
 	}
-	val, err := schema.Encode(cfg)
-	if err != nil {
-		return changeView{}, err
-	}
-	return s.write(ctx, cfg.Name, &cfg, string(val), ifRev, who)
+	return s.write(ctx, cfg.Name, &cfg, ifRev, who)
 }
 
 // remove deletes a provider's config, with a history record. Instance keys
@@ -262,18 +268,25 @@ func (s *store) put(ctx context.Context, cfg schema.ProviderConfig, ifRev int64,
 // enforce, which a provider created again under the same name must start
 // from (the publisher deletes it once no instance is live or held).
 func (s *store) remove(ctx context.Context, name string, ifRev int64, who string) (changeView, error) {
-	if err := schema.ValidateName(name); err != nil {
+	if err := schema.ValidateUserName(name); err != nil {
 		return changeView{}, err
 	}
-	return s.write(ctx, name, nil, "", ifRev, who)
+	return s.write(ctx, name, nil, ifRev, who)
 }
 
-// write puts (newCfg != nil) or deletes the config of name.
-func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderConfig, val string, ifRev int64, who string) (changeView, error) {
+// write puts (put != nil) or deletes the config of name, and its lane
+// providers' configs (schema.Lane) with it.
+func (s *store) write(ctx context.Context, name string, put *schema.ProviderConfig, ifRev int64, who string) (changeView, error) {
 	key := s.keys.Config(name)
-	if newCfg != nil && s.admit != nil {
-		if err := s.admit(ctx, name); err != nil {
-			return changeView{}, etcdError(err)
+	if put != nil && s.admit != nil {
+		names := []string{name}
+		if len(put.Lanes) > 0 {
+			names = append(names, laneNames(name)...)
+		}
+		for _, n := range names {
+			if err := s.admit(ctx, n); err != nil {
+				return changeView{}, etcdError(err)
+			}
 		}
 	}
 	for attempt := 1; ; attempt++ {
@@ -301,13 +314,21 @@ func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderC
 		// Deleting what does not exist is 404 whatever the condition (RFC
 		// 9110 13.2.1: conditions are ignored when the answer without them
 		// would be neither 2xx nor 412).
-		if newCfg == nil && len(resp.Kvs) == 0 {
+		if put == nil && len(resp.Kvs) == 0 {
 			return changeView{}, fmt.Errorf("%w: %q", ErrNotFound, name)
 		}
 		if !satisfied(ifRev, cur) {
 			return changeView{}, unsatisfied(name, ifRev, cur)
 		}
-		if newCfg != nil && old != nil && *old == *newCfg {
+		var newCfg *schema.ProviderConfig
+		if put != nil {
+			numbered, err := put.NumberLanes(old)
+			if err != nil {
+				return changeView{}, err
+			}
+			newCfg = &numbered
+		}
+		if newCfg != nil && old != nil && old.Equal(*newCfg) {
 			return changeView{Old: old, New: newCfg, Revision: cur}, nil
 		}
 		now := s.clock()
@@ -316,8 +337,17 @@ func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderC
 			return changeView{}, err
 		}
 		ops := []clientv3.Op{clientv3.OpPut(s.keys.HistoryEntry(name, now.UnixNano()), string(hist))}
+		lanes, err := s.laneOps(ctx, name, newCfg)
+		if err != nil {
+			return changeView{}, err
+		}
+		ops = append(ops, lanes...)
 		if newCfg != nil {
-			ops = append(ops, clientv3.OpPut(key, val))
+			val, err := schema.Encode(*newCfg)
+			if err != nil {
+				return changeView{}, err
+			}
+			ops = append(ops, clientv3.OpPut(key, string(val)))
 		} else {
 			ops = append(ops, clientv3.OpDelete(key))
 		}
@@ -341,6 +371,50 @@ func (s *store) write(ctx context.Context, name string, newCfg *schema.ProviderC
 			return changeView{}, conflict(name, cur, -1)
 		}
 	}
+}
+
+// laneNames returns the names of every lane provider name may have.
+func laneNames(name string) []string {
+	out := make([]string, schema.MaxLanes)
+	for i := range out {
+		out[i] = schema.LaneName(name, i+1)
+	}
+	return out
+}
+
+// laneOps returns the writes that bring name's lane providers' configs to
+// cfg's lanes (nil: name is deleted, and its lanes with it). A lane whose
+// config is unchanged is not written: a new revision of a config makes its
+// shares records stale until the leader publishes again. They are written
+// in the transaction that compares name's config revision, as only that
+// transaction writes them.
+func (s *store) laneOps(ctx context.Context, name string, cfg *schema.ProviderConfig) ([]clientv3.Op, error) {
+	var ops []clientv3.Op
+	if cfg == nil {
+		for _, n := range laneNames(name) {
+			ops = append(ops, clientv3.OpDelete(s.keys.Config(n)))
+		}
+		return ops, nil
+	}
+	for _, l := range cfg.Lanes {
+		want := l.Derive(*cfg)
+		key := s.keys.Config(want.Name)
+		resp, err := s.cli.Get(ctx, key)
+		if err != nil {
+			return nil, etcdError(err)
+		}
+		if len(resp.Kvs) > 0 {
+			if have, err := schema.DecodeProviderConfig(resp.Kvs[0].Value); err == nil && have.Equal(want) {
+				continue
+			}
+		}
+		val, err := schema.Encode(want)
+		if err != nil {
+			return nil, err
+		}
+		ops = append(ops, clientv3.OpPut(key, string(val)))
+	}
+	return ops, nil
 }
 
 // unsatisfied says why a config at revision cur (0: none) does not meet
@@ -391,8 +465,30 @@ func (s *store) revision(ctx context.Context, name string) (int64, error) {
 }
 
 // status reads a provider's config, shares and instances in one consistent
-// snapshot (one transaction).
+// snapshot (one transaction), and those of each lane provider that keeps
+// one of its further limits in force (in a snapshot of its own).
 func (s *store) status(ctx context.Context, name string) (statusView, error) {
+	out, err := s.statusOne(ctx, name)
+	if err != nil || out.Config == nil {
+		return out, err
+	}
+	for _, l := range out.Config.Lanes {
+		if l.Retired {
+			continue
+		}
+		lane, err := s.statusOne(ctx, schema.LaneName(name, l.Lane))
+		if errors.Is(err, ErrNotFound) {
+			lane = statusView{Provider: schema.LaneName(name, l.Lane), Instances: []instanceView{}}
+		} else if err != nil {
+			return statusView{}, err
+		}
+		out.Lanes = append(out.Lanes, lane)
+	}
+	return out, nil
+}
+
+// statusOne is status for one provider, its lanes apart.
+func (s *store) statusOne(ctx context.Context, name string) (statusView, error) {
 	if err := schema.ValidateName(name); err != nil {
 		return statusView{}, err
 	}

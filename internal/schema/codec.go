@@ -387,6 +387,9 @@ func DecodeProviderConfig(b []byte) (ProviderConfig, error) {
 	if err := c.Validate(); err != nil {
 		return ProviderConfig{}, err
 	}
+	if err := c.checkNumbered(); err != nil {
+		return ProviderConfig{}, err
+	}
 	c.Version = Version
 	return c, nil
 }

@@ -27,6 +27,12 @@ var configSeeds = []string{
 	`{"name":"payments","Limit":5,"window":"1s","mode":"enforce","algorithm":"even"}`,
 	`{"name":"payments","limit":5,"\u006cimit":7,"window":"1s","mode":"enforce","algorithm":"even"}`,
 	`{"name":"payments","limit":5,"ver\u017fion":1,"window":"1s","mode":"enforce","algorithm":"even"}`,
+	`{"name":"llm","limit":500,"window":"1m","lanes":[{"lane":1,"dimension":"tokens","limit":200000,"window":"1m"},{"lane":2,"limit":50000,"window":"1h","retired":true}]}`,
+	`{"name":"llm","limit":500,"window":"1m","lanes":[{"dimension":"tokens","limit":200000,"window":"1m"}]}`,
+	`{"name":"llm~1","of":"llm","limit":200000,"window":"1m","dimension":"tokens"}`,
+	`{"name":"llm~1","limit":200000,"window":"1m"}`,
+	`{"name":"llm","limit":5,"window":"1s","lanes":[{"lane":1,"limit":6,"window":"1s"}]}`,
+	`{"name":"llm","limit":5,"window":"1s","lanes":[{"lane":1,"limit":6,"window":"1m"},{"lane":1,"limit":7,"window":"1h"}]}`,
 }
 
 func FuzzDecodeProviderConfig(f *testing.F) {
@@ -56,6 +62,10 @@ func FuzzDecodeProviderConfigInput(f *testing.F) {
 			t.Fatalf("name %q accepted for URL name payments", c.Name)
 		}
 		unambiguousKeys(t, b)
+		// configd numbers an operator's lanes before it stores the config.
+		if c, err = c.NumberLanes(nil); err != nil {
+			return
+		}
 		stable(t, c, func(b []byte) (any, error) { return DecodeProviderConfig(b) })
 	})
 }

@@ -25,13 +25,14 @@ const (
 )
 
 var (
-	nameRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+	nameRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}(~[1-9])?$`)
 	instanceIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
 )
 
 // ValidateName reports whether name is a valid provider name:
-// ^[a-z0-9][a-z0-9._-]{0,127}$. The error is a *ValidationError wrapping
-// ErrInvalidName.
+// ^[a-z0-9][a-z0-9._-]{0,127}$, or that followed by ~1 to ~9 for a lane
+// provider (LaneName), which only configd creates (ValidateUserName). The
+// error is a *ValidationError wrapping ErrInvalidName.
 func ValidateName(name string) error {
 	if !nameRE.MatchString(name) {
 		return invalid("name", name, ErrInvalidName)

@@ -121,6 +121,11 @@ type ProviderConfig struct {
 	// instance's share to the others sooner. 0 selects DefaultFailStatic;
 	// at most MaxFailStatic.
 	FailStatic Duration `json:"fail_static,omitempty"`
+	// Lanes are the provider's further limits, each kept by a lane
+	// provider configd derives from this config (see Lane). Of is, in a
+	// lane provider's config, the provider it is a lane of.
+	Lanes []Lane `json:"lanes,omitempty"`
+	Of    string `json:"of,omitempty"`
 }
 
 // DimensionOrDefault returns Dimension, or limiter.Requests when empty.
@@ -215,7 +220,7 @@ func (c ProviderConfig) Validate() error {
 	if c.FailStatic < 0 || c.FailStatic.D() > MaxFailStatic {
 		return invalid("fail_static", c.FailStatic, ErrInvalidFailStatic)
 	}
-	return nil
+	return c.validateLanes()
 }
 
 // ValidateLimit checks a provider limit: 1..MaxLimit.

@@ -355,7 +355,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("encoding = %s", b)
 	}
 	c2, err := DecodeProviderConfig(b)
-	if err != nil || c2 != c {
+	if err != nil || !c2.Equal(c) {
 		t.Errorf("config round trip: %+v, %v; want %+v", c2, err, c)
 	}
 
@@ -390,7 +390,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	h2, err := DecodeHistoryEntry(b)
-	if err != nil || *h2.Old != c || *h2.New != c2 || h2.Who != "me" {
+	if err != nil || !h2.Old.Equal(c) || !h2.New.Equal(c2) || h2.Who != "me" {
 		t.Errorf("history round trip: %+v, %v", h2, err)
 	}
 }
