@@ -22,17 +22,14 @@
 //	}
 //
 // Several limits — 100 requests per second and 200,000 tokens per minute,
-// say — are several providers, one per limit, each configured with configd
-// as any other (configd set llm-api --limit 100/1s; configd set
-// llm-api-tokens --limit tokens=200000/1m). JoinGroup joins them together:
-// each provider keeps one limit of a limiter.Multi at this instance's
-// share of it, and an acquisition takes from every limit all-or-nothing
-// (a lane refuses a provider that counts another dimension than its own):
+// say — are one provider's: configd set llm-api --limit 100/1s --limit
+// tokens=200000/1m. configd keeps each further limit as a lane provider
+// of its own (llm-api~1), written with the config, and JoinProvider joins
+// every limit the config holds: each keeps one limit of a limiter.Multi
+// at this instance's share of it, and an acquisition takes from every
+// limit all-or-nothing:
 //
-//	g, err := cluster.JoinGroup(ctx, cli, []cluster.Lane{
-//		{Provider: "llm-api"},
-//		{Provider: "llm-api-tokens", Dimension: "tokens"},
-//	})
+//	g, err := cluster.JoinProvider(ctx, cli, "llm-api")
 //	if err != nil {
 //		return err
 //	}
@@ -43,6 +40,10 @@
 //	}
 //	// ... call the provider, then give back what the call did not use:
 //	grant.Settle(limiter.Cost("tokens", used))
+//
+// JoinGroup does the same for limits kept by providers named by hand, one
+// per limit, each Lane naming what it counts (a lane refuses a provider
+// that counts another dimension than its own).
 //
 // Each limit keeps the guarantee below on its own, since each is a
 // provider with its own shares and handover.

@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
 )
 
@@ -65,6 +66,56 @@ type Group struct {
 // WithFallback) until its provider's config is read. lanes holds 1 to limiter.MaxLimits providers,
 // each named once; opts apply to every Member.
 func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...Option) (*Group, error) {
+	return joinLanes(ctx, cli, lanes, nil, opts)
+}
+
+// JoinProvider joins every limit of provider: its own and each further
+// limit its config holds in force (configd set NAME --limit 100/1s
+// --limit tokens=200000/1m), kept by the lane providers configd derives
+// (schema.Lane), as JoinGroup does for lanes named by hand. The Multi's
+// limits are in the order the config lists them, each counting its
+// dimension: acquire with limiter.Cost for each (requests 1 by default).
+//
+// The limits are read when the instance joins. A limit an operator adds
+// later is enforced by the instances that join after it: one that joined
+// before lists it among its problems (Status.Problems) until it restarts.
+// A limit removed binds nothing from then on (its lane is retired, not
+// deleted). Without a config yet, the Group holds the provider's own
+// limit alone, on its fallback until the config comes.
+func JoinProvider(ctx context.Context, cli *clientv3.Client, provider string, opts ...Option) (*Group, error) {
+	o, keys, err := joinOptions(cli, []string{provider}, opts)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, lane := schema.SplitLaneName(provider); lane {
+		return nil, fmt.Errorf("cluster: %q is a lane of a provider; join that provider", provider)
+	}
+	rctx, cancel := context.WithTimeout(ctx, o.opTimeout)
+	resp, err := cli.Get(rctx, keys.Config(provider))
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("cluster: reading the config of %q: %w", provider, err)
+	}
+	lanes := []Lane{{Provider: provider}}
+	enforced := []schema.Lane{} // not nil: the first Member checks the config's limits against it
+	if len(resp.Kvs) > 0 {
+		// A malformed config joins the provider's own limit alone: its
+		// Member lists the problem and keeps its fallback.
+		if c, err := schema.DecodeProviderConfig(resp.Kvs[0].Value); err == nil && c.Name == provider {
+			lanes[0].Dimension = c.DimensionOrDefault()
+			enforced = c.InForce()[1:]
+			for _, l := range enforced {
+				lanes = append(lanes, Lane{Provider: schema.LaneName(provider, l.Lane), Dimension: l.DimensionOrDefault()})
+			}
+		}
+	}
+	return joinLanes(ctx, cli, lanes, enforced, append(opts, WithID(o.id)))
+}
+
+// joinLanes is JoinGroup; enforced are the further limits of the first
+// lane's provider that the other lanes keep, for JoinProvider (nil: lanes
+// named by hand).
+func joinLanes(ctx context.Context, cli *clientv3.Client, lanes []Lane, enforced []schema.Lane, opts []Option) (*Group, error) {
 	if len(lanes) < 1 || len(lanes) > limiter.MaxLimits {
 		return nil, fmt.Errorf("cluster: a Group has 1 to %d lanes, got %d", limiter.MaxLimits, len(lanes))
 	}
@@ -85,6 +136,9 @@ func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...
 	limits := make([]limiter.Limit, len(lanes))
 	for i, ln := range lanes {
 		laneOpts[i] = o
+		if i == 0 {
+			laneOpts[i].enforced = enforced
+		}
 		if f := ln.Fallback; f != nil {
 			laneOpts[i].fallbackQuota, laneOpts[i].fallbackWindow = f.Quota, f.Window
 			if err := laneOpts[i].validateFallback(); err != nil {

@@ -202,3 +202,68 @@ func TestGroupLaneRefusesAConfigOfAnotherDimension(t *testing.T) {
 	putConfig(t, cli, schema.ProviderConfig{Name: "api-tokens", Dimension: "tokens", Limit: 200, Window: schema.Duration(time.Second), FailStatic: schema.Duration(time.Second)})
 	enforcing(t, g.Members()[1], 200)
 }
+
+// TestJoinProviderEnforcesEveryLimit: JoinProvider joins a provider's own
+// limit and each further limit its config holds, kept by the lane
+// providers configd derives; a limit added later is listed among the
+// first Member's problems, and a limit removed (its lane retired) binds
+// nothing.
+func TestJoinProviderEnforcesEveryLimit(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	sec := schema.Duration(time.Second)
+	api := schema.ProviderConfig{Name: "api", Limit: 20, Window: sec, FailStatic: sec,
+		Lanes: []schema.Lane{{Lane: 1, Dimension: "tokens", Limit: 200, Window: sec}}}
+	putAll := func(c schema.ProviderConfig) {
+		t.Helper()
+		putConfig(t, cli, c)
+		for _, l := range c.Lanes {
+			putConfig(t, cli, l.Derive(c.WithDefaults()))
+		}
+	}
+	putAll(api)
+	opts := []Option{WithLeaseTTL(time.Second), WithReportInterval(50 * time.Millisecond), WithChangeMargin(10 * time.Millisecond)}
+	a, err := JoinProvider(context.Background(), cli, "api", append(opts, WithID("a"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := JoinProvider(context.Background(), cli, "api", append(opts, WithID("b"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, g := range []*Group{a, b} {
+		lims := g.Multi().Limits()
+		if len(lims) != 2 || lims[0].Dimension != limiter.Requests || lims[1].Dimension != "tokens" {
+			t.Fatalf("limits %v, want requests and tokens", lims)
+		}
+		if p := g.Members()[1].Provider(); p != "api~1" {
+			t.Errorf("the tokens lane's provider %q, want api~1", p)
+		}
+		enforcing(t, g.Members()[0], 10)
+		enforcing(t, g.Members()[1], 100)
+	}
+	if _, ok := a.Multi().TryAcquire(limiter.Cost("tokens", 101)); ok {
+		t.Error("101 tokens granted on a share of 100")
+	}
+
+	// A limit added after the instances joined: listed, not enforced.
+	api.Lanes = append(api.Lanes, schema.Lane{Lane: 2, Limit: 1000, Window: schema.Duration(time.Minute)})
+	putAll(api)
+	waitFor(t, "a's problem with the limit added", func() bool {
+		return slices.ContainsFunc(a.Members()[0].Status().Problems, func(p string) bool {
+			return strings.Contains(p, "1000/1m are not enforced by this instance")
+		})
+	})
+
+	// The tokens limit removed: its lane retired, without bound.
+	api.Lanes[0].Retired = true
+	putAll(api)
+	waitFor(t, "the retired tokens lane to bind nothing", func() bool {
+		return a.Members()[1].Limiter().Stats().Quota >= schema.MaxLimit/2
+	})
+	if _, ok := a.Multi().TryAcquire(limiter.Cost("tokens", 1000)); !ok {
+		t.Error("1,000 tokens refused after the tokens limit was removed")
+	}
+}

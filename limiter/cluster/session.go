@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -673,6 +674,7 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 			return
 		}
 		good()
+		m.checkLimits(v, &c)
 		prev := v.config
 		if prev == nil {
 			prev = v.lastConfig
@@ -721,6 +723,36 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		good()
 		v.share, v.shareRev = &r, rev
 	}
+}
+
+// limitsProblem is the key of Status.Problems under which the first
+// Member of a Group made by JoinProvider lists the provider's limits it
+// does not enforce.
+const limitsProblem = "limits"
+
+// checkLimits lists among v's problems the further limits c holds in
+// force that this instance's Group does not enforce: added after it
+// joined (JoinProvider reads them once). Members not made so check
+// nothing.
+func (m *Member) checkLimits(v *view, c *schema.ProviderConfig) {
+	if m.cfg.enforced == nil {
+		return
+	}
+	var missing []string
+	for _, l := range c.InForce()[1:] {
+		if !slices.ContainsFunc(m.cfg.enforced, func(e schema.Lane) bool { return e.Lane == l.Lane }) {
+			missing = append(missing, l.String())
+		}
+	}
+	if len(missing) == 0 {
+		delete(v.problems, limitsProblem)
+		return
+	}
+	why := fmt.Sprintf("the provider's limits %s are not enforced by this instance: they were added after it joined (cluster.JoinProvider reads them once); restart it to enforce them", strings.Join(missing, ", "))
+	if v.problems[limitsProblem] != why {
+		m.log.Error("provider has limits this instance does not enforce", "limits", missing)
+	}
+	v.problems[limitsProblem] = why
 }
 
 // listProblems copies the view's problems into Status.Problems.
