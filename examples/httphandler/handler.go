@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -56,7 +57,7 @@ func (e *tooManyRequests) Error() string {
 // was charged too much goes back to the window for later requests.
 type handler struct {
 	lim      *limiter.Limiter // one limit; nil when multi is set
-	multi    *limiter.Multi   // requests and tokens
+	multi    *limiter.Multi   // several limits: requests and tokens, or several of requests
 	tokens   int64            // estimated tokens of a request that does not send TokensHeader
 	down     downstream
 	budget   time.Duration // when the request gives none
@@ -93,7 +94,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	used, err := h.down.Call(ctx, estimate)
-	if h.multi != nil {
+	if h.countsTokens() {
 		// A call refused or failed used no tokens: all go back. One the
 		// provider answered used what it says; more than the estimate is
 		// counted in Stats.Overdrawn (estimate an upper bound).
@@ -144,10 +145,18 @@ func (h *handler) request(r *http.Request) (budget time.Duration, estimate int64
 // estimate tokens when there is a tokens limit. The Grant is the zero one
 // with one limit.
 func (h *handler) acquire(ctx context.Context, wait time.Duration, estimate int64) (limiter.Grant, error) {
-	if h.multi == nil {
+	switch {
+	case h.multi == nil:
 		return limiter.Grant{}, h.lim.Acquire(ctx, wait)
+	case h.countsTokens():
+		return h.multi.Acquire(ctx, wait, limiter.Cost(tokens, estimate))
 	}
-	return h.multi.Acquire(ctx, wait, limiter.Cost(tokens, estimate))
+	return h.multi.Acquire(ctx, wait) // limits of requests only, such as 100/1s and 50000/1h
+}
+
+// countsTokens reports whether one of the limits counts tokens.
+func (h *handler) countsTokens() bool {
+	return h.multi != nil && slices.ContainsFunc(h.multi.Limits(), func(l limiter.Limit) bool { return l.Dimension == tokens })
 }
 
 func (h *handler) backoff(d time.Duration) {

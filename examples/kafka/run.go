@@ -89,6 +89,8 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg)}
 	if j.Multi != nil {
 		climit = j.Multi
+	}
+	if j.Tokens >= 0 {
 		opts = append(opts, consumer.WithCost(func(m kafka.Message) []limiter.Amount {
 			return []limiter.Amount{limiter.Cost("tokens", tokensOf(m))}
 		}))
@@ -99,11 +101,11 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		DrainTimeout: 5 * time.Second,
 	}, climit, func(ctx context.Context, m kafka.Message) error {
 		var estimate int64
-		if j.Multi != nil {
+		if j.Tokens >= 0 {
 			estimate = tokensOf(m)
 		}
 		used, err := prov.call(estimate, m.Value)
-		if j.Multi != nil {
+		if j.Tokens >= 0 {
 			// What the call used goes back to the tokens limit: a refused
 			// call used none.
 			if err := consumer.Settle(ctx, limiter.Cost("tokens", used)); err != nil {
@@ -160,8 +162,8 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%s %6.1fs  handled %d%s  %.0f/s over %.0f window(s)  quota %d per %v  busiest window %d (stub limit %d)  throttled %d  provider refusals %d  in flight %d\n",
 			prefix, el.Seconds(), n, of, float64(n)/(windows*cfg.window.Seconds()), windows, lim.Stats().Quota, cfg.window,
 			prov.busiest.Load(), cfg.limit, st.Throttled, prov.refused.Load(), st.InFlight)
-		if j.Multi != nil {
-			ts := j.Multi.Stats()[1]
+		if j.Tokens >= 0 {
+			ts := j.Multi.Stats()[j.Tokens]
 			fmt.Fprintf(stdout, "%s tokens: quota %d per %v  busiest window %d (stub limit %s)  %d given back by settling  provider refusals %d\n",
 				prefix, ts.Quota, ts.Window, prov.busiestTokens.Load(), stubLimit(cfg.tokensLimit), -ts.Settled, prov.refusedTokens.Load())
 		}
@@ -193,9 +195,9 @@ loop:
 		refused = true
 		fmt.Fprintln(stdout, refusalVerdict(n, "calls", "-limit", cfg.limit, lim.Stats().Quota, len(cfg.etcdEndpoints) > 0))
 	}
-	if n := prov.refusedTokens.Load(); n > 0 {
+	if n := prov.refusedTokens.Load(); n > 0 && j.Tokens >= 0 {
 		refused = true
-		fmt.Fprintln(stdout, refusalVerdict(n, "tokens", "-tokens-limit", cfg.tokensLimit, j.Multi.Stats()[1].Quota, len(cfg.etcdEndpoints) > 0))
+		fmt.Fprintln(stdout, refusalVerdict(n, "tokens", "-tokens-limit", cfg.tokensLimit, j.Multi.Stats()[j.Tokens].Quota, len(cfg.etcdEndpoints) > 0))
 	}
 	if !refused {
 		fmt.Fprintln(stdout, "the provider stub never saw more than its limit in any window")

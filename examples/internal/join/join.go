@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -74,8 +75,12 @@ type Joined struct {
 	// Multi and Group, with Config.TokensProvider: the requests and the
 	// tokens limit, each a share of its provider (Limiter and Member are
 	// the requests one's).
-	Multi    *limiter.Multi
-	Group    *cluster.Group
+	Multi *limiter.Multi
+	Group *cluster.Group
+	// Tokens is the index of Multi's limit that counts tokens, -1 when
+	// none does (no Multi, or a provider whose limits count only
+	// requests).
+	Tokens   int
 	provider string
 	cli      *clientv3.Client
 }
@@ -89,7 +94,7 @@ func (j *Joined) Describe() string {
 		st := j.Limiter.Stats()
 		return fmt.Sprintf("local limiter: %d per %v", st.Quota, st.Window)
 	}
-	if j.Group != nil {
+	if j.Multi != nil {
 		var parts []string
 		for _, m := range j.Group.Members() {
 			st := m.Status()
@@ -168,20 +173,21 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 	if cfg.TokensProvider != "" {
 		j.Group, err = cluster.JoinGroup(ctx, cli, []cluster.Lane{{Provider: cfg.Provider}, {Provider: cfg.TokensProvider, Dimension: "tokens",
 			Fallback: &cluster.Fallback{Quota: cfg.TokensFallback, Window: cfg.Window}}}, opts...)
-		if err != nil {
-			cli.Close()
-			return nil, err
-		}
-		j.Multi, j.Member = j.Group.Multi(), j.Group.Members()[0]
-	} else if j.Member, err = cluster.Join(ctx, cli, cfg.Provider, opts...); err != nil {
+	} else {
+		// Every limit the provider's config holds (configd set NAME
+		// --limit 100/1s --limit tokens=200000/1m).
+		j.Group, err = cluster.JoinProvider(ctx, cli, cfg.Provider, opts...)
+	}
+	if err != nil {
 		cli.Close()
 		return nil, err
 	}
-	j.Limiter = j.Member.Limiter()
-	members := []*cluster.Member{j.Member}
-	if j.Group != nil {
-		members = j.Group.Members()
+	members := j.Group.Members()
+	j.Member, j.Limiter = members[0], members[0].Limiter()
+	if len(members) > 1 {
+		j.Multi = j.Group.Multi()
 	}
+	j.Tokens = tokensLimit(j.Multi)
 	for _, m := range members {
 		labels := prometheus.Labels{"provider": m.Provider(), "instance": m.ID()}
 		if err := metrics.Register(reg, m.Limiter(), labels); err != nil {
@@ -196,11 +202,19 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 	return j, nil
 }
 
+// tokensLimit returns the index of m's limit that counts tokens, or -1.
+func tokensLimit(m *limiter.Multi) int {
+	if m == nil {
+		return -1
+	}
+	return slices.IndexFunc(m.Limits(), func(l limiter.Limit) bool { return l.Dimension == "tokens" })
+}
+
 // openLocal returns a local limiter of cfg.Limit per window, or with
 // cfg.TokensLimit a Multi of it and a tokens limit; the requests limit's
 // metrics are in the registry.
 func openLocal(cfg Config, labels prometheus.Labels, opts []limiter.Option) (*Joined, error) {
-	j := &Joined{Registry: prometheus.NewRegistry()}
+	j := &Joined{Registry: prometheus.NewRegistry(), Tokens: -1}
 	if cfg.TokensLimit > 0 {
 		m, err := limiter.NewMulti([]limiter.Limit{
 			{Quota: cfg.Limit, Window: cfg.Window},
@@ -210,6 +224,7 @@ func openLocal(cfg Config, labels prometheus.Labels, opts []limiter.Option) (*Jo
 			return nil, err
 		}
 		j.Multi, j.Limiter = m, m.Limiter(0)
+		j.Tokens = tokensLimit(m)
 	} else {
 		lim, err := limiter.New(cfg.Limit, cfg.Window, opts...)
 		if err != nil {

@@ -86,3 +86,49 @@ func TestOpenGivesTheTokensLaneItsFallback(t *testing.T) {
 		t.Errorf("quotas %d requests and %d tokens before any config, want the fallbacks 5 and 700", st[0].Quota, st[1].Quota)
 	}
 }
+
+// TestOpenJoinsEveryLimitOfAProvider: without TokensProvider, Open joins
+// every limit the provider's config holds (cluster.JoinProvider): one
+// provider of requests and tokens gives a Multi of both, Tokens naming
+// the tokens limit; a provider of one limit, a lone limiter.
+func TestOpenJoinsEveryLimitOfAProvider(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := schema.DefaultKeys()
+	sec := schema.Duration(time.Second)
+	llm := schema.ProviderConfig{Version: 1, Name: "llm", Limit: 10, Window: sec, FailStatic: sec,
+		Lanes: []schema.Lane{{Lane: 1, Dimension: "tokens", Limit: 500, Window: sec}}}.WithDefaults()
+	one := schema.ProviderConfig{Version: 1, Name: "one", Limit: 7, Window: sec, FailStatic: sec}.WithDefaults()
+	for _, c := range []schema.ProviderConfig{llm, llm.Lanes[0].Derive(llm), one} {
+		b, err := schema.Encode(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(context.Background(), keys.Config(c.Name), string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j, err := Open(context.Background(), Config{Endpoints: srv.Endpoints(), Provider: "llm", ID: "a", Window: time.Second, LeaseTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if j.Multi == nil || j.Tokens != 1 || len(j.Multi.Limits()) != 2 {
+		t.Fatalf("Open: Multi %v, Tokens %d; want requests and tokens, tokens second", j.Multi, j.Tokens)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for st := j.Multi.Stats(); st[0].Quota != 10 || st[1].Quota != 500; st = j.Multi.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("quotas %d and %d, want 10 and 500", st[0].Quota, st[1].Quota)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the members' progress
+	}
+	j1, err := Open(context.Background(), Config{Endpoints: srv.Endpoints(), Provider: "one", ID: "a", Window: time.Second, LeaseTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j1.Close()
+	if j1.Multi != nil || j1.Tokens != -1 || j1.Member == nil {
+		t.Errorf("a provider of one limit: Multi %v, Tokens %d, Member %v; want a lone limiter", j1.Multi, j1.Tokens, j1.Member)
+	}
+}
