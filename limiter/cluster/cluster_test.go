@@ -319,11 +319,7 @@ func TestFailStaticThenRegisterAgain(t *testing.T) {
 			cli := srv.Client(t)
 			putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(3 * time.Second)})
 			if tc.source == "shares" {
-				lease, err := cli.Grant(context.Background(), 60)
-				if err != nil {
-					t.Fatal(err)
-				}
-				putLeader(t, cli, lease.ID)
+				liveLeader(t, cli)
 			}
 			a := join(t, cli, "api", "a", WithLeaseTTL(tc.ttl))
 			if tc.source == "shares" { // published once a registered, as configd does
@@ -581,17 +577,9 @@ func startLapse(t *testing.T) *lapse {
 	srv := etcdtest.Start(t)
 	l := &lapse{t: t, cli: srv.Client(t)}
 	putConfig(t, l.cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(100 * time.Millisecond), FailStatic: schema.Duration(500 * time.Millisecond)})
-	lease, err := l.cli.Grant(context.Background(), 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, l.cli, lease.ID)
-	l.px = netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
-	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{l.px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pcli.Close() })
+	liveLeader(t, l.cli)
+	var pcli *clientv3.Client
+	l.px, pcli = cutOffable(t, srv)
 	l.a = join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&l.logs, nil))))
 	return l
 }
@@ -694,17 +682,8 @@ func TestEvenSplitHoldsForALoweredFailStatic(t *testing.T) {
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(10 * time.Second)})
 	ctx := context.Background()
-	leader, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, leader.ID)
-	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
-	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcli.Close()
+	leader := liveLeader(t, cli)
+	px, pcli := cutOffable(t, srv)
 	a := join(t, pcli, "api", "a")
 	var logs logbuf.Buffer
 	b := join(t, cli, "api", "b", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -719,7 +698,7 @@ func TestEvenSplitHoldsForALoweredFailStatic(t *testing.T) {
 	horizon := a.Status().AdmitsUntil
 	// While a is cut off: fail_static lowered, then configd gone.
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(time.Second)})
-	if _, err := cli.Revoke(ctx, leader.ID); err != nil {
+	if _, err := cli.Revoke(ctx, leader); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "b on the even split", func() bool { return b.Status().Source == "even" })
@@ -778,18 +757,9 @@ func TestEvenSplitKeepsOutUnconfirmedGrants(t *testing.T) {
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(3 * time.Second)})
 	ctx := context.Background()
-	leader, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, leader.ID)
+	leader := liveLeader(t, cli)
 
-	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
-	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcli.Close()
+	px, pcli := cutOffable(t, srv)
 	a := join(t, pcli, "api", "a")
 	var logs logbuf.Buffer
 	b := join(t, cli, "api", "b", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -804,7 +774,7 @@ func TestEvenSplitKeepsOutUnconfirmedGrants(t *testing.T) {
 	// No renewal gets through from now on: a enforces 60 in every window
 	// that begins before its horizon as of now.
 	horizon := a.Status().AdmitsUntil
-	if _, err := cli.Revoke(ctx, leader.ID); err != nil {
+	if _, err := cli.Revoke(ctx, leader); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "b on the even split", func() bool { return b.Status().Source == "even" })
@@ -839,11 +809,7 @@ func TestEvenCapIsTheGrantOfItsRegime(t *testing.T) {
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(time.Second)})
 	ctx := context.Background()
-	leader, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, leader.ID)
+	leader := liveLeader(t, cli)
 	a := join(t, cli, "api", "a")
 	join(t, cli, "api", "b") // never enforces anything: it keeps a capped
 	// The window was 1 s: a may still admit 300 in a window of 1 s of the
@@ -854,7 +820,7 @@ func TestEvenCapIsTheGrantOfItsRegime(t *testing.T) {
 		Before: &schema.Transition{Window: schema.Duration(time.Second), Since: 7, Granted: map[string]int64{"a": 300, "b": 0}},
 	})
 	enforcing(t, a, 30)
-	if _, err := cli.Revoke(ctx, leader.ID); err != nil {
+	if _, err := cli.Revoke(ctx, leader); err != nil {
 		t.Fatal(err)
 	}
 	// b takes the even split too; a's cap holds until the hold after
@@ -878,11 +844,7 @@ func TestEvenCapIsTheShareItEnforced(t *testing.T) {
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(time.Second)})
 	ctx := context.Background()
-	leader, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, leader.ID)
+	leader := liveLeader(t, cli)
 	a := join(t, cli, "api", "a")
 	join(t, cli, "api", "b") // never enforces anything: it keeps a capped
 	putShares(t, cli, schema.Shares{
@@ -890,7 +852,7 @@ func TestEvenCapIsTheShareItEnforced(t *testing.T) {
 		Total: 90, Instances: 2, Shares: map[string]int64{"a": 30, "b": 0}, Granted: map[string]int64{"a": 90, "b": 0},
 	})
 	enforcing(t, a, 30)
-	if _, err := cli.Revoke(ctx, leader.ID); err != nil {
+	if _, err := cli.Revoke(ctx, leader); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "a on the even split", func() bool { return a.Status().Source == "even" })
@@ -912,11 +874,7 @@ func TestNewProcessStartsFromNothing(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w)})
-	lease, err := cli.Grant(context.Background(), 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, lease.ID)
+	liveLeader(t, cli)
 	shares := func(gen int64, s int64) {
 		putShares(t, cli, schema.Shares{
 			Version: 1, Provider: "api", Generation: gen, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
@@ -947,11 +905,7 @@ func TestClockCorrectionDoesNotExtendFailStatic(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(failStatic)})
-	lease, err := cli.Grant(context.Background(), 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, lease.ID)
+	liveLeader(t, cli)
 	a := join(t, cli, "api", "a", WithLeaseTTL(ttl))
 	putShares(t, cli, schema.Shares{
 		Version: 1, Provider: "api", Generation: 1, EffectiveFrom: time.Now().Truncate(w).UnixNano(), Window: schema.Duration(w),
@@ -982,11 +936,7 @@ func TestForgedSharesNeverAboveTheLimit(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w)})
-	lease, err := cli.Grant(context.Background(), 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, lease.ID)
+	liveLeader(t, cli)
 	a := join(t, cli, "api", "a")
 	record := func(gen, total, share int64) string {
 		r := schema.ShareRecord{Version: 1, Provider: "api", Instance: "a", Generation: gen, EffectiveFrom: time.Now().Truncate(w).UnixNano(),
@@ -1036,4 +986,30 @@ func TestRecordSourcesAreFollows(t *testing.T) {
 			t.Errorf("schema says %q where follow says %q", p[0], p[1])
 		}
 	}
+}
+
+// cutOffable returns a client of srv through a proxy the test can cut:
+// an instance joined with it can be cut off from etcd (netcut). The
+// client closes after the test's Members, which close first.
+func cutOffable(t *testing.T, srv *etcdtest.Server) (*netcut.Proxy, *clientv3.Client) {
+	t.Helper()
+	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop(), DialOptions: DialOptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return px, c
+}
+
+// liveLeader writes a configd leader key on a lease of a minute, as a
+// replica alive does, and returns the lease: revoke it for configd gone.
+func liveLeader(t *testing.T, cli *clientv3.Client) clientv3.LeaseID {
+	t.Helper()
+	lease, err := cli.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putLeader(t, cli, lease.ID)
+	return lease.ID
 }

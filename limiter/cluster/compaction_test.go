@@ -9,11 +9,9 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/logbuf"
-	"github.com/sluice-go/sluice/internal/netcut"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -69,19 +67,9 @@ func TestMemberReloadsAfterCompaction(t *testing.T) {
 			cli := srv.Client(t)
 			putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w)})
 			ctx := context.Background()
-			leader, err := cli.Grant(ctx, 60)
-			if err != nil {
-				t.Fatal(err)
-			}
-			putLeader(t, cli, leader.ID)
+			leader := liveLeader(t, cli)
 
-			px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
-			pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second,
-				Logger: zap.NewNop(), DialOptions: DialOptions()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { pcli.Close() }) // after the member's Close
+			px, pcli := cutOffable(t, srv)
 			var logs logbuf.Buffer
 			a := join(t, pcli, "api", "a", WithLeaseTTL(30*time.Second), WithReportInterval(time.Hour),
 				WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -102,7 +90,7 @@ func TestMemberReloadsAfterCompaction(t *testing.T) {
 			})
 
 			px.Cut()
-			tc.gap(t, cli, leader.ID)
+			tc.gap(t, cli, leader)
 			// Enough writes that the compaction lies well past anything
 			// the member saw, then compact at the newest revision.
 			var rev int64

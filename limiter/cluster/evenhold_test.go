@@ -3,16 +3,11 @@ package cluster
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/logbuf"
-	"github.com/sluice-go/sluice/internal/netcut"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -34,22 +29,9 @@ func TestEvenSplitRemembersAReplacedFailStatic(t *testing.T) {
 			cli := srv.Client(t)
 			putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 90, Window: schema.Duration(w), FailStatic: schema.Duration(10 * time.Second)})
 			ctx := context.Background()
-			leader, err := cli.Grant(ctx, 60)
-			if err != nil {
-				t.Fatal(err)
-			}
-			putLeader(t, cli, leader.ID)
-			proxied := func() (*netcut.Proxy, *clientv3.Client) {
-				px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
-				c, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop(), DialOptions: DialOptions()})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { c.Close() })
-				return px, c
-			}
-			pxa, acli := proxied()
-			pxb, bcli := proxied()
+			leader := liveLeader(t, cli)
+			pxa, acli := cutOffable(t, srv)
+			pxb, bcli := cutOffable(t, srv)
 			var aopts []Option
 			if how == "a's lease is longer than b's" {
 				// replaced.until counts b's own lease TTL (1 s), not a's.
@@ -85,7 +67,7 @@ func TestEvenSplitRemembersAReplacedFailStatic(t *testing.T) {
 				putConfig(t, cli, lowered)
 				waitFor(t, "b on the shares again", func() bool { return b.Status().Source == "shares" })
 			}
-			if _, err := cli.Revoke(ctx, leader.ID); err != nil {
+			if _, err := cli.Revoke(ctx, leader); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, "b on the even split", func() bool { return b.Status().Source == "even" })

@@ -3,17 +3,12 @@ package cluster
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/logbuf"
-	"github.com/sluice-go/sluice/internal/netcut"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -32,17 +27,8 @@ func TestLapsedShareReturnsAsANewcomerUnderTheEvenSplit(t *testing.T) {
 	cli := srv.Client(t)
 	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 40, Window: schema.Duration(w), FailStatic: schema.Duration(500 * time.Millisecond)})
 	ctx := context.Background()
-	leader, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putLeader(t, cli, leader.ID)
-	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
-	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcli.Close()
+	leader := liveLeader(t, cli)
+	px, pcli := cutOffable(t, srv)
 	var alog, blog logbuf.Buffer
 	a := join(t, pcli, "api", "a", WithLogger(slog.New(slog.NewTextHandler(&alog, nil))))
 	// b polls the counts every 6 s (a legal report interval).
@@ -53,7 +39,7 @@ func TestLapsedShareReturnsAsANewcomerUnderTheEvenSplit(t *testing.T) {
 	})
 	enforcing(t, a, 20)
 	enforcing(t, b, 20)
-	if _, err := cli.Revoke(ctx, leader.ID); err != nil { // configd gone for good
+	if _, err := cli.Revoke(ctx, leader); err != nil { // configd gone for good
 		t.Fatal(err)
 	}
 	waitFor(t, "a on the even split", func() bool { return a.Status().Source == "even" })
