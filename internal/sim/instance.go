@@ -17,9 +17,11 @@ type instance struct {
 	group string
 	skew  int64 // its clock = true time − skew: its windows begin skew late
 	phase int64 // where in the tick its takes fall
-	inc   int   // its process: bumped by every (re)start
-	alive bool  // the process runs
-	keyed bool  // its record (and lease) is in etcd
+	// interval is its report interval: the group's, or the scenario's.
+	interval time.Duration
+	inc      int  // its process: bumped by every (re)start
+	alive    bool // the process runs
+	keyed    bool // its record (and lease) is in etcd
 
 	offered int64   // permits per window it would admit if allowed
 	backlog float64 // permits offered and not yet taken
@@ -102,7 +104,7 @@ func (e *engine) join(in *instance) {
 	in.confirm(e)
 	inc := in.inc
 	// Report ticker, at a random phase; takes every tick on its own clock.
-	ri := int64(e.sc.ReportInterval)
+	ri := int64(in.interval)
 	var report func()
 	report = func() {
 		if !in.alive || in.inc != inc {
@@ -117,7 +119,7 @@ func (e *engine) join(in *instance) {
 		e.at(e.now+ri, report)
 	}
 	e.at(e.now+e.rng.Int64N(ri)+1, report)
-	if every := int64(follow.PollEvery(e.sc.ReportInterval.D())); every < ri {
+	if every := int64(follow.PollEvery(in.interval)); every < ri {
 		// The even split's counts, at least every follow.MaxPoll (the
 		// member's poll ticker).
 		var poll func()
@@ -440,7 +442,7 @@ func (in *instance) report(e *engine, force bool) {
 	in.askedAcc, in.lastAt = 0, e.now
 	rec := record{demand: int64(math.Round(in.demand)), gen: in.ap.Generation, appliedFrom: in.ap.InForce,
 		source: in.ap.Source, enforced: in.ap.Quota, inc: in.inc}
-	if !force && in.haveWrite && !follow.Due(in.written.follow(), rec.follow(), time.Duration(e.now-in.wroteAt), e.sc.ReportInterval.D()) {
+	if !force && in.haveWrite && !follow.Due(in.written.follow(), rec.follow(), time.Duration(e.now-in.wroteAt), in.interval) {
 		return
 	}
 	in.written, in.wroteAt, in.haveWrite = rec, e.now, true

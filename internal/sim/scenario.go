@@ -60,6 +60,9 @@ type Group struct {
 	SkewSpread Duration `json:"skew_spread,omitempty"`
 	// Join is when the group's instances start (0: at the start).
 	Join Duration `json:"join,omitempty"`
+	// ReportInterval is the members' report interval (0: the
+	// scenario's): instances of one provider may be given different ones.
+	ReportInterval Duration `json:"report_interval,omitempty"`
 }
 
 // Event kinds.
@@ -239,8 +242,8 @@ func (sc *Scenario) Validate() error {
 		switch {
 		case g.Name == "" || names[g.Name]:
 			return bad(f+".name", g.Name, "required and unique")
-		case g.Count < 0 || g.Demand < 0 || g.Join < 0:
-			return bad(f, g, "count, demand and join must be ≥ 0")
+		case g.Count < 0 || g.Demand < 0 || g.Join < 0 || g.ReportInterval < 0:
+			return bad(f, g, "count, demand, join and report_interval must be ≥ 0")
 		case abs(g.Skew.D())+g.SkewSpread.D() >= shortest/2 || g.SkewSpread < 0:
 			return bad(f+".skew", g.Skew.D(), "|skew| + skew_spread must be < half the shortest window")
 		}

@@ -48,6 +48,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
@@ -256,7 +257,7 @@ func (e *engine) setConfig(limit int64, window time.Duration) {
 func (e *engine) setup() {
 	for _, g := range e.sc.Groups {
 		for range g.Count {
-			in := e.newInstance(g.Name, g.Demand, g.Skew, g.SkewSpread)
+			in := e.newInstance(g, g.Demand)
 			e.at(int64(g.Join), func() { e.join(in) })
 		}
 	}
@@ -284,18 +285,20 @@ func (e *engine) setup() {
 	}
 }
 
-func (e *engine) newInstance(group string, demand int64, sk, spread Duration) *instance {
+func (e *engine) newInstance(g Group, demand int64) *instance {
+	group := g.Name
 	n := len(e.groups[group])
-	off := int64(sk)
-	if spread > 0 {
-		off += e.rng.Int64N(2*int64(spread)+1) - int64(spread)
+	off := int64(g.Skew)
+	if g.SkewSpread > 0 {
+		off += e.rng.Int64N(2*int64(g.SkewSpread)+1) - int64(g.SkewSpread)
 	}
 	in := &instance{
-		id:      fmt.Sprintf("%s-%04d", group, n),
-		group:   group,
-		skew:    off,
-		offered: demand,
-		phase:   e.rng.Int64N(e.tick),
+		id:       fmt.Sprintf("%s-%04d", group, n),
+		group:    group,
+		skew:     off,
+		offered:  demand,
+		phase:    e.rng.Int64N(e.tick),
+		interval: cmp.Or(g.ReportInterval.D(), e.sc.ReportInterval.D()),
 	}
 	e.inst = append(e.inst, in)
 	e.groups[group] = append(e.groups[group], in)
@@ -323,7 +326,7 @@ func (e *engine) event(ev Event) {
 	case EventJoin:
 		g := e.group(ev.Group)
 		for range ev.Count {
-			e.join(e.newInstance(ev.Group, ev.Demand, g.Skew, g.SkewSpread))
+			e.join(e.newInstance(g, ev.Demand))
 		}
 	case EventCrash:
 		for _, in := range e.members(ev.Group, ev.Count) {
