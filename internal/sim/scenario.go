@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/schema"
 )
 
 // ErrScenario means a scenario file is malformed or out of range; the
@@ -125,6 +127,9 @@ type Scenario struct {
 	ReportInterval Duration `json:"report_interval"` // instances' demand report period
 	Margin         Duration `json:"margin"`          // configd's propagation margin
 	LeaseTTL       Duration `json:"lease_ttl"`       // instance lease TTL
+	// FailStatic is the provider's fail_static (0: the default, 10 s):
+	// the even split's hold counts it.
+	FailStatic Duration `json:"fail_static,omitempty"`
 
 	Publish Delay   `json:"publish_delay"` // leader's publish → instance
 	Ack     Delay   `json:"ack_delay"`     // instance record write → leader
@@ -204,6 +209,8 @@ func (sc *Scenario) Validate() error {
 		return bad("duration", sc.Duration.D(), "must be at least one window and at most 24h")
 	case sc.Warmup < 0 || sc.Warmup >= sc.Duration:
 		return bad("warmup", sc.Warmup.D(), "must be in [0, duration)")
+	case sc.FailStatic < 0 || sc.FailStatic.D() > schema.MaxFailStatic:
+		return bad("fail_static", sc.FailStatic.D(), "must be from 0 to 1h")
 	case sc.ReportInterval <= 0:
 		return bad("report_interval", sc.ReportInterval.D(), "must be > 0")
 	case sc.Margin < 0:

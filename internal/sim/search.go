@@ -148,6 +148,8 @@ func Draw(seed uint64) Scenario {
 		for i := range sc.Groups {
 			sc.Groups[i].ReportInterval = Duration(50*time.Millisecond + time.Duration(r.Int64N(int64(6*time.Second))))
 		}
+		// A short fail_static, whose hold a slow poller outlasts.
+		sc.FailStatic = Duration(200*time.Millisecond + time.Duration(r.Int64N(int64(3*time.Second))))
 	}
 	return sc
 }

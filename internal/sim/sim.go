@@ -437,10 +437,11 @@ func (e *engine) setKeys(on bool) {
 	}
 }
 
-// hold is the even split's hold (cluster's holdFor): the default
-// fail_static, the clock bound and a report interval.
+// hold is the even split's hold (cluster's evenHold): the provider's
+// fail_static, the clock bound and follow.MaxPoll.
 func (e *engine) hold() time.Duration {
-	return schema.ProviderConfig{Window: schema.Duration(e.sc.Window.D()), MaxClockOffset: schema.Duration(e.sc.ClockBound.D())}.HoldAfter(0) + follow.MaxPoll
+	return schema.ProviderConfig{Window: schema.Duration(e.sc.Window.D()), MaxClockOffset: schema.Duration(e.sc.ClockBound.D()),
+		FailStatic: schema.Duration(e.sc.FailStatic.D())}.HoldAfter(0) + follow.MaxPoll
 }
 
 func floorMod(a, b int64) int64 {
