@@ -136,9 +136,10 @@ sim:
 accuracy:
 	$(GO) run ./bench/accuracy $(ACCURACY_FLAGS)
 
-## multi: two limits of one API, each a provider (requests 2000/1s, tokens
-## 60000/10s), 8 examples/httphandler processes joining both, 3x the tokens
-## limit offered: windows over and utilization per limit (about 1.5 minutes).
+## multi: two limits of one provider (requests 2000/1s, tokens 60000/10s),
+## 8 examples/httphandler processes joining both (cluster.JoinProvider), 3x
+## the tokens limit offered: windows over and utilization per limit (about
+## 1.5 minutes). MULTI_FLAGS=-one-provider=false: a provider per limit.
 multi:
 	$(GO) run ./bench/multi $(MULTI_FLAGS)
 

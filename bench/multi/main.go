@@ -8,10 +8,13 @@
 //   - utilization of the binding limit (tokens used / limit) averaged over
 //     the whole windows after a warm-up (goal: ≥ 97%).
 //
-// Each limit is a provider of its own, configured through configd
-// (-algorithm, fair by default); each instance is an examples/httphandler
-// process that joins both (-provider, -tokens-provider: cluster.JoinGroup),
-// admits a request only when both shares have room, calls the stub with
+// Both limits are one provider's, configured through configd (configd
+// set multi --limit 2000/1s --limit tokens=60000/10s; -algorithm, fair by
+// default); each instance is an examples/httphandler process that joins
+// every limit of it (-provider: cluster.JoinProvider). With
+// -one-provider=false, each limit is a provider of its own and the
+// instances join both (-provider, -tokens-provider: cluster.JoinGroup).
+// Each admits a request only when both shares have room, calls the stub with
 // its token estimate, and settles the tokens the stub says the call used
 // (a random 50-100% of the estimate) back into the window charged. This
 // program runs an embedded etcd, `configd serve` as a process, the stub
@@ -66,6 +69,7 @@ type config struct {
 	requestsName, tokensName string
 	algorithm                string
 	transit                  time.Duration
+	oneProvider              bool
 }
 
 func main() {
@@ -85,6 +89,7 @@ func main() {
 	flag.StringVar(&c.algorithm, "algorithm", "fair", "both providers' algorithm: fair or even")
 	flag.DurationVar(&c.transit, "transit", 50*time.Millisecond, "the instances' -transit: no permit within it of a window boundary, so that no call granted in one window reaches the stub in the next")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (etcd data, logs)")
+	flag.BoolVar(&c.oneProvider, "one-provider", true, "both limits are one provider's (cluster.JoinProvider); false: a provider per limit (cluster.JoinGroup)")
 	flag.Parse()
 	if err := parse(&c, weights); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/multi:", err)
@@ -134,10 +139,13 @@ func run(c config) error {
 		return err
 	}
 	defer cd.Stop()
-	for _, p := range []struct {
-		name, limit string
-	}{{c.requestsName, fmt.Sprintf("%d/%v", c.requests, c.window)}, {c.tokensName, fmt.Sprintf("tokens=%d/%v", c.tokens, c.tokensWindow)}} {
-		if _, err := cd.Run("set", p.name, "--limit", p.limit, "--algorithm", c.algorithm); err != nil {
+	requests, tokensLimit := fmt.Sprintf("%d/%v", c.requests, c.window), fmt.Sprintf("tokens=%d/%v", c.tokens, c.tokensWindow)
+	sets := [][]string{{c.requestsName, "--limit", requests, "--limit", tokensLimit}}
+	if !c.oneProvider {
+		sets = [][]string{{c.requestsName, "--limit", requests}, {c.tokensName, "--limit", tokensLimit}}
+	}
+	for _, args := range sets {
+		if _, err := cd.Run(append(append([]string{"set"}, args...), "--algorithm", c.algorithm)...); err != nil {
 			return err
 		}
 	}
@@ -159,8 +167,12 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
+	tokensOf := c.tokensName
+	if c.oneProvider {
+		tokensOf = c.requestsName
+	}
 	fmt.Printf("limits: %d requests per %v (provider %s) and %d tokens per %v (provider %s), %s; %d instances (examples/httphandler processes), budget %v, transit %v\n",
-		c.requests, c.window, c.requestsName, c.tokens, c.tokensWindow, c.tokensName, c.algorithm, len(insts), c.budget, c.transit)
+		c.requests, c.window, c.requestsName, c.tokens, c.tokensWindow, tokensOf, c.algorithm, len(insts), c.budget, c.transit)
 	fmt.Printf("offered: %.0f requests/s in all (%.3g× the tokens limit at the mean use), weights %v, estimates %d-%d tokens, used 50-100%%\n\n",
 		c.rate(), c.load, c.weights, c.estMin, c.estMax)
 
@@ -201,9 +213,13 @@ func startInstances(c config, bin, endpoint, stubURL, tmp string) ([]*instance, 
 		if err != nil {
 			return insts, err
 		}
-		cmd := exec.Command(bin, "-listen", addr, "-etcd-endpoints", endpoint, "-provider", c.requestsName,
-			"-tokens-provider", c.tokensName, "-downstream", stubURL, "-instance-id", fmt.Sprintf("inst-%d", i+1),
-			"-budget", c.budget.String(), "-window", c.window.String(), "-transit", c.transit.String())
+		args := []string{"-listen", addr, "-etcd-endpoints", endpoint, "-provider", c.requestsName,
+			"-downstream", stubURL, "-instance-id", fmt.Sprintf("inst-%d", i+1),
+			"-budget", c.budget.String(), "-window", c.window.String(), "-transit", c.transit.String()}
+		if !c.oneProvider {
+			args = append(args, "-tokens-provider", c.tokensName)
+		}
+		cmd := exec.Command(bin, args...)
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := cmd.Start(); err != nil {
 			return insts, err
