@@ -34,10 +34,14 @@ func runList(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tLIMIT\tWINDOW\tMODE\tALGORITHM\tPACING\tREVISION")
+	fmt.Fprintln(tw, "NAME\tLIMIT\tWINDOW\tMODE\tALGORITHM\tPACING\tREVISION\tMORE LIMITS")
 	for _, p := range v.Providers {
 		c := p.Config
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%t\t%d\n", c.Name, c.Limit, c.Window, c.Mode, c.Algorithm, c.Pacing, p.Revision)
+		more := moreLimits(c)
+		if more == "none" {
+			more = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%t\t%d\t%s\n", c.Name, c.Limit, c.Window, c.Mode, c.Algorithm, c.Pacing, p.Revision, more)
 	}
 	tw.Flush()
 	printMalformed(stdout, v.Malformed)

@@ -60,8 +60,8 @@ func TestSetSeveralLimits(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, status)
 		}
 	}
-	if list := cliOK(t, "list", "--server", r.url()); strings.Contains(list, "llm~") {
-		t.Errorf("list shows lane providers:\n%s", list)
+	if list := cliOK(t, "list", "--server", r.url()); strings.Contains(list, "llm~") || !strings.Contains(list, "tokens=200000/1m,50000/1h") {
+		t.Errorf("list shows lane providers, or not the further limits:\n%s", list)
 	}
 
 	// The hourly limit changes: its lane keeps its number; the tokens
