@@ -257,6 +257,14 @@ func TestJoinProviderEnforcesEveryLimit(t *testing.T) {
 		})
 	})
 
+	// A Member of Join enforces the first limit alone: it says so.
+	lone := join(t, cli, "api", "c")
+	waitFor(t, "the lone Member's problem", func() bool {
+		return slices.ContainsFunc(lone.Status().Problems, func(p string) bool {
+			return strings.Contains(p, "tokens=200/1s, 1000/1m are not enforced by this instance: it joined with cluster.Join")
+		})
+	})
+
 	// The tokens limit removed: its lane retired, without bound.
 	api.Lanes[0].Retired = true
 	putAll(api)

@@ -128,6 +128,7 @@ func Join(ctx context.Context, cli *clientv3.Client, provider string, opts ...Op
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
+	o.enforced = []schema.Lane{} // a provider's further limits are JoinProvider's: list them as not enforced
 	return startMember(ctx, cli, provider, keys, o, lim, &clock{to: lim}, "")
 }
 

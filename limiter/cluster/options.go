@@ -40,10 +40,11 @@ type options struct {
 	logger         *slog.Logger
 	limiterOpts    []limiter.Option
 	clock          *skew.Monitor
-	// enforced, for the first Member of a Group that JoinProvider made,
-	// are the provider's further limits it joined (schema.Lane): a limit
-	// added later is one this instance does not enforce, which it lists
-	// among its problems.
+	// enforced, for a Member of Join (none) and the first Member of a
+	// Group that JoinProvider made, are the provider's further limits
+	// this instance enforces (schema.Lane): one in force that is not
+	// (added later, or joined with Join) is listed among its problems;
+	// nil: not checked.
 	enforced []schema.Lane
 }
 

@@ -731,9 +731,9 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 const limitsProblem = "limits"
 
 // checkLimits lists among v's problems the further limits c holds in
-// force that this instance's Group does not enforce: added after it
-// joined (JoinProvider reads them once). Members not made so check
-// nothing.
+// force that this instance does not enforce: a Member of Join enforces
+// none, one of JoinProvider those in force when it joined (it reads them
+// once). Members of a Group whose lanes were named by hand check nothing.
 func (m *Member) checkLimits(v *view, c *schema.ProviderConfig) {
 	if m.cfg.enforced == nil {
 		return
@@ -748,7 +748,7 @@ func (m *Member) checkLimits(v *view, c *schema.ProviderConfig) {
 		delete(v.problems, limitsProblem)
 		return
 	}
-	why := fmt.Sprintf("the provider's limits %s are not enforced by this instance: they were added after it joined (cluster.JoinProvider reads them once); restart it to enforce them", strings.Join(missing, ", "))
+	why := fmt.Sprintf("the provider's limits %s are not enforced by this instance: it joined with cluster.Join, which enforces the first limit alone, or before they were added (cluster.JoinProvider reads them once); join with JoinProvider, or restart it", strings.Join(missing, ", "))
 	if v.problems[limitsProblem] != why {
 		m.log.Error("provider has limits this instance does not enforce", "limits", missing)
 	}
