@@ -150,7 +150,8 @@ type overviewRow struct {
 	Mode       string `json:"mode"`
 	Algorithm  string `json:"algorithm"`
 	Revision   int64  `json:"revision"`
-	Generation int64  `json:"generation"` // of its last shares record; 0: none
+	Generation int64  `json:"generation"`            // of its last shares record; 0: none
+	MoreLimits string `json:"more_limits,omitempty"` // its further limits, as --limit takes them; empty: none
 }
 
 // handleEvents streams the overview and, with ?provider=NAME, that
@@ -503,6 +504,9 @@ func (h *hub) readOverview(ctx context.Context) overview {
 		c := p.Config
 		row := overviewRow{Name: c.Name, Limit: c.Limit, Window: c.Window.String(), Mode: string(c.Mode),
 			Algorithm: string(c.Algorithm), Revision: p.Revision}
+		if more := moreLimits(c); more != "none" {
+			row.MoreLimits = more
+		}
 		// The generation comes from status, the one read of a provider's
 		// state that configd status makes too: the console knows nothing
 		// of how shares are laid out in etcd.

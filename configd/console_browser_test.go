@@ -248,6 +248,7 @@ func TestConsoleBrowser(t *testing.T) {
 	if got := eval[string](b, `document.querySelector('#config').textContent`); !strings.Contains(got, "limit 40 per 1s and tokens=2000/1m") {
 		t.Errorf("config line %q, want it to say limit 40 per 1s and tokens=2000/1m", got)
 	}
+	b.until("llm's further limit in the provider list", `(document.querySelector('#providers tr[data-provider="llm"]') || {textContent: ''}).textContent.includes('tokens=2000/1m')`)
 	b.do("back to api", chromedp.Navigate(r.url()+"/console/#p=api"))
 	b.until("both instances at 200 again", shareIs("a", 200)+" && "+shareIs("b", 200))
 

@@ -119,7 +119,8 @@
     for (const p of ov.providers) {
       const tr = el('tr', { 'data-provider': p.name, class: p.name === state.provider ? 'selected' : null },
         el('td', { text: p.name }), el('td', { class: 'num', text: num(p.limit) }), el('td', { text: p.window }),
-        el('td', { text: p.mode }), el('td', { text: p.algorithm }), el('td', { class: 'num', text: p.generation ? num(p.generation) : '–' }));
+        el('td', { text: p.mode }), el('td', { text: p.algorithm }), el('td', { class: 'num', text: p.generation ? num(p.generation) : '–' }),
+        el('td', { text: p.more_limits ? p.more_limits.split(',').join(', ') : '–' }));
       tr.addEventListener('click', () => select(p.name));
       body.append(tr);
     }
