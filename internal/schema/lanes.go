@@ -219,18 +219,28 @@ func (c ProviderConfig) NumberLanes(old *ProviderConfig) (ProviderConfig, error)
 		}
 		taken[l.Lane] = true
 	}
-	match := func(l Lane, sameWindow bool) int {
-		for _, p := range prev {
-			if !taken[p.Lane] && p.DimensionOrDefault() == l.DimensionOrDefault() && (!sameWindow || p.Window == l.Window) {
-				return p.Lane
+	// In passes over every lane, so that a limit given again as it was
+	// keeps its lane even when another of its dimension is listed before
+	// it (found by review: adding tokens 200/1s before the tokens
+	// 1000/10s in force took its lane, which the running instances
+	// enforced, and gave 1000/10s a lane none of them did: 2,000 tokens
+	// in a 10 s window of 1,000). Lanes in force first: running
+	// instances enforce them, and not a retired one.
+	given := slices.Clone(c.Lanes)
+	for _, pass := range []struct{ sameWindow, retired bool }{{true, false}, {true, true}, {false, false}, {false, true}} {
+		for i, l := range given {
+			if l.Lane != 0 {
+				continue
+			}
+			for _, p := range prev {
+				if !taken[p.Lane] && p.Retired == pass.retired && p.DimensionOrDefault() == l.DimensionOrDefault() && (!pass.sameWindow || p.Window == l.Window) {
+					given[i].Lane, taken[p.Lane] = p.Lane, true
+					break
+				}
 			}
 		}
-		return 0
 	}
-	for _, l := range c.Lanes {
-		if l.Lane == 0 {
-			l.Lane = cmp.Or(match(l, true), match(l, false))
-		}
+	for _, l := range given {
 		if l.Lane == 0 {
 			for n := 1; n <= MaxLanes; n++ {
 				if !taken[n] && !slices.ContainsFunc(prev, func(p Lane) bool { return p.Lane == n }) {
