@@ -131,7 +131,7 @@ func TestBadInputCLI(t *testing.T) {
 		{[]string{"set", "p", "--limit", "5/1s", "--window", "2s"}, "names window 1s, and --window says 2s"},
 		{[]string{"set", "p", "--limit", "Tokens=200000/1m"}, "dimension must be 1 to 32 lower-case letters"},
 		{[]string{"set", "p", "--limit", "100/1s", "--limit", "50000/1h", "--limit", "t=1/1s", "--limit", "u=1/1s", "--limit", "v=1/1s"}, "at most 4 limits"},
-		{[]string{"set", "p", "--limit", "100/1s", "--limit", "200/1s"}, "two limits of requests per 1s"},
+		{[]string{"set", "p", "--limit", "100/1s", "--limit", "200/1s"}, `at most one limit per dimension and window; keep the smaller, got "100/1s and 200/1s"`},
 		{[]string{"set", "p~1", "--limit", "100/1s"}, "a lane configd keeps"},
 		{[]string{"set", "p", "--limit", "100", "--limit", "tokens=5/1m", "--window", "2s"}, "--window applies to a lone --limit"},
 		{[]string{"set", "p", "--limit", "5", "--if-revision", "-1"}, "--if-revision"},

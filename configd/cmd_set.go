@@ -95,9 +95,11 @@ func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 			return cfg, err
 		}
 	case e.limit.set:
-		if cfg, err = e.applyLimit(cfg); err != nil {
+		if cfg, err = e.changeLimit(cfg); err != nil {
 			return cfg, err
 		}
+	case e.only:
+		return cfg, usageErrorf("--only says the --limit flags given are all the provider's limits: give them")
 	}
 	if e.window.set {
 		w, err := schema.ParseWindow(e.window.val)
@@ -168,6 +170,56 @@ func (e edit) applyLimit(cfg schema.ProviderConfig) (schema.ProviderConfig, erro
 		}
 	}
 	cfg.Window = schema.Duration(w)
+	return cfg, nil
+}
+
+// changeLimit applies a lone --limit to the limit of cfg it names: the
+// first if it counts the first's dimension (in the first's window, or no
+// other of that dimension has the window named), else the further limit
+// of that dimension (and window, if several). A provider of one limit
+// takes it as before (applyLimit). Found by a new user: a lone --limit
+// tokens=100000/1m on a provider of 600/1m and tokens=150000/1m turned
+// the first limit into tokens instead of changing the second.
+func (e edit) changeLimit(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
+	if len(cfg.InForce()) == 1 {
+		return e.applyLimit(cfg)
+	}
+	one, err := edit{limit: e.limit}.applyLimit(schema.ProviderConfig{Window: cfg.Window, Dimension: cfg.Dimension})
+	if err != nil {
+		return cfg, err
+	}
+	_, w, windowNamed := strings.Cut(e.limit.val, "/")
+	windowNamed = windowNamed && w != ""
+	if !windowNamed && e.window.set {
+		return cfg, usageErrorf("--window applies to a provider of one limit; give the limit's window as N/W (100/1s)")
+	}
+	var same []int // further limits in force of the dimension named
+	exact := -1
+	for j, l := range cfg.Lanes {
+		if !l.Retired && l.DimensionOrDefault() == (schema.Lane{Dimension: one.Dimension}).DimensionOrDefault() {
+			same = append(same, j)
+			if windowNamed && l.Window == one.Window {
+				exact = j
+			}
+		}
+	}
+	first := one.Dimension == cfg.Dimension
+	switch {
+	case exact < 0 && first:
+		return e.applyLimit(cfg)
+	case exact < 0 && len(same) == 0:
+		return cfg, usageErrorf("--limit %s: the provider has no limit of %s; give all its limits, --limit once each, to add one", e.limit.val, schema.Lane{Dimension: one.Dimension}.DimensionOrDefault())
+	case exact < 0 && len(same) > 1:
+		return cfg, usageErrorf("--limit %s: the provider has several limits of %s; name the window of the one to change (N/W)", e.limit.val, schema.Lane{Dimension: one.Dimension}.DimensionOrDefault())
+	case exact < 0:
+		exact = same[0]
+	}
+	lanes := slices.Clone(cfg.Lanes)
+	lanes[exact].Limit = one.Limit
+	if windowNamed {
+		lanes[exact].Window = one.Window
+	}
+	cfg.Lanes = lanes
 	return cfg, nil
 }
 

@@ -174,11 +174,56 @@ func TestPutSeveralLimitsThroughTheAPI(t *testing.T) {
 	}
 	for _, c := range []struct{ path, body, want string }{
 		{"/v1/providers/llm~1", `{"limit":5}`, "a lane configd keeps"},
-		{"/v1/providers/llm", `{"limit":5,"window":"1s","lanes":[{"limit":6,"window":"1s"}]}`, "two limits of requests per 1s"},
-		{"/v1/providers/llm", `{"limit":5,"lanes":[{"lane":10,"limit":6,"window":"1m"}]}`, "lanes must be numbered 1 to 9"},
+		{"/v1/providers/llm", `{"limit":5,"window":"1s","lanes":[{"limit":6,"window":"1s"}]}`, "at most one limit per dimension and window"},
+		{"/v1/providers/llm", `{"limit":5,"lanes":[{"lane":10,"limit":6,"window":"1m"}]}`, "lanes are numbered 1 to 9, each once"},
+		{"/v1/providers/llm", `{"limit":5,"lanes":[{"limit":6,"window":"1m"},{"limit":7,"window":"1h"},{"dimension":"t","limit":8,"window":"1s"},{"dimension":"u","limit":9,"window":"1s"}]}`, "a provider enforces at most 4 limits together"},
 	} {
 		if code, _, body := hostRequest(t, "PUT", r.url()+c.path, host, "", c.body); code != 400 || !strings.Contains(body, c.want) {
 			t.Errorf("PUT %s %s: %d %s, want 400 saying %q", c.path, c.body, code, body, c.want)
+		}
+	}
+}
+
+// TestSetOneOfSeveralLimits: a lone --limit changes the limit it names,
+// by dimension and window; found by a new user, a lone --limit
+// tokens=100000/1m turned the first limit, 600/1m, into tokens.
+func TestSetOneOfSeveralLimits(t *testing.T) {
+	srv := etcdtest.Start(t)
+	r := startReplica(t, srv, "r1")
+	more := func() string {
+		t.Helper()
+		m := regexp.MustCompile(`(?m)^more_limits:\s+(\S+)$`).FindStringSubmatch(cliOK(t, "get", "llm", "--server", r.url()))
+		if m == nil {
+			return ""
+		}
+		return m[1]
+	}
+	cliOK(t, "set", "llm", "--limit", "600/1m", "--limit", "tokens=150000/1m", "--limit", "50000/1h", "--server", r.url())
+	for _, c := range []struct {
+		limit, want, first string
+	}{
+		{"tokens=100000/1m", "tokens=100000/1m,50000/1h", "600"},
+		{"tokens=90000", "tokens=90000/1m,50000/1h", "600"},
+		{"40000/1h", "tokens=90000/1m,40000/1h", "600"},
+		{"700", "tokens=90000/1m,40000/1h", "700"},
+		{"800/1m", "tokens=90000/1m,40000/1h", "800"},
+	} {
+		cliOK(t, "set", "llm", "--limit", c.limit, "--server", r.url())
+		m := regexp.MustCompile(`(?m)^limit:\s+(\S+)$`).FindStringSubmatch(cliOK(t, "get", "llm", "--server", r.url()))
+		if got := more(); got != c.want || m == nil || m[1] != c.first {
+			t.Errorf("after --limit %s: more_limits %s, first %v; want %s and %s", c.limit, got, m, c.want, c.first)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--limit", "images=5/1s"}, "the provider has no limit of images"},
+		{[]string{"--only"}, "--only says the --limit flags given are all"},
+	} {
+		_, err := cliRun(t, append(append([]string{"set", "llm"}, c.args...), "--server", r.url())...)
+		if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("set llm %v: %v, want exit 2 saying %q", c.args, err, c.want)
 		}
 	}
 }

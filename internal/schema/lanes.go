@@ -54,7 +54,7 @@ type Lane struct {
 // ErrInvalidLanes and ErrLaneName: a provider's further limits are
 // inconsistent; a provider name a user gave is a lane's.
 var (
-	ErrInvalidLanes = fmt.Errorf("lanes must be numbered 1 to %d, each once, keep the dimension their number had, and at most %d limits may be in force, no two counting one dimension in one window", MaxLanes, MaxLimits)
+	ErrInvalidLanes = errors.New("invalid further limits")
 	ErrLaneName     = errors.New("a name with '~' is a lane configd keeps for a further limit of a provider: change that provider's limits instead")
 )
 
@@ -166,17 +166,17 @@ func (c ProviderConfig) validateLanes() error {
 	case isLane && len(c.Lanes) > 0:
 		return invalid("lanes", len(c.Lanes), fmt.Errorf("%w: a lane provider has no lanes of its own", ErrInvalidLanes))
 	case len(c.Lanes) > MaxLanes:
-		return invalid("lanes", len(c.Lanes), ErrInvalidLanes)
+		return invalid("lanes", len(c.Lanes), fmt.Errorf("%w: at most %d lanes, retired ones included", ErrInvalidLanes, MaxLanes))
 	}
 	inForce := c.InForce()
 	if len(inForce) > MaxLimits {
-		return invalid("lanes", len(inForce), ErrInvalidLanes)
+		return invalid("lanes", fmt.Sprintf("%d limits", len(inForce)), fmt.Errorf("%w: a provider enforces at most %d limits together", ErrInvalidLanes, MaxLimits))
 	}
 	for i, l := range c.Lanes {
 		f := "lanes[" + strconv.Itoa(i) + "]"
 		switch {
 		case l.Lane < 0 || l.Lane > MaxLanes || (l.Lane > 0 && slices.ContainsFunc(c.Lanes[:i], func(o Lane) bool { return o.Lane == l.Lane })):
-			return invalid(f+".lane", l.Lane, ErrInvalidLanes)
+			return invalid(f+".lane", l.Lane, fmt.Errorf("%w: lanes are numbered 1 to %d, each once (0 or none: configd numbers it)", ErrInvalidLanes, MaxLanes))
 		case l.Dimension != "" && limiter.ValidateDimension(l.Dimension) != nil:
 			return invalid(f+".dimension", l.Dimension, ErrInvalidDimension)
 		}
@@ -190,7 +190,7 @@ func (c ProviderConfig) validateLanes() error {
 	for i, a := range inForce {
 		for _, b := range inForce[:i] {
 			if a.DimensionOrDefault() == b.DimensionOrDefault() && a.Window == b.Window {
-				return invalid("lanes", a.String(), fmt.Errorf("%w: two limits of %s per %v; keep the smaller", ErrInvalidLanes, a.DimensionOrDefault(), a.Window))
+				return invalid("lanes", b.String()+" and "+a.String(), fmt.Errorf("%w: at most one limit per dimension and window; keep the smaller", ErrInvalidLanes))
 			}
 		}
 	}
@@ -215,7 +215,7 @@ func (c ProviderConfig) NumberLanes(old *ProviderConfig) (ProviderConfig, error)
 			continue
 		}
 		if i := slices.IndexFunc(prev, func(p Lane) bool { return p.Lane == l.Lane }); i >= 0 && prev[i].DimensionOrDefault() != l.DimensionOrDefault() {
-			return c, invalid("lanes", l.String(), fmt.Errorf("%w: lane %d counts %s", ErrInvalidLanes, l.Lane, prev[i].DimensionOrDefault()))
+			return c, invalid("lanes", l.String(), fmt.Errorf("%w: lane %d counts %s, and a lane keeps its dimension (give the limit no lane number: configd picks one)", ErrInvalidLanes, l.Lane, prev[i].DimensionOrDefault()))
 		}
 		taken[l.Lane] = true
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/bits"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -183,6 +184,14 @@ func (c ProviderConfig) WithDefaults() ProviderConfig {
 	}
 	if c.Dimension == limiter.Requests {
 		c.Dimension = "" // the default, not stored: members from before dimensions read the config
+	}
+	if slices.ContainsFunc(c.Lanes, func(l Lane) bool { return l.Dimension == limiter.Requests }) {
+		c.Lanes = slices.Clone(c.Lanes)
+		for i := range c.Lanes {
+			if c.Lanes[i].Dimension == limiter.Requests {
+				c.Lanes[i].Dimension = ""
+			}
+		}
 	}
 	return c
 }
