@@ -108,7 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd URLs: join -provider and enforce the share configd publishes")
 	fs.StringVar(&c.join.Username, "etcd-username", "", "etcd user (configd's embedded etcd: instance)")
 	fs.StringVar(&c.join.PasswordFile, "etcd-password-file", "", "file holding the etcd user's password (configd's embedded etcd: DATA-DIR/credentials/instance)")
-	fs.StringVar(&c.join.Provider, "provider", "httphandler-demo", "provider name (metrics label; what to join with -etcd-endpoints)")
+	fs.StringVar(&c.join.Provider, "provider", "httphandler-demo", "provider name (metrics label; with -etcd-endpoints, the provider whose every limit is joined: cluster.JoinProvider)")
 	fs.StringVar(&c.join.TokensProvider, "tokens-provider", "", "with -etcd-endpoints: a second provider, whose limit counts tokens; both shares are enforced together (cluster.JoinGroup)")
 	fs.StringVar(&c.join.ID, "instance-id", "", "instance id (default: chosen by cluster.Join)")
 	fs.Int64Var(&c.join.Fallback, "fallback", 0, "quota per window before a share is known when etcd is unreachable (0: fail-closed)")
