@@ -27,15 +27,21 @@ import "time"
 //     horizon, a fail_static past its lease's end, before a hold has
 //     passed since the first poll that no longer sees its key.
 //  3. A count that fell is held up. n is the largest count seen in the last
-//     hold (the provider's fail_static, the clock bound and MaxPoll): an
-//     instance whose key went may be cut off from etcd and
+//     hold (the provider's fail_static, the clock bound and CountsValid):
+//     an instance whose key went may be cut off from etcd and
 //     still enforce its even share until its fail-static horizon. So
 //     nobody grows into its room before it has stopped.
 //  4. A newcomer waits. An instance registered less than a hold ago takes
 //     nothing beyond its grant (0 for a new one): the others count it at
-//     their next poll, within MaxPoll, and shrink at once. An instance
-//     whose share lapsed while it was cut off from etcd comes back as a
-//     newcomer: the others may have grown into its room.
+//     their next poll, within MaxPoll, and shrink at once. One that can
+//     no longer poll (cut off from etcd) stops admitting CountsValid and
+//     the fail_static after the last count read it sent (Member.arm),
+//     before a newcomer registered after that read ends its hold; its
+//     key and confirmation may outlive that by a lease (found by review:
+//     a lease of 10 s kept a cut-off instance at the whole limit beside a
+//     newcomer's half). An instance whose share lapsed while it was cut
+//     off comes back as a newcomer: the others may have grown into its
+//     room.
 //
 // Growth then applies from a boundary at least the change margin ahead,
 // and shrinks at once (Schedule).
@@ -52,6 +58,13 @@ const MaxPoll = time.Second
 // PollEvery returns how often an instance that reports every report
 // polls the counts under the even split.
 func PollEvery(report time.Duration) time.Duration { return min(report, MaxPoll) }
+
+// CountsValid is how long past the last count read it sent, beyond the
+// provider's fail_static, an instance goes on admitting on the even
+// split: two polls' time, so that one late poll does not stop it. The
+// hold includes it: a newcomer that registered after that read, which
+// the instance has not counted, waits until it has stopped (rule 4).
+const CountsValid = 2 * MaxPoll
 
 // countSample is a poll of the counts, and when it was read.
 type countSample struct {

@@ -438,10 +438,10 @@ func (e *engine) setKeys(on bool) {
 }
 
 // hold is the even split's hold (cluster's evenHold): the provider's
-// fail_static, the clock bound and follow.MaxPoll.
+// fail_static, the clock bound and follow.CountsValid.
 func (e *engine) hold() time.Duration {
 	return schema.ProviderConfig{Window: schema.Duration(e.sc.Window.D()), MaxClockOffset: schema.Duration(e.sc.ClockBound.D()),
-		FailStatic: schema.Duration(e.sc.FailStatic.D())}.HoldAfter(0) + follow.MaxPoll
+		FailStatic: schema.Duration(e.sc.FailStatic.D())}.HoldAfter(0) + follow.CountsValid
 }
 
 func floorMod(a, b int64) int64 {

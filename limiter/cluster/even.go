@@ -41,7 +41,8 @@ const replacedMemory = 2 * time.Hour
 // as configd holds a lapsed share — the longest fail_static an instance
 // cut off from etcd may count with (the provider's, or one this Member saw
 // replaced), plus the clock bound — plus the longest interval between
-// two polls of any instance (follow.MaxPoll) for the poll that sees a
+// two polls of any instance and the time a cut-off one admits past its
+// last poll (follow.CountsValid) for the poll that sees a
 // change, plus a window of another length such an instance
 // may keep past its horizon. An adversarial review found the split taking
 // the whole limit while an instance cut off before fail_static was
@@ -50,7 +51,7 @@ const replacedMemory = 2 * time.Hour
 func (v *view) evenHold(now time.Time) time.Duration {
 	c := v.config
 	if c == nil {
-		return schema.ProviderConfig{}.HoldAfter(0) + follow.MaxPoll
+		return schema.ProviderConfig{}.HoldAfter(0) + follow.CountsValid
 	}
 	h, extra := c.HoldAfter(0), time.Duration(0)
 	keep := v.replaced[:0]
@@ -65,5 +66,5 @@ func (v *view) evenHold(now time.Time) time.Duration {
 		}
 	}
 	v.replaced = keep
-	return h + follow.MaxPoll + extra
+	return h + follow.CountsValid + extra
 }

@@ -79,8 +79,10 @@ type Status struct {
 	Connected bool
 	// AdmitsUntil is when the limiter stops admitting if the lease is not
 	// renewed before: the provider's fail_static past the lease's end
-	// under configd's shares, the lease's end under the even split; zero
-	// on the fallback (never). Every renewal moves it on.
+	// under configd's shares; under the even split, the lease's end or, if
+	// sooner, follow.CountsValid and the fail_static past the last count read
+	// sent; zero on the fallback (never). Every renewal, and on the even
+	// split every count read, moves it on.
 	AdmitsUntil time.Time
 	// Source says where the quota in force comes from: "fallback" (cold
 	// start without etcd, or no provider config yet), "even" (total / live

@@ -47,6 +47,12 @@ type view struct {
 	refused    []byte
 	refusedRev int64
 	replaced   []replaced // see evenHold
+	// polledAt is when (monotonic) the last count read that succeeded
+	// was sent; zero: none since configd was last seen alive. On the
+	// even split the limiter admits no longer than follow.CountsValid and the
+	// provider's fail_static past it (arm): a newcomer that registered
+	// after it, unseen, waits a hold at least that long.
+	polledAt time.Time
 	// lastConfig is the last good config seen, kept across a deletion
 	// and a reload, so that a change seen through either is noted
 	// (noteReplaced; found by review: a session restarted between the
@@ -349,6 +355,9 @@ func (s *following) leaderEvents(ctx context.Context, wr clientv3.WatchResponse,
 	}
 	if len(v.leaders) > 0 {
 		v.even.Reset()
+		v.polledAt = time.Time{}
+	} else if err := m.pollEven(ctx, v); err != nil {
+		return err // counted at once: the even split's expiry runs from the read
 	}
 	if err := m.confirmEven(ctx, v, s.lease); err != nil {
 		return err
@@ -405,6 +414,7 @@ func (s *following) reload(ctx context.Context, err error) error {
 // (with no leader) the counts of the even split, in one transaction whose
 // revision the watches start from.
 func (m *Member) load(ctx context.Context, v *view) (int64, error) {
+	sent := time.Now()
 	octx, cancel := m.opCtx(ctx)
 	resp, err := m.cli.Txn(octx).Then(
 		clientv3.OpGet(m.keys.Config(m.provider)),
@@ -437,8 +447,10 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 			return 0, err
 		}
 	}
+	v.polledAt = time.Time{}
 	if len(v.leaders) == 0 {
 		v.even.Observe(time.Now(), rs[3].GetResponseRange().Count, rs[4].GetResponseRange().Count, v.evenHold(time.Now()))
+		v.polledAt = sent
 	}
 	m.listProblems(v)
 	return resp.Header.Revision, nil
@@ -450,6 +462,7 @@ func (m *Member) pollEven(ctx context.Context, v *view) error {
 	if len(v.leaders) > 0 {
 		return nil
 	}
+	sent := time.Now()
 	octx, cancel := m.opCtx(ctx)
 	defer cancel()
 	resp, err := m.cli.Txn(octx).Then(
@@ -461,6 +474,7 @@ func (m *Member) pollEven(ctx context.Context, v *view) error {
 	}
 	rs := resp.Responses
 	v.even.Observe(time.Now(), rs[0].GetResponseRange().Count, rs[1].GetResponseRange().Count, v.evenHold(time.Now()))
+	v.polledAt = sent
 	return nil
 }
 
@@ -583,7 +597,10 @@ func (m *Member) keepAlive(ctx context.Context, lease clientv3.LeaseID, end time
 // lease's end, as long as configd keeps an expired instance's share
 // reserved, so that an instance cut off from etcd (or stopped and woken)
 // never enforces a share configd has handed to others. Under the even
-// split: the lease's end, since the others grow as soon as its key goes.
+// split: the lease's end, since the others grow as soon as its key goes,
+// or sooner, follow.CountsValid and the fail_static past the last count read
+// sent, since a newcomer it has not counted grows a hold after it
+// registers.
 // On the fallback: never (nobody hands it out).
 //
 // leaseEnd is on the monotonic clock; the expiry is set in the limiter's
@@ -599,7 +616,19 @@ func (m *Member) arm(v *view, ap *applied, leaseEnd time.Time) (failStatic time.
 		failStatic = v.config.FailStaticOrDefault()
 		until = m.lim.Now().Add(time.Until(leaseEnd) + failStatic)
 	case ap.Source == follow.SourceEven:
-		until = m.lim.Now().Add(time.Until(leaseEnd))
+		// No longer than the lease, nor than CountsValid and fail_static past
+		// the last count read sent: a newcomer that registered after it
+		// is one this instance has not counted, and it grows only a hold
+		// after registering (found by review: with a lease of 10 s, a cut
+		// off instance kept the whole limit beside a newcomer's half, 60
+		// in each of four windows of 40). Re-armed by every poll.
+		end := leaseEnd
+		if v.config != nil {
+			if byPoll := v.polledAt.Add(follow.CountsValid + v.config.FailStaticOrDefault()); byPoll.Before(end) {
+				end = byPoll
+			}
+		}
+		until = m.lim.Now().Add(time.Until(end))
 	}
 	m.lim.SetExpiry(until)
 	m.setStatus(func(s *Status) { s.AdmitsUntil = until })
