@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -1012,4 +1013,62 @@ func liveLeader(t *testing.T, cli *clientv3.Client) clientv3.LeaseID {
 	}
 	putLeader(t, cli, lease.ID)
 	return lease.ID
+}
+
+// greedy has Members take every permit their limiters allow, as fast as
+// they can, and counts the admissions per aligned window of w, on the
+// true clock, as the provider would.
+type greedy struct {
+	w     time.Duration
+	mu    sync.Mutex
+	count map[int64]int64
+	done  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+}
+
+// newGreedy returns a greedy whose takers stop when the test ends, if
+// stop has not stopped them before.
+func newGreedy(t *testing.T, w time.Duration) *greedy {
+	g := &greedy{w: w, count: map[int64]int64{}, done: make(chan struct{})}
+	t.Cleanup(g.halt)
+	return g
+}
+
+func (g *greedy) halt() {
+	g.once.Do(func() { close(g.done) })
+	g.wg.Wait()
+}
+
+// take starts m taking.
+func (g *greedy) take(m *Member) {
+	g.wg.Go(func() {
+		for {
+			select {
+			case <-g.done:
+				return
+			default:
+			}
+			if m.Limiter().TryAcquire() {
+				g.mu.Lock()
+				g.count[time.Now().UnixNano()/int64(g.w)]++
+				g.mu.Unlock()
+			} else {
+				time.Sleep(time.Millisecond) // nothing to await: the limiter refuses until its window has room
+			}
+		}
+	})
+}
+
+// stop stops every taker and reports each window over limit; it returns
+// the counts, for a failure's log.
+func (g *greedy) stop(t *testing.T, limit int64) map[int64]int64 {
+	t.Helper()
+	g.halt()
+	for k, n := range g.count {
+		if n > limit {
+			t.Errorf("window %s admitted %d of %d", time.Unix(0, k*int64(g.w)).Format("15:04:05"), n, limit)
+		}
+	}
+	return g.count
 }

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,43 +29,14 @@ func TestEvenSplitStopsAnInstanceThatNoLongerCounts(t *testing.T) {
 	a := join(t, pcli, "api", "a", WithLeaseTTL(10*time.Second), WithLogger(slog.New(slog.NewTextHandler(&alog, nil))))
 	enforcing(t, a, 40) // alone on the even split, after its hold
 
-	var mu sync.Mutex
-	count := map[int64]int64{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	take := func(m *Member) {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if m.Limiter().TryAcquire() {
-					mu.Lock()
-					count[time.Now().UnixNano()/int64(w)]++
-					mu.Unlock()
-				} else {
-					time.Sleep(time.Millisecond)
-				}
-			}
-		})
-	}
-	take(a)
+	g := newGreedy(t, w)
+	g.take(a)
 	px.Cut()
 	b := join(t, cli, "api", "b", WithLogger(slog.New(slog.NewTextHandler(&blog, nil))))
-	take(b)
+	g.take(b)
 	waitFor(t, "b's half", func() bool { return b.Status().Share == 20 })
 	time.Sleep(4 * w) // b at its half, for whole windows
-	close(stop)
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	for k, n := range count {
-		if n > 40 {
-			t.Errorf("window %s admitted %d of 40", time.Unix(0, k*int64(w)).Format("15:04:05"), n)
-		}
-	}
+	count := g.stop(t, 40)
 	if t.Failed() {
 		t.Logf("counts %v\na: %+v\nb: %+v\na's log:\n%s\nb's log:\n%s", count, a.Status(), b.Status(), alog.From(0), blog.From(0))
 	}

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,41 +51,14 @@ func TestLapsedShareReturnsAsANewcomerUnderTheEvenSplit(t *testing.T) {
 	waitFor(t, "b takes the whole limit", func() bool { return b.Status().Share == 40 && b.Limiter().Stats().Quota == 40 })
 
 	// Both take whatever they are allowed, counted per aligned window.
-	var mu sync.Mutex
-	count := map[int64]int64{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, m := range []*Member{a, b} {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if m.Limiter().TryAcquire() {
-					mu.Lock()
-					count[time.Now().UnixNano()/int64(w)]++
-					mu.Unlock()
-				} else {
-					time.Sleep(time.Millisecond)
-				}
-			}
-		})
-	}
+	g := newGreedy(t, w)
+	g.take(a)
+	g.take(b)
 	time.Sleep(w)
 	px.Heal()
 	waitFor(t, "a reconnected", func() bool { return a.Status().Connected })
-	time.Sleep(4 * w)
-	close(stop)
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	for k, n := range count {
-		if n > 40 {
-			t.Errorf("window %s admitted %d of 40", time.Unix(0, k*int64(w)).Format("15:04:05"), n)
-		}
-	}
+	time.Sleep(4 * w) // the windows around a's return, judged by the count
+	count := g.stop(t, 40)
 	if t.Failed() {
 		t.Logf("counts %v\na's log:\n%s\nb's log:\n%s", count, alog.From(0), blog.From(0))
 	}
