@@ -323,6 +323,9 @@ func (s *store) write(ctx context.Context, name string, put *schema.ProviderConf
 		var newCfg *schema.ProviderConfig
 		if put != nil {
 			numbered, err := put.NumberLanes(old)
+			if err == nil {
+				err = numbered.Validate() // what is stored decodes
+			}
 			if err != nil {
 				return changeView{}, err
 			}
