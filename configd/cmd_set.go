@@ -33,8 +33,9 @@ A provider may hold up to 4 limits, enforced together: "100 per second and
 50,000 per hour", "500 requests and 200,000 tokens per minute". Give --limit
 once per limit; the provider's limits become those given, and one no longer
 given is removed (with --only, a lone --limit removes the others too). A lone
---limit changes the provider's first limit and keeps the others. Instances
-enforce every limit when they join with cluster.JoinProvider.
+--limit changes the limit of its dimension (the first limit's when it names
+none; give the window where a dimension has several) and keeps the others.
+Instances enforce every limit when they join with cluster.JoinProvider.
 
 Examples:
   configd set payments --limit 300000
@@ -80,7 +81,8 @@ type edit struct {
 	pacing                                                       *bool // nil: not given
 	// more are the --limit flags after the first, and only says the
 	// limits given are all the provider's: then the provider's limits
-	// become those given (setLimits). A lone --limit changes the first.
+	// become those given (setLimits). A lone --limit changes the one it
+	// names (changeLimit).
 	more []string
 	only bool
 }
