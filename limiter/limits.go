@@ -82,6 +82,39 @@ func (l *Limiter) Schedule(q int64, window time.Duration, at time.Time) (time.Ti
 	return time.Unix(0, from), nil
 }
 
+// SetWindowQuota sets the quota of the window that begins at start to q,
+// and 0 for every window after it, if that window is the current one
+// when the call takes effect; it reports whether it was. Nothing changes
+// when another window is current, nor when the window length in force
+// is not window.
+//
+// It is for a quota good for one window alone, such as permits taken for
+// it from a counter shared by several instances (a budget, see
+// cluster.JoinProvider): checking the window and then calling SetQuota
+// would give the next window the quota when a boundary passes between
+// the two, which here cannot happen.
+func (l *Limiter) SetWindowQuota(q int64, window time.Duration, start time.Time) (bool, error) {
+	if err := ValidateQuota(q); err != nil {
+		return false, err
+	}
+	l.lockChange()
+	defer l.unlockChange()
+	if l.closed {
+		return false, ErrClosed
+	}
+	now := l.now()
+	l.advanceLocked(now)
+	if l.cur.start != start.UnixNano() || l.cur.end-l.cur.start != int64(window) || l.sched.cur.window != int64(window) {
+		return false, nil
+	}
+	rs := l.unplaceLocked(now)
+	l.sched.cur = params{quota: q, window: int64(window)}
+	l.sched.changes = []change{{from: l.cur.end, p: params{quota: 0, window: int64(window)}}}
+	l.setCurrentQuotaLocked()
+	l.replaceLocked(rs, now, 0)
+	return true, nil
+}
+
 // setLimit is Schedule, and SetQuota when window is 0: the length in force
 // at at (or now), read once the schedule is brought up to now.
 func (l *Limiter) setLimit(q, window int64, at time.Time) (from int64, err error) {
