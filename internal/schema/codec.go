@@ -477,9 +477,9 @@ func DecodeHistoryEntry(b []byte) (HistoryEntry, error) {
 	return h, nil
 }
 
-// Encode validates a record (ProviderConfig, InstanceRecord, Shares or
-// HistoryEntry, by value) and returns its JSON with Version set. Anything
-// else is encoded as plain JSON.
+// Encode validates a record (ProviderConfig, InstanceRecord, Shares,
+// ShareRecord, BudgetRecord or HistoryEntry, by value) and returns its
+// JSON with Version set. Anything else is encoded as plain JSON.
 func Encode(v any) ([]byte, error) {
 	switch r := v.(type) {
 	case ProviderConfig:
@@ -501,6 +501,12 @@ func Encode(v any) ([]byte, error) {
 		}
 		v = r
 	case ShareRecord:
+		r.Version = Version
+		if err := r.Validate(); err != nil {
+			return nil, err
+		}
+		v = r
+	case BudgetRecord:
 		r.Version = Version
 		if err := r.Validate(); err != nil {
 			return nil, err

@@ -13,10 +13,12 @@ var ErrInvalid = errors.New("schema: invalid input")
 // Sentinel errors wrapped by *ValidationError. Their text says what is
 // allowed; ValidationError adds what was given.
 var (
-	ErrInvalidName        = errors.New(`name must match ^[a-z0-9][a-z0-9._-]{0,127}$`)
-	ErrInvalidInstanceID  = errors.New(`instance id must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
-	ErrInvalidLimit       = fmt.Errorf("limit must be a positive integer up to %d", MaxLimit)
-	ErrInvalidWindow      = errors.New(`window must be a duration from 10ms to 1h that divides 24h (e.g. "1s", "100ms", "1m")`)
+	ErrInvalidName       = errors.New(`name must match ^[a-z0-9][a-z0-9._-]{0,127}$`)
+	ErrInvalidInstanceID = errors.New(`instance id must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+	ErrInvalidLimit      = fmt.Errorf("limit must be a positive integer up to %d", MaxLimit)
+	ErrInvalidWindow     = errors.New(`window must be a duration from 10ms to 1h that divides 24h (e.g. "1s", "100ms", "1m"); only a further limit's may be longer, up to 24h`)
+	// ErrInvalidLimitWindow is a further limit's window out of range.
+	ErrInvalidLimitWindow = errors.New(`a further limit's window must be a duration from 10ms to 24h that divides 24h (e.g. "1s", "1m", "24h")`)
 	ErrInvalidMode        = errors.New(`mode must be "enforce" or "shadow"`)
 	ErrInvalidAlgorithm   = errors.New(`algorithm must be "even" or "fair"`)
 	ErrInvalidDimension   = errors.New(`dimension must be 1 to 32 lower-case letters, digits or '_', starting with a letter (e.g. "tokens"; empty: requests)`)
@@ -29,6 +31,7 @@ var (
 	ErrInvalidVersion        = fmt.Errorf("version must be %d (or absent)", Version)
 	ErrInvalidField          = errors.New("value out of range")
 	ErrInvalidShares         = errors.New("shares record is inconsistent")
+	ErrInvalidBudget         = errors.New("budget record is inconsistent")
 	ErrInvalidKey            = errors.New("key does not belong to the sluice key layout")
 	ErrInvalidPrefix         = errors.New(`prefix must start and end with "/" (e.g. "/sluice/")`)
 	ErrInvalidReplicaID      = errors.New("replica id must be 1 to 128 characters, no spaces, tabs, newlines or slashes")

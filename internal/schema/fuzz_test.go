@@ -172,10 +172,35 @@ func FuzzDecodeHistoryEntry(f *testing.F) {
 	})
 }
 
+func FuzzDecodeBudgetRecord(f *testing.F) {
+	for _, s := range []string{
+		`{"version":1,"provider":"p~1","start":86400000000000,"window":"24h","taken":500}`,
+		`{"provider":"p~1","start":7200000000000,"window":"2h","taken":0}`,
+		`{"provider":"p~1","start":5,"window":"24h","taken":1}`,
+		`{"provider":"p~1","start":0,"window":"1h","taken":1}`,
+		`{"provider":"p~1","start":0,"window":"24h","taken":-1}`,
+		`{"provider":"p~1","start":0,"window":"24h","taken":1,"taken":2}`,
+		`{"provider":"p~1","start":0,"window":"48h","taken":1}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeBudgetRecord(b)
+		if err != nil {
+			return
+		}
+		if r.Taken < 0 || r.Taken > MaxLimit || !IsBudget(r.Window.D()) || r.Start%int64(r.Window) != 0 {
+			t.Fatalf("accepted %+v", r)
+		}
+		unambiguousKeys(t, b)
+		stable(t, r, func(b []byte) (any, error) { return DecodeBudgetRecord(b) })
+	})
+}
+
 func FuzzKeysParse(f *testing.F) {
 	k := DefaultKeys()
 	for _, s := range []string{k.Config("p"), k.Instance("p", "i:1"), k.HistoryEntry("p", 9), k.Shares("p"), k.Share("p", "i:1"),
-		k.LegacyShares("p"), k.EvenMark("p", "i:1"), "/sluice/providers//config", "/sluice/providers/p/instances/a/b"} {
+		k.LegacyShares("p"), k.EvenMark("p", "i:1"), k.Budget("p~1", 86400e9), "/sluice/providers/p~1/budget/5", "/sluice/providers//config", "/sluice/providers/p/instances/a/b"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, key string) {
@@ -199,6 +224,8 @@ func FuzzKeysParse(f *testing.F) {
 			again = k.EvenMark(p.Provider, p.Instance)
 		case KindInstance:
 			again = k.Instance(p.Provider, p.Instance)
+		case KindBudget:
+			again = k.Budget(p.Provider, p.Seq)
 		case KindHistory:
 			again = k.HistoryEntry(p.Provider, p.Seq)
 			p2, err := k.Parse(again)

@@ -20,6 +20,7 @@ const (
 	instancesDir = "instances/"
 	evenDir      = "even/"
 	historyDir   = "history/"
+	budgetDir    = "budget/"
 	electionDir  = "configd/leader"
 	ownersDir    = "configd/owners/"
 )
@@ -124,6 +125,16 @@ func (k Keys) Even(name string) string { return k.Provider(name) + evenDir }
 // EvenMark returns the key of one instance's even-split confirmation.
 func (k Keys) EvenMark(name, id string) string { return k.Even(name) + id }
 
+// Budgets returns the prefix of a budget lane's counters (ends with '/'):
+// one BudgetRecord per window, of what the instances took of it.
+func (k Keys) Budgets(name string) string { return k.Provider(name) + budgetDir }
+
+// Budget returns the key of a budget lane's counter for the window that
+// starts at start (Unix ns), zero-padded so keys sort by window.
+func (k Keys) Budget(name string, start int64) string {
+	return fmt.Sprintf("%s%020d", k.Budgets(name), start)
+}
+
 // History returns the prefix of a provider's audit records (ends with '/').
 func (k Keys) History(name string) string { return k.Provider(name) + historyDir }
 
@@ -200,6 +211,7 @@ const (
 	KindInstance                // <prefix>providers/<name>/instances/<id>
 	KindHistory                 // <prefix>providers/<name>/history/<seq>
 	KindEven                    // <prefix>providers/<name>/even/<id>
+	KindBudget                  // <prefix>providers/<name>/budget/<start>
 )
 
 // String returns the kind's name.
@@ -215,6 +227,8 @@ func (k KeyKind) String() string {
 		return "history"
 	case KindEven:
 		return "even"
+	case KindBudget:
+		return "budget"
 	}
 	return "unknown"
 }
@@ -224,7 +238,7 @@ type Key struct {
 	Kind     KeyKind
 	Provider string // provider name
 	Instance string // instance ID, for KindInstance, KindShares and KindEven
-	Seq      int64  // sequence number, for KindHistory
+	Seq      int64  // sequence number, for KindHistory; window start (Unix ns), for KindBudget
 }
 
 // Parse parses a key under Providers(). A key that does not belong to the
@@ -271,6 +285,12 @@ func (k Keys) Parse(key string) (Key, error) {
 			return bad()
 		}
 		return Key{Kind: KindHistory, Provider: name, Seq: seq}, nil
+	case strings.HasPrefix(leaf, budgetDir):
+		start, err := strconv.ParseInt(leaf[len(budgetDir):], 10, 64)
+		if err != nil || start < 0 || key != k.Budget(name, start) {
+			return bad()
+		}
+		return Key{Kind: KindBudget, Provider: name, Seq: start}, nil
 	}
 	return bad()
 }

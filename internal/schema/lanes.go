@@ -183,8 +183,8 @@ func (c ProviderConfig) validateLanes() error {
 		if err := ValidateLimit(l.Limit); err != nil {
 			return invalid(f+".limit", l.Limit, ErrInvalidLimit)
 		}
-		if err := ValidateWindow(l.Window.D()); err != nil {
-			return invalid(f+".window", l.Window, ErrInvalidWindow)
+		if err := ValidateLimitWindow(l.Window.D()); err != nil {
+			return invalid(f+".window", l.Window, ErrInvalidLimitWindow)
 		}
 	}
 	for i, a := range inForce {
@@ -201,8 +201,12 @@ func (c ProviderConfig) validateLanes() error {
 // provider), which the lane providers in etcd follow: a limit keeps the
 // number of old's limit of the same dimension and window, or else of one
 // of the same dimension (its amount or window changed); a new one takes
-// a number never used; a lane of old not in c is kept, retired. A lane c
-// numbers itself must keep the dimension old's lane of that number had.
+// a number never used; a lane of old not in c is kept, retired. A budget
+// (IsBudget) keeps its number only in the same window, and no limit of
+// another window takes a budget's: the instances take a budget from a
+// counter of its window's, which a window of another length does not
+// share. A lane c numbers itself must keep the dimension old's lane of
+// that number had.
 func (c ProviderConfig) NumberLanes(old *ProviderConfig) (ProviderConfig, error) {
 	var prev []Lane
 	if old != nil {
@@ -216,6 +220,9 @@ func (c ProviderConfig) NumberLanes(old *ProviderConfig) (ProviderConfig, error)
 		}
 		if i := slices.IndexFunc(prev, func(p Lane) bool { return p.Lane == l.Lane }); i >= 0 && prev[i].DimensionOrDefault() != l.DimensionOrDefault() {
 			return c, invalid("lanes", l.String(), fmt.Errorf("%w: lane %d counts %s, and a lane keeps its dimension (give the limit no lane number: configd picks one)", ErrInvalidLanes, l.Lane, prev[i].DimensionOrDefault()))
+		}
+		if i := slices.IndexFunc(prev, func(p Lane) bool { return p.Lane == l.Lane }); i >= 0 && prev[i].Window != l.Window && (IsBudget(prev[i].Window.D()) || IsBudget(l.Window.D())) {
+			return c, invalid("lanes", l.String(), fmt.Errorf("%w: lane %d is of window %v, and a budget (a window over %v) keeps its window (give the limit no lane number: configd picks one)", ErrInvalidLanes, l.Lane, prev[i].Window.D(), MaxWindow))
 		}
 		taken[l.Lane] = true
 	}
@@ -233,7 +240,7 @@ func (c ProviderConfig) NumberLanes(old *ProviderConfig) (ProviderConfig, error)
 				continue
 			}
 			for _, p := range prev {
-				if !taken[p.Lane] && p.Retired == pass.retired && p.DimensionOrDefault() == l.DimensionOrDefault() && (!pass.sameWindow || p.Window == l.Window) {
+				if !taken[p.Lane] && p.Retired == pass.retired && p.DimensionOrDefault() == l.DimensionOrDefault() && (p.Window == l.Window || !pass.sameWindow && !IsBudget(p.Window.D()) && !IsBudget(l.Window.D())) {
 					given[i].Lane, taken[p.Lane] = p.Lane, true
 					break
 				}

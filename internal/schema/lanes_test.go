@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -67,5 +68,62 @@ func TestNumberLanesKeepsAnUnchangedLimitsLane(t *testing.T) {
 	}
 	if !slices.Equal(got.Lanes, want) {
 		t.Errorf("lanes %+v, want %+v", got.Lanes, want)
+	}
+}
+
+// TestBudgetLanes: a further limit may have a window up to a day (a
+// budget); a first limit may not. A budget keeps its lane only in its own
+// window, and no limit of another window takes a budget's lane, nor a
+// budget a shared limit's: the instances take a budget from counters of
+// its window.
+func TestBudgetLanes(t *testing.T) {
+	day, hour, sec := Duration(24*time.Hour), Duration(time.Hour), Duration(time.Second)
+	c := ProviderConfig{Version: 1, Name: "api", Limit: 100, Window: sec, Mode: ModeEnforce, Algorithm: AlgorithmEven,
+		Lanes: []Lane{{Lane: 1, Limit: 50000, Window: day}, {Lane: 2, Limit: 9000, Window: hour}}}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("a day's budget beside a second's limit: %v", err)
+	}
+	if d := c.Lanes[0].Derive(c); d.Validate() != nil || !d.Budget() || c.Lanes[1].Derive(c).Budget() {
+		t.Errorf("derived lane configs: budget %v (valid: %v), hourly budget %v", d.Budget(), d.Validate(), c.Lanes[1].Derive(c).Budget())
+	}
+	first := c
+	first.Window, first.Lanes = day, nil
+	if err := first.Validate(); !errors.Is(err, ErrInvalidWindow) {
+		t.Errorf("a first limit of a day: %v, want ErrInvalidWindow", err)
+	}
+	long := c
+	long.Lanes = []Lane{{Lane: 1, Limit: 5, Window: Duration(48 * time.Hour)}}
+	if err := long.Validate(); !errors.Is(err, ErrInvalidLimitWindow) {
+		t.Errorf("a further limit of two days: %v, want ErrInvalidLimitWindow", err)
+	}
+
+	renumber := func(lanes ...Lane) []Lane {
+		t.Helper()
+		n := c
+		n.Lanes = lanes
+		got, err := n.NumberLanes(&c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Lanes
+	}
+	// A day's limit of another amount keeps the day's lane; one of 12
+	// hours takes neither the day's nor the hour's (a shared limit's),
+	// which retires.
+	got := renumber(Lane{Limit: 30000, Window: Duration(12 * time.Hour)}, Lane{Limit: 9000, Window: day})
+	want := []Lane{{Lane: 1, Limit: 9000, Window: day}, {Lane: 2, Limit: 9000, Window: hour, Retired: true},
+		{Lane: 3, Limit: 30000, Window: Duration(12 * time.Hour)}}
+	if !slices.Equal(got, want) {
+		t.Errorf("lanes %#v, want %#v", got, want)
+	}
+	// Its amount changes: it keeps its lane.
+	if got := renumber(Lane{Limit: 40000, Window: day}, Lane{Limit: 9000, Window: hour}); got[0].Lane != 1 || got[0].Limit != 40000 || got[0].Retired {
+		t.Errorf("a budget's amount changed: lanes %+v, want lane 1 of 40000", got)
+	}
+	// A lane numbered by hand keeps a budget's window.
+	n := c
+	n.Lanes = []Lane{{Lane: 1, Limit: 5, Window: hour}}
+	if _, err := n.NumberLanes(&c); !errors.Is(err, ErrInvalidLanes) {
+		t.Errorf("lane 1, a budget of a day, numbered by hand for an hour: %v, want ErrInvalidLanes", err)
 	}
 }

@@ -24,10 +24,14 @@ const Version = 1
 
 // Limits enforced by Validate.
 const (
-	MaxLimit      = 1_000_000_000_000 // most permits per window a provider may have
-	MinWindow     = 10 * time.Millisecond
-	MaxWindow     = time.Hour
-	MaxRecordSize = 1 << 20 // bytes; larger bodies and records are rejected
+	MaxLimit  = 1_000_000_000_000 // most permits per window a provider may have
+	MinWindow = 10 * time.Millisecond
+	MaxWindow = time.Hour // the longest window shared by configd's shares
+	// MaxBudgetWindow is the longest window of a provider's further limit
+	// (Lane): one longer than MaxWindow is a budget, which the instances
+	// take from a counter instead of sharing it (see BudgetRecord).
+	MaxBudgetWindow = 24 * time.Hour
+	MaxRecordSize   = 1 << 20 // bytes; larger bodies and records are rejected
 	// MaxGeneration is the highest shares generation a record may carry:
 	// far beyond any real count (a publish a millisecond for 285 years),
 	// and far enough below the end of int64 that the next one never
@@ -208,7 +212,7 @@ func (c ProviderConfig) Validate() error {
 	if err := ValidateLimit(c.Limit); err != nil {
 		return err
 	}
-	if err := ValidateWindow(c.Window.D()); err != nil {
+	if err := c.validateWindow(); err != nil {
 		return err
 	}
 	if c.Dimension != "" && limiter.ValidateDimension(c.Dimension) != nil {
@@ -247,6 +251,31 @@ func ValidateWindow(w time.Duration) error {
 	}
 	return nil
 }
+
+// ValidateLimitWindow checks the window of a provider's further limit:
+// MinWindow..MaxBudgetWindow, dividing 24h.
+func ValidateLimitWindow(w time.Duration) error {
+	if w < MinWindow || w > MaxBudgetWindow || (24*time.Hour)%w != 0 {
+		return invalid("window", w, ErrInvalidLimitWindow)
+	}
+	return nil
+}
+
+// IsBudget reports whether a limit of window w is a budget: longer than
+// configd's shares go (MaxWindow), taken from a counter by the instances.
+func IsBudget(w time.Duration) bool { return w > MaxWindow }
+
+// validateWindow checks c's window: a lane provider's may be a budget's.
+func (c ProviderConfig) validateWindow() error {
+	if _, _, lane := SplitLaneName(c.Name); lane {
+		return ValidateLimitWindow(c.Window.D())
+	}
+	return ValidateWindow(c.Window.D())
+}
+
+// Budget reports whether c is a budget lane's config: its window is
+// longer than configd's shares go.
+func (c ProviderConfig) Budget() bool { return IsBudget(c.Window.D()) }
 
 func validateVersion(v int) error {
 	if v != 0 && v != Version {
@@ -838,6 +867,20 @@ func ParseWindow(s string) (time.Duration, error) {
 		return 0, invalid("window", s, ErrInvalidWindow)
 	}
 	if err := ValidateWindow(w); err != nil {
+		return 0, err
+	}
+	return w, nil
+}
+
+// ParseLimitWindow parses the window of a limit as --limit gives it
+// ("1s", "24h"): up to MaxBudgetWindow, which only a further limit may
+// have (Validate says so of a first limit).
+func ParseLimitWindow(s string) (time.Duration, error) {
+	w, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return 0, invalid("window", s, ErrInvalidLimitWindow)
+	}
+	if err := ValidateLimitWindow(w); err != nil {
 		return 0, err
 	}
 	return w, nil
