@@ -55,13 +55,15 @@ unit:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 # The oracles again without the race detector, which slows them tenfold:
-# 20,000 limiter histories, 5,000 histories of several limits and 2,000
-# protocol scenarios, new seeds each run (about 45 s here; make oracle runs
-# ten times more).
+# 20,000 limiter histories, 5,000 histories of several limits, 2,000
+# protocol scenarios and 10,000 histories of a budget taken by several
+# instances, new seeds each run (about 55 s here; make oracle runs ten
+# times more).
 guarantee:
 	$(GO) test -count=1 -run '^TestOracle$$' ./limiter -oracle.n=20000
 	$(GO) test -count=1 -run '^TestMultiOracle$$' ./limiter -multi.n=5000
 	$(GO) test -count=1 -run '^TestSearch$$' ./internal/sim -sim.n=2000
+	$(GO) test -count=1 -run '^TestBudgetOracle$$' ./limiter/cluster -budget.n=10000
 
 # Each fuzz target runs for FUZZTIME on top of its seed corpus (which the
 # unit run already executes).
@@ -79,6 +81,7 @@ FUZZ_TARGETS = \
 	./internal/schema:FuzzDecodeShares \
 	./internal/schema:FuzzDecodeShareRecord \
 	./internal/schema:FuzzDecodeHistoryEntry \
+	./internal/schema:FuzzDecodeBudgetRecord \
 	./internal/schema:FuzzKeysParse \
 	./configd:FuzzPreconditions \
 	./limiter/cluster:FuzzObserve \
@@ -103,16 +106,19 @@ fuzz:
 
 ## oracle: the guarantee's oracles over many more random histories than
 ## make test runs: ORACLE_N limiter histories (about 40 s per 100,000 here),
-## MULTI_N histories of several limits (about 15 s per 10,000) and SIM_N
-## protocol scenarios (about 10 s per 1,000). A failure prints its seed and
-## how to replay it.
+## MULTI_N histories of several limits (about 15 s per 10,000), SIM_N
+## protocol scenarios (about 10 s per 1,000) and BUDGET_N histories of a
+## budget (about 7 s per 10,000). A failure prints its seed and how to
+## replay it.
 ORACLE_N ?= 200000
 MULTI_N  ?= 50000
 SIM_N    ?= 20000
+BUDGET_N ?= 100000
 oracle:
 	$(GO) test -count=1 -run '^TestOracle$$' -v -timeout 60m ./limiter -oracle.n=$(ORACLE_N)
 	$(GO) test -count=1 -run '^TestMultiOracle$$' -v -timeout 60m ./limiter -multi.n=$(MULTI_N)
 	$(GO) test -count=1 -run '^TestSearch$$' -v -timeout 60m ./internal/sim -sim.n=$(SIM_N)
+	$(GO) test -count=1 -run '^TestBudgetOracle$$' -v -timeout 60m ./limiter/cluster -budget.n=$(BUDGET_N)
 
 ## rebalance: the Kafka consumer's rebalance oracle over REBALANCE_ROUNDS
 ## random rounds (make test runs 4), on kfake; ~1 s a round.

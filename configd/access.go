@@ -145,12 +145,12 @@ func closeAccess(ctx context.Context, cli *clientv3.Client, dataDir string, keys
 	return nil
 }
 
-// grantProvider lets the instance user write the instance records and the
-// even-split confirmations of provider name. Granted when the provider is
-// created, and again for every provider when configd starts; granting
-// twice is harmless.
+// grantProvider lets the instance user write the instance records, the
+// even-split confirmations and, of a budget lane, the counters of
+// provider name. Granted when the provider is created, and again for
+// every provider when configd starts; granting twice is harmless.
 func grantProvider(ctx context.Context, cli *clientv3.Client, keys schema.Keys, name string) error {
-	for _, key := range []string{keys.Instances(name), keys.Even(name)} {
+	for _, key := range []string{keys.Instances(name), keys.Even(name), keys.Budgets(name)} {
 		if _, err := cli.RoleGrantPermission(ctx, instanceRole, key, clientv3.GetPrefixRangeEnd(key), clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
 			return fmt.Errorf("letting instances of %q write their records: %w", name, err)
 		}

@@ -162,7 +162,7 @@ func (e edit) applyLimit(cfg schema.ProviderConfig) (schema.ProviderConfig, erro
 	if cfg.Limit, err = schema.ParseLimit(amount); err != nil || !rate {
 		return cfg, err
 	}
-	w, err := schema.ParseWindow(window)
+	w, err := schema.ParseLimitWindow(window) // a first limit's is checked by Validate
 	if err != nil {
 		return cfg, err
 	}
@@ -228,7 +228,8 @@ func (e edit) changeLimit(cfg schema.ProviderConfig) (schema.ProviderConfig, err
 // setLimits makes the limits --limit gives all of cfg's: the one that
 // counts what cfg's first limit counts (in the same window if one does)
 // stays first, so that the instances' first lane keeps its dimension (for
-// a new provider, the first given), and
+// a new provider, the first given), but never a budget (a window over
+// schema.MaxWindow, which only a further limit may have), and
 // the others become lanes (numbered when written: schema.NumberLanes,
 // which retires the lanes not given). A limit without a window takes
 // --window, or else the first limit's window.
@@ -244,12 +245,19 @@ func (e edit) setLimits(cfg schema.ProviderConfig) (schema.ProviderConfig, error
 		}
 		given = append(given, schema.Lane{Dimension: one.Dimension, Limit: one.Limit, Window: one.Window})
 	}
+	shared := func(l schema.Lane) bool { return !schema.IsBudget(l.Window.D()) }
 	first := slices.IndexFunc(given, func(l schema.Lane) bool { return l.Dimension == cfg.Dimension && l.Window == cfg.Window })
-	if cfg.Limit == 0 { // a new provider: the first given
-		first = 0
+	if cfg.Limit == 0 { // a new provider: the first given that configd shares
+		first = slices.IndexFunc(given, shared)
 	}
 	if first < 0 {
-		first = max(0, slices.IndexFunc(given, func(l schema.Lane) bool { return l.Dimension == cfg.Dimension }))
+		first = slices.IndexFunc(given, func(l schema.Lane) bool { return l.Dimension == cfg.Dimension && shared(l) })
+	}
+	if first < 0 {
+		first = slices.IndexFunc(given, shared)
+	}
+	if first < 0 {
+		return cfg, usageErrorf("every --limit given has a window over %v: a provider's first limit is shared by configd, up to %v; give one beside the others (--limit 100/1s --limit %s)", schema.MaxWindow, schema.MaxWindow, given[0])
 	}
 	cfg.Dimension, cfg.Limit, cfg.Window = given[first].Dimension, given[first].Limit, given[first].Window
 	cfg.Lanes = slices.Delete(given, first, first+1)
@@ -283,7 +291,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cf.register(fs)
 	var e edit
 	var ifRevision optString
-	fs.Var(limitFlag{&e}, "limit", "permits per window, all instances together (1..1000000000000); N/W: per window W (100/1s); DIM=N[/W]: what the limit counts (tokens=200000/1m; default requests). Given again, a further limit: the provider's limits become those given")
+	fs.Var(limitFlag{&e}, "limit", "permits per window, all instances together (1..1000000000000); N/W: per window W (100/1s); DIM=N[/W]: what the limit counts (tokens=200000/1m; default requests). Given again, a further limit, whose window may be up to 24h (50000/24h: a budget the instances take from): the provider's limits become those given")
 	fs.BoolVar(&e.only, "only", false, "the --limit flags given are all the provider's limits: remove the others")
 	fs.Var(&e.window, "window", "window length, 10ms..1h, dividing 24h (default 1s for a new provider)")
 	fs.Var(&e.mode, "mode", "enforce or shadow")

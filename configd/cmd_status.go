@@ -63,7 +63,10 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 	} else {
 		fmt.Fprintf(w, "config:    none or malformed (revision %d)\n", v.ConfigRevision)
 	}
-	if s := v.Shares; s != nil {
+	budget := v.Config != nil && v.Config.Budget()
+	if budget {
+		printBudget(w, v, now)
+	} else if s := v.Shares; s != nil {
 		fmt.Fprintf(w, "shares:    generation %d, total %d over %d instances, effective from %s (window %s), published by %s at %s\n",
 			s.Generation, s.Total, s.Instances, s.EffectiveTime().UTC().Format(time.RFC3339Nano), s.Window,
 			orDash(s.Leader), s.Published.UTC().Format(time.RFC3339))
@@ -75,6 +78,10 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 	}
 	if election {
 		printElection(w, v)
+	}
+	if budget {
+		printMalformed(w, v.Malformed)
+		return
 	}
 	if v.Owner != "" {
 		fmt.Fprintf(w, "led by:    %s (it publishes this provider's shares)\n", printable(v.Owner))
@@ -119,6 +126,19 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 		}
 	}
 	printMalformed(w, v.Malformed)
+}
+
+// printBudget says what the instances took of a budget lane's window
+// under way: configd shares none of it.
+func printBudget(w io.Writer, v statusView, now time.Time) {
+	win := v.Config.Window.D()
+	start := now.UnixNano() - now.UnixNano()%int64(win)
+	var taken int64
+	if b := v.Budget; b != nil && b.Start == start {
+		taken = b.Taken
+	}
+	fmt.Fprintf(w, "budget:    %d of %d taken by the instances in the window from %s (a budget: the instances take it from its counter; configd publishes no shares of it)\n",
+		taken, v.Config.Limit, time.Unix(0, start).UTC().Format(time.RFC3339))
 }
 
 // printElection lists configd's election keys, oldest first: the oldest

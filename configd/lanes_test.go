@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter"
 	"github.com/sluice-go/sluice/limiter/cluster"
 )
 
@@ -224,6 +225,65 @@ func TestSetOneOfSeveralLimits(t *testing.T) {
 		_, err := cliRun(t, append(append([]string{"set", "llm"}, c.args...), "--server", r.url())...)
 		if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("set llm %v: %v, want exit 2 saying %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestSetADailyBudget: a further limit may have a window up to a day (a
+// budget, which the instances take from its counter); the first limit of
+// a new provider is the first one given that configd shares, and a
+// provider of budgets alone is refused. A budget whose window changes is
+// a new lane; status says what the instances took of it.
+func TestSetADailyBudget(t *testing.T) {
+	srv := etcdtest.Start(t)
+	r := startReplica(t, srv, "r1")
+	cliOK(t, "set", "llm", "--limit", "50000/24h", "--limit", "100/1s", "--server", r.url())
+	get := cliOK(t, "get", "llm", "--server", r.url())
+	if m := regexp.MustCompile(`(?m)^more_limits:\s+(\S+)$`).FindStringSubmatch(get); m == nil || m[1] != "50000/24h" || !strings.Contains(get, "window:") {
+		t.Fatalf("get:\n%s", get)
+	}
+	inst := srv.Client(t)
+	g, err := cluster.JoinProvider(context.Background(), inst, "llm", cluster.WithID("a"), cluster.WithLeaseTTL(2*time.Second),
+		cluster.WithReportInterval(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if lims := g.Multi().Limits(); len(lims) != 2 || lims[0].Window != time.Second || lims[1].Window != 24*time.Hour {
+		t.Fatalf("limits %v, want 1s then 24h", lims)
+	}
+	if _, err := g.Multi().Acquire(context.Background(), 20*time.Second, limiter.Cost(limiter.Requests, 7)); err != nil {
+		t.Fatal(err)
+	}
+	status := cliOK(t, "status", "llm", "--server", r.url())
+	if m := regexp.MustCompile(`budget:\s+(\d+) of 50000 taken`).FindStringSubmatch(status); m == nil || len(m[1]) < 1 || m[1] == "0" || len(m[1]) == 1 && m[1] < "7" {
+		t.Errorf("status does not say what was taken of the budget (at least 7):\n%s", status)
+	}
+
+	// Another window: another lane (the first retired), never the
+	// first's, which counts a day's counter.
+	cliOK(t, "set", "llm", "--limit", "100/1s", "--limit", "30000/12h", "--server", r.url())
+	resp, err := inst.Get(context.Background(), schema.DefaultKeys().Config("llm"))
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("reading llm's config: %v", err)
+	}
+	c, err := schema.DecodeProviderConfig(resp.Kvs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Lanes) != 2 || !c.Lanes[0].Retired || c.Lanes[1].Lane != 2 || c.Lanes[1].Window.D() != 12*time.Hour {
+		t.Errorf("lanes after the budget's window changed: %+v, want lane 1 retired and lane 2 of 12h", c.Lanes)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"set", "solo", "--limit", "50000/24h", "--limit", "tokens=9/24h"}, "a provider's first limit is shared by configd, up to 1h"},
+		{[]string{"set", "solo", "--limit", "50000/24h"}, "only a further limit's may be longer, up to 24h"},
+		{[]string{"set", "solo", "--limit", "5/1s", "--limit", "50000/48h"}, "a further limit's window must be a duration from 10ms to 24h"},
+	} {
+		if _, err := cliRun(t, append(c.args, "--server", r.url())...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error saying %q", c.args, err, c.want)
 		}
 	}
 }

@@ -739,8 +739,8 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 		return
 	}
 	put := typ == mvccpb.PUT
-	if k.Kind == schema.KindEven {
-		return // the instances' own business, while no configd leads
+	if k.Kind == schema.KindEven || k.Kind == schema.KindBudget {
+		return // the instances' own business: confirmations while no configd leads, a budget's counters
 	}
 	if k.Kind != schema.KindHistory && !loaded {
 		switch {
@@ -952,6 +952,9 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 		return err
 	}
 	cfg := *st.cfg
+	if cfg.Budget() {
+		return nil // no shares: the instances take a budget from its counters (schema.BudgetRecord)
+	}
 	ids := slices.Sorted(maps.Keys(st.instances))
 	recs := make([]schema.InstanceRecord, len(ids))
 	for i, id := range ids {

@@ -163,6 +163,9 @@ type statusView struct {
 	// Lanes are the status of the lane providers that keep the
 	// provider's further limits in force (schema.Lane), in lane order.
 	Lanes []statusView `json:"lanes,omitempty"`
+	// Budget is, for a budget lane (schema.IsBudget), its latest
+	// window's counter: what the instances took of it.
+	Budget *schema.BudgetRecord `json:"budget,omitempty"`
 }
 
 // store is the one implementation of the provider operations over etcd,
@@ -499,6 +502,7 @@ func (s *store) statusOne(ctx context.Context, name string) (statusView, error) 
 		clientv3.OpGet(s.keys.Config(name)),
 		clientv3.OpGet(s.keys.Shares(name), clientv3.WithPrefix()),
 		clientv3.OpGet(s.keys.Instances(name), clientv3.WithPrefix()),
+		clientv3.OpGet(s.keys.Budgets(name), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1)),
 	).Commit()
 	if err != nil {
 		return statusView{}, etcdError(err)
@@ -506,6 +510,7 @@ func (s *store) statusOne(ctx context.Context, name string) (statusView, error) 
 	cfgKVs := tresp.Responses[0].GetResponseRange().Kvs
 	sharesKVs := tresp.Responses[1].GetResponseRange().Kvs
 	instKVs := tresp.Responses[2].GetResponseRange().Kvs
+	budgetKVs := tresp.Responses[3].GetResponseRange().Kvs
 	if len(cfgKVs) == 0 && len(instKVs) == 0 && len(sharesKVs) == 0 {
 		return statusView{}, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
@@ -518,6 +523,17 @@ func (s *store) statusOne(ctx context.Context, name string) (statusView, error) 
 		} else {
 			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
 		}
+	}
+	for _, kv := range budgetKVs {
+		r, err := schema.DecodeBudgetRecord(kv.Value)
+		if k, kerr := s.keys.Parse(string(kv.Key)); err == nil && (kerr != nil || k.Seq != r.Start || r.Provider != name) {
+			err = fmt.Errorf("counter names provider %q and window start %d: %w", r.Provider, r.Start, schema.ErrInvalidBudget)
+		}
+		if err != nil {
+			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
+			continue
+		}
+		out.Budget = &r
 	}
 	set := schema.NewShareSet(s.keys, name)
 	for _, kv := range sharesKVs {

@@ -17,6 +17,7 @@ const (
 	SourceEven     = "even"     // no configd replica alive: total / live instances
 	SourceShares   = "shares"   // configd's published share
 	SourceLapsed   = "lapsed"   // the last share lapsed while etcd was out of reach: nothing yet
+	SourceBudget   = "budget"   // a budget lane: what this instance took of the window's limit
 )
 
 // Applied is what an instance's limiter enforces and where it comes from.

@@ -46,7 +46,11 @@
 // that counts another dimension than its own).
 //
 // Each limit keeps the guarantee below on its own, since each is a
-// provider with its own shares and handover.
+// provider with its own shares and handover. A further limit of a window
+// longer than an hour, up to a day (--limit 50000/24h), is a budget:
+// not shared, but taken by each instance from the window's counter as it
+// spends it (see JoinProvider), so that instances joining or restarting
+// mid-day spend only what the others left.
 //
 // Where the share comes from, in order: the shares configd's leader
 // published (an instance not yet in them gets 0: joining never pushes the

@@ -25,6 +25,9 @@ type Lane struct {
 	// lane without one takes: a fallback of 100 requests per second says
 	// nothing of how many tokens to admit meanwhile.
 	Fallback *Fallback
+	// budget is the window of a budget lane JoinProvider found
+	// (schema.IsBudget): its limit is taken, not shared. 0: shared.
+	budget time.Duration
 }
 
 // Fallback is a lane's own fallback quota and window (see WithFallback).
@@ -80,7 +83,17 @@ func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...
 // later is enforced by the instances that join after it: one that joined
 // before lists it among its problems (Status.Problems) until it restarts.
 // A limit removed binds nothing from then on (its lane is retired, not
-// deleted). Without a config yet, the Group holds the provider's own
+// deleted). A limit of a window longer than an hour (up to a day: "50,000
+// requests per day") is a budget: configd does not share it; each
+// instance takes from the window's counter what it is about to spend
+// (what its waiters need and about ten seconds of its demand, at most a
+// quarter of what is left), so an instance that joins or restarts
+// mid-window spends only what the others left, one cut off from etcd
+// only what it took, and Close gives back what it took and did not
+// spend; what a crashed process took is lost for the window. A budget
+// admits nothing before its first take (a tenth of a second and a round
+// trip to etcd after the first acquisition asks), nor without etcd at a
+// cold start. Without a config yet, the Group holds the provider's own
 // limit alone, on its fallback until the config comes.
 func JoinProvider(ctx context.Context, cli *clientv3.Client, provider string, opts ...Option) (*Group, error) {
 	o, keys, err := joinOptions(cli, []string{provider}, opts)
@@ -105,7 +118,11 @@ func JoinProvider(ctx context.Context, cli *clientv3.Client, provider string, op
 			lanes[0].Dimension = c.DimensionOrDefault()
 			enforced = c.InForce()[1:]
 			for _, l := range enforced {
-				lanes = append(lanes, Lane{Provider: schema.LaneName(provider, l.Lane), Dimension: l.DimensionOrDefault()})
+				ln := Lane{Provider: schema.LaneName(provider, l.Lane), Dimension: l.DimensionOrDefault()}
+				if schema.IsBudget(l.Window.D()) {
+					ln.budget = l.Window.D()
+				}
+				lanes = append(lanes, ln)
 			}
 		}
 	}
@@ -144,6 +161,11 @@ func joinLanes(ctx context.Context, cli *clientv3.Client, lanes []Lane, enforced
 			if err := laneOpts[i].validateFallback(); err != nil {
 				return nil, fmt.Errorf("cluster: lane %q: %w", ln.Provider, err)
 			}
+		}
+		if ln.budget > 0 {
+			// A budget admits what was taken of it, and nothing before:
+			// no fallback, in its own window from the start.
+			laneOpts[i].budget, laneOpts[i].fallbackQuota, laneOpts[i].fallbackWindow = ln.budget, 0, ln.budget
 		}
 		limits[i] = limiter.Limit{Dimension: ln.Dimension, Quota: laneOpts[i].fallbackQuota, Window: laneOpts[i].fallbackWindow}
 	}

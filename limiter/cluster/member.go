@@ -69,6 +69,9 @@ type Member struct {
 	enforced   int64
 	evenMarked bool
 	noMarks    sync.Once // warned that the even-split confirmation may not be written
+	// budget is a budget lane's state (options.budget), owned by the run
+	// goroutine; nil for a Member of shares.
+	budget *budget
 }
 
 // Status is a snapshot of what a Member knows and applies.
@@ -86,7 +89,9 @@ type Status struct {
 	AdmitsUntil time.Time
 	// Source says where the quota in force comes from: "fallback" (cold
 	// start without etcd, or no provider config yet), "even" (total / live
-	// instances, no configd alive), "shares" (published by configd).
+	// instances, no configd alive), "shares" (published by configd),
+	// "budget" (a limit of a window longer than shares go, taken from the
+	// window's counter: see JoinProvider).
 	Source string
 	// Share is the quota applied, in permits per window; Window its window.
 	Share  int64
@@ -97,6 +102,10 @@ type Status struct {
 	// them).
 	Total     int64
 	Instances int
+	// Taken is, for a budget lane (Source "budget"), what all instances
+	// have taken of the window's limit so far, as last read; Share is
+	// then what this instance took of it.
+	Taken int64
 	// Generation is the shares generation applied (0 if none).
 	Generation int64
 	// Demand is the smoothed permits per window this instance asked for.
@@ -223,13 +232,15 @@ func (m *Member) Status() Status {
 }
 
 // Close leaves the provider: it stops the Member's goroutine, revokes its
-// lease (so the others' shares grow at once) and closes its limiter. It
-// waits at most until ctx ends for the revoke. Close is idempotent.
+// lease (so the others' shares grow at once) and closes its limiter; a
+// budget's Member then gives back to the window's counter what it took
+// and did not spend. Close is idempotent.
 func (m *Member) Close() error {
 	m.once.Do(func() {
 		m.cancel()
 		<-m.done
 		m.lim.Close()
+		m.giveBack()
 	})
 	return nil
 }

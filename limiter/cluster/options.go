@@ -46,6 +46,10 @@ type options struct {
 	// (added later, or joined with Join) is listed among its problems;
 	// nil: not checked.
 	enforced []schema.Lane
+	// budget is the window of the budget lane a Member of JoinProvider
+	// keeps (schema.IsBudget): it takes the limit from the window's
+	// counter instead of following shares. 0: not a budget.
+	budget time.Duration
 }
 
 func defaultOptions() options {

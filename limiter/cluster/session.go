@@ -91,6 +91,10 @@ func (m *Member) run(ctx context.Context) {
 		wg.Go(func() { mon.Run(ctx) })
 		defer wg.Wait()
 	}
+	if m.cfg.budget > 0 {
+		m.followBudget(ctx)
+		return
+	}
 	v := newView()
 	// What New gave the limiter: the fallback.
 	ap := applied{Source: follow.SourceFallback, Quota: m.cfg.fallbackQuota, Window: m.cfg.fallbackWindow}
@@ -697,6 +701,9 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		}
 		if err == nil && m.dimension != "" && c.DimensionOrDefault() != m.dimension {
 			err = fmt.Errorf("its limit counts %s, and this instance's lane of it %s (cluster.Lane)", c.DimensionOrDefault(), m.dimension)
+		}
+		if err == nil && c.Budget() {
+			err = fmt.Errorf("its window, %v, is a budget's, which the instances take from a counter and do not share; join its provider %q with cluster.JoinProvider", c.Window.D(), c.Of)
 		}
 		if err != nil {
 			bad(err)
