@@ -275,6 +275,9 @@ func (s *following) startOver() {
 		// beside another instance still on the whole limit (found by
 		// review: 60 in a window of 40).
 		m.registered, m.registeredAt = 0, time.Time{}
+		// Nor does what it counted before its key went count now: the
+		// split starts again from this session's polls.
+		s.v.even.Reset()
 		m.log.Warn("the last share lapsed while etcd was out of reach; starting from nothing", "expired", exp.UTC())
 	}
 	s.rep.haveWrite = false
@@ -860,7 +863,9 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	// one only from such a boundary (see follow.Schedule).
 	st := lim.Stats()
 	cur := follow.InForce{Quota: st.Quota, Window: st.Window}
-	step := follow.Schedule(*ap, next, cur, next.At, lim.Now().UnixNano(), m.cfg.margin)
+	now := lim.Now().UnixNano()
+	step := follow.Schedule(*ap, next, cur, next.At, now, m.cfg.margin)
+	step = follow.Returned(step, *ap, next, cur, now, v.evenHold(time.Now()))
 	next.At, next.Switched = step.From, step.Switched
 	from, err := follow.Move(lim, step, next)
 	if err != nil {
@@ -972,7 +977,13 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		return fmt.Errorf("write instance record: %w", err)
 	}
 	if m.registered == 0 {
-		m.registered, m.registeredAt = rev, now
+		// When the write has landed, not when it was sent: a newcomer's
+		// hold (follow.Even, rule 4) must not start before the others
+		// can count it. Taken before the write, a registration that took
+		// a while to reach etcd counted its hold from before another
+		// instance's last poll, which had not seen it (found by review:
+		// 60 in a window of 40).
+		m.registered, m.registeredAt = rev, time.Now()
 	}
 	rep.written, rep.wroteAt, rep.haveWrite = rec, now, true
 	return nil
@@ -985,7 +996,13 @@ func (m *Member) register(ctx context.Context, lease clientv3.LeaseID, put clien
 	noConfigd := clientv3.Compare(clientv3.CreateRevision(m.keys.Election()+"/"), "=", 0).WithPrefix()
 	configured := clientv3.Compare(clientv3.CreateRevision(m.keys.Config(m.provider)), ">", 0)
 	mark := clientv3.OpPut(m.keys.EvenMark(m.provider, m.id), "", clientv3.WithLease(lease))
-	resp, err := m.cli.Txn(ctx).If(noConfigd, configured).Then(put, mark).Else(put).Commit()
+	// With configd alive, a confirmation left by an earlier session of
+	// this id (on a lease that lives on after the session ended on an
+	// error) goes: it would count this instance as following the split
+	// while it follows configd's shares (found by review: 140 in a window
+	// of 100, configd gone again with this instance cut off).
+	stale := clientv3.OpDelete(m.keys.EvenMark(m.provider, m.id))
+	resp, err := m.cli.Txn(ctx).If(noConfigd, configured).Then(put, mark).Else(put, stale).Commit()
 	if errors.Is(err, rpctypes.ErrPermissionDenied) {
 		// A role from before confirmations (docs/security.md gives the
 		// prefix to grant): register without; the even split then holds
