@@ -173,6 +173,12 @@ func TestPutSeveralLimitsThroughTheAPI(t *testing.T) {
 	if get := cliOK(t, "get", "llm", "--server", r.url()); !strings.Contains(get, "tokens=200000/1m") {
 		t.Errorf("get after PUT:\n%s", get)
 	}
+	// The same limits, tokens listed first: the first limit keeps
+	// counting requests (the instances' first lane does), tokens its lane.
+	if code, _, body := hostRequest(t, "PUT", r.url()+"/v1/providers/llm", host, "",
+		`{"dimension":"tokens","limit":200000,"window":"1m","lanes":[{"limit":500,"window":"1m"}]}`); code != 200 || !strings.Contains(body, `"lane": 1`) || !strings.Contains(body, `"limit": 500,`) {
+		t.Errorf("PUT with tokens first: %d %s", code, body)
+	}
 	for _, c := range []struct{ path, body, want string }{
 		{"/v1/providers/llm~1", `{"limit":5}`, "a lane configd keeps"},
 		{"/v1/providers/llm", `{"limit":5,"window":"1s","lanes":[{"limit":6,"window":"1s"}]}`, "at most one limit per dimension and window"},
@@ -279,8 +285,8 @@ func TestSetADailyBudget(t *testing.T) {
 		want string
 	}{
 		{[]string{"set", "solo", "--limit", "50000/24h", "--limit", "tokens=9/24h"}, "a provider's first limit is shared by configd, up to 1h"},
-		{[]string{"set", "solo", "--limit", "50000/24h"}, "only a further limit's may be longer, up to 24h"},
-		{[]string{"set", "solo", "--limit", "5/1s", "--limit", "50000/48h"}, "a further limit's window must be a duration from 10ms to 24h"},
+		{[]string{"set", "solo", "--limit", "50000/24h"}, "only a further limit may have one up to 24h"},
+		{[]string{"set", "solo", "--limit", "5/1s", "--limit", "50000/48h"}, "up to 24h for a further one, got 48h0m0s"},
 	} {
 		if _, err := cliRun(t, append(c.args, "--server", r.url())...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error saying %q", c.args, err, c.want)

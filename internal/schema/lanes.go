@@ -211,6 +211,10 @@ func (c ProviderConfig) NumberLanes(old *ProviderConfig) (ProviderConfig, error)
 	var prev []Lane
 	if old != nil {
 		prev = old.Lanes
+		var err error
+		if c, err = c.keepFirst(*old); err != nil {
+			return c, err
+		}
 	}
 	taken := map[int]bool{}
 	lanes := make([]Lane, 0, len(c.Lanes)+len(prev))
@@ -272,6 +276,41 @@ func (c ProviderConfig) NumberLanes(old *ProviderConfig) (ProviderConfig, error)
 	c.Lanes = lanes
 	if len(c.Lanes) == 0 {
 		c.Lanes = nil
+	}
+	return c, nil
+}
+
+// keepFirst returns c with its first limit counting what old's first
+// counts, when c or old holds several limits: every running instance's
+// first lane counts that dimension (cluster.JoinProvider), and refuses a
+// config that counts another, so that its limit in the new dimension would
+// bind nothing while the lane that counted it retires (found by review: a
+// PUT listing tokens first took 1,000 tokens in windows of 100). A limit
+// given of that dimension, in a window configd shares (the same window
+// first), changes places with the first; with none, c is refused.
+func (c ProviderConfig) keepFirst(old ProviderConfig) (ProviderConfig, error) {
+	dim := old.DimensionOrDefault()
+	if c.DimensionOrDefault() == dim || len(c.Lanes) == 0 && len(old.Lanes) == 0 {
+		return c, nil
+	}
+	pick := -1
+	for i, l := range c.Lanes {
+		if l.Retired || l.DimensionOrDefault() != dim || IsBudget(l.Window.D()) {
+			continue
+		}
+		if pick < 0 || l.Window == old.Window {
+			pick = i
+		}
+	}
+	if pick < 0 {
+		return c, invalid("dimension", c.DimensionOrDefault(), fmt.Errorf("%w: the first limit counts %s, as every running instance's first lane does, and keeps its dimension: give a limit of %s (of at most %v), or delete the provider to start again", ErrInvalidLanes, dim, dim, MaxWindow))
+	}
+	lanes := slices.Clone(c.Lanes)
+	l := lanes[pick]
+	lanes[pick] = Lane{Dimension: c.Dimension, Limit: c.Limit, Window: c.Window}
+	c.Dimension, c.Limit, c.Window, c.Lanes = l.Dimension, l.Limit, l.Window, lanes
+	if c.Dimension == limiter.Requests {
+		c.Dimension = ""
 	}
 	return c, nil
 }

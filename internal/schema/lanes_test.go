@@ -127,3 +127,29 @@ func TestBudgetLanes(t *testing.T) {
 		t.Errorf("lane 1, a budget of a day, numbered by hand for an hour: %v, want ErrInvalidLanes", err)
 	}
 }
+
+// TestNumberLanesKeepsTheFirstDimension: a config that lists another
+// dimension first changes places with the limit of the first's dimension,
+// so that the running instances' first lane still counts it; with none,
+// it is refused (found by review: tokens listed first through the API
+// retired the tokens lane, and the instances' first lane refused the
+// tokens config: 1,000 tokens in windows of 100).
+func TestNumberLanesKeepsTheFirstDimension(t *testing.T) {
+	w := Duration(100 * time.Millisecond)
+	old := ProviderConfig{Version: 1, Name: "api", Limit: 1000, Window: w, Mode: ModeEnforce, Algorithm: AlgorithmEven,
+		Lanes: []Lane{{Lane: 1, Dimension: "tokens", Limit: 100, Window: w}}}
+	swapped := old
+	swapped.Dimension, swapped.Limit, swapped.Lanes = "tokens", 100, []Lane{{Limit: 1000, Window: w}}
+	got, err := swapped.NumberLanes(&old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.DimensionOrDefault() != "requests" || got.Limit != 1000 || len(got.Lanes) != 1 || got.Lanes[0] != old.Lanes[0] {
+		t.Errorf("numbered %+v, want requests 1000 first and tokens keeping lane 1", got)
+	}
+	gone := swapped
+	gone.Lanes = []Lane{{Dimension: "images", Limit: 5, Window: w}}
+	if _, err := gone.NumberLanes(&old); !errors.Is(err, ErrInvalidLanes) || !strings.Contains(err.Error(), "the first limit counts requests") {
+		t.Errorf("no limit of requests left: %v, want ErrInvalidLanes naming the first's dimension", err)
+	}
+}
