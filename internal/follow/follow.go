@@ -201,6 +201,31 @@ func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Durati
 	return st
 }
 
+// Returned is st, a step from the even split back to configd's shares,
+// with whatever it grows beyond the quota in force held back until hold
+// (the even split's: follow.Even's hold with CountsValid) has passed since
+// now, when the instance learned that configd is back. The margin of a
+// switch of source is there for the other instances to switch too; one
+// cut off from etcd cannot, and admits its even share until its own
+// expiry, CountsValid and the fail_static past its last count read, which
+// came before configd's return or it would have switched. configd's
+// records from before the outage know nothing of that even share (found
+// by review: 60 in windows of 40, an instance back on its old share of 40
+// beside one cut off on its even 20). The cut at once is kept, and the
+// hold carries on to the steps after it through Switched, as a switch's
+// boundary does.
+func Returned(st Step, prev, next Applied, cur InForce, now int64, hold time.Duration) Step {
+	if prev.Source != SourceEven || next.Source != SourceShares {
+		return st
+	}
+	if share.In(next.Quota, next.Window, cur.Window) <= cur.Quota && next.Window == cur.Window {
+		return st // no growth
+	}
+	st.From = max(st.From, NextBoundary(now+int64(hold), int64(next.Window)))
+	st.Switched = st.From
+	return st
+}
+
 // Limiter is what Move sets (a *limiter.Limiter).
 type Limiter interface {
 	SetQuota(q int64, at time.Time) error

@@ -211,3 +211,30 @@ func TestMoveCutsTheWindowUnderWay(t *testing.T) {
 		t.Errorf("after the move: quota %d per %v, want 0 per 100ms at once", s.Quota, s.Window)
 	}
 }
+
+// TestReturned: back from the even split to configd's shares, a growth
+// beyond the quota in force waits for the even split's hold, counted
+// from when configd's return was learned; the cut at once stays, and a
+// step that does not grow is left as it is. Found by review: an instance
+// back on its old share of 40 beside one cut off on its even 20.
+func TestReturned(t *testing.T) {
+	const w = int64(time.Second)
+	now := 10*w + w/4
+	hold := 3 * time.Second
+	cur := InForce{Quota: 20, Window: time.Second}
+	even := Applied{Source: SourceEven, Quota: 20, Window: time.Second}
+	back := Applied{Source: SourceShares, Quota: 40, Window: time.Second, At: 9 * w}
+	st := Returned(Schedule(even, back, cur, back.At, now, 200*time.Millisecond), even, back, cur, now, hold)
+	if st != (Step{Cut: true, Interim: 20, From: 14 * w, Switched: 14 * w}) {
+		t.Errorf("back to a share of 40 from an even 20: %+v, want 20 at once and 40 from 14 s", st)
+	}
+	down := back
+	down.Quota = 10
+	if st := Returned(Schedule(even, down, cur, down.At, now, 200*time.Millisecond), even, down, cur, now, hold); st.From != 11*w || !st.Cut || st.Interim != 10 {
+		t.Errorf("back to a share of 10 from an even 20: %+v, want 10 at once, the switch's boundary 11 s", st)
+	}
+	shares := Applied{Source: SourceShares, Quota: 20, Window: time.Second}
+	if st := Returned(Step{From: 11 * w}, shares, back, cur, now, hold); st != (Step{From: 11 * w}) {
+		t.Errorf("a growth within configd's shares: %+v, want it left alone", st)
+	}
+}

@@ -307,7 +307,7 @@ func (in *instance) onShares(e *engine, rec *sharesRec, deleted bool) {
 
 // apply is session.apply: what is in force for this instance by the
 // member's rules (follow.Next), cut for its clock, set on its limiter
-// (follow.Schedule, limiter.Schedule) if it changed. It reports whether a
+// (follow.Schedule and follow.Returned, limiter.Schedule) if it changed. It reports whether a
 // new generation was applied, which the caller acknowledges.
 func (in *instance) apply(e *engine) bool {
 	v := follow.View{Leader: in.leaderSeen}

@@ -75,7 +75,7 @@ type Sim struct {
 	Scenario Scenario
 	Handover HandoverFunc                 // nil: alloc.Handover
 	Bound    func(s share.Standing) int64 // nil: share.Bound
-	Schedule ScheduleFunc                 // nil: follow.Schedule
+	Schedule ScheduleFunc                 // nil: follow.Schedule, then follow.Returned
 	// Trace, if set, receives a line for every publish, every quota an
 	// instance applies and every record that reaches etcd: what a replay
 	// reads to find out why a window went over.
@@ -200,7 +200,9 @@ func (s *Sim) Run() (Report, error) {
 		dueTimer: never,
 	}
 	if e.schedule == nil {
-		e.schedule = follow.Schedule
+		e.schedule = func(prev, next follow.Applied, cur follow.InForce, at, now int64, margin time.Duration) follow.Step {
+			return follow.Returned(follow.Schedule(prev, next, cur, at, now, margin), prev, next, cur, now, e.hold())
+		}
 	}
 	w := int64(sc.Window)
 	e.end = int64(sc.Duration) / w * w
