@@ -117,7 +117,7 @@ func TestBadInputCLI(t *testing.T) {
 		{[]string{"set", "p", "--limit", "1.5"}, `got "1.5"`},
 		{[]string{"set", "p", "--limit", "abc"}, `got "abc"`},
 		{[]string{"set", "p", "--limit", "10000000000000"}, "up to 1000000000000"},
-		{[]string{"set", "p", "--limit", "5", "--window", "7s"}, "divides 24h (e.g. \"1s\", \"100ms\", \"1m\"), got 7s"},
+		{[]string{"set", "p", "--limit", "5", "--window", "7s"}, "divides 24h (e.g. \"1s\", \"100ms\", \"1m\"; only a further limit may have one up to 24h), got 7s"},
 		{[]string{"set", "p", "--limit", "5", "--window", "5ms"}, "from 10ms to 1h"},
 		{[]string{"set", "p", "--limit", "5", "--window", "2h"}, "from 10ms to 1h"},
 		{[]string{"set", "p", "--limit", "5", "--window", "soon"}, `got "soon"`},

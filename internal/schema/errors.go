@@ -16,9 +16,9 @@ var (
 	ErrInvalidName       = errors.New(`name must match ^[a-z0-9][a-z0-9._-]{0,127}$`)
 	ErrInvalidInstanceID = errors.New(`instance id must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
 	ErrInvalidLimit      = fmt.Errorf("limit must be a positive integer up to %d", MaxLimit)
-	ErrInvalidWindow     = errors.New(`window must be a duration from 10ms to 1h that divides 24h (e.g. "1s", "100ms", "1m"); only a further limit's may be longer, up to 24h`)
+	ErrInvalidWindow     = errors.New(`window must be a duration from 10ms to 1h that divides 24h (e.g. "1s", "100ms", "1m"; only a further limit may have one up to 24h)`)
 	// ErrInvalidLimitWindow is a further limit's window out of range.
-	ErrInvalidLimitWindow = errors.New(`a further limit's window must be a duration from 10ms to 24h that divides 24h (e.g. "1s", "1m", "24h")`)
+	ErrInvalidLimitWindow = errors.New(`a limit's window must be a duration that divides 24h (e.g. "1s", "1m", "24h"): from 10ms to 1h for a provider's first limit, up to 24h for a further one`)
 	ErrInvalidMode        = errors.New(`mode must be "enforce" or "shadow"`)
 	ErrInvalidAlgorithm   = errors.New(`algorithm must be "even" or "fair"`)
 	ErrInvalidDimension   = errors.New(`dimension must be 1 to 32 lower-case letters, digits or '_', starting with a letter (e.g. "tokens"; empty: requests)`)
