@@ -557,8 +557,13 @@ func (l *Limiter) settle(seq uint64, at, charged, actual int64, settled bool) {
 	// rollover count matches and the charge's time is within a window of
 	// it (the count wraps after 2^23 windows; a hot-path charge may read
 	// its time just before the window it lands in begins).
+	// A closed limiter's window is closed too: what it had left may have
+	// been handed on (a budget's Close gives it back to the counter), so
+	// a settle above the charge is overdrawn, not taken from it (found by
+	// review: a settle after Close spent what Close gave back, 120 in a
+	// day of 100, none of it counted as overdrawn).
 	w := l.cur.end - l.cur.start
-	open := l.cur.end != math.MinInt64 && seq == seqOf(l.seq) && at < l.cur.end && at >= l.cur.start-w
+	open := !l.closed && l.cur.end != math.MinInt64 && seq == seqOf(l.seq) && at < l.cur.end && at >= l.cur.start-w
 	d := actual - charged
 	switch {
 	case d < 0 && open:
