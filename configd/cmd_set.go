@@ -219,6 +219,11 @@ func (e edit) changeLimit(cfg schema.ProviderConfig) (schema.ProviderConfig, err
 	lanes := slices.Clone(cfg.Lanes)
 	lanes[exact].Limit = one.Limit
 	if windowNamed {
+		if lanes[exact].Window != one.Window && (schema.IsBudget(lanes[exact].Window.D()) || schema.IsBudget(one.Window.D())) {
+			// Another limit: a budget's counters are of its window
+			// (schema.NumberLanes gives it a lane of its own).
+			lanes[exact].Lane = 0
+		}
 		lanes[exact].Window = one.Window
 	}
 	cfg.Lanes = lanes

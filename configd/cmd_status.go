@@ -65,7 +65,7 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 	}
 	budget := v.Config != nil && v.Config.Budget()
 	if budget {
-		printBudget(w, v, now)
+		printBudget(w, v)
 	} else if s := v.Shares; s != nil {
 		fmt.Fprintf(w, "shares:    generation %d, total %d over %d instances, effective from %s (window %s), published by %s at %s\n",
 			s.Generation, s.Total, s.Instances, s.EffectiveTime().UTC().Format(time.RFC3339Nano), s.Window,
@@ -130,15 +130,13 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 
 // printBudget says what the instances took of a budget lane's window
 // under way: configd shares none of it.
-func printBudget(w io.Writer, v statusView, now time.Time) {
-	win := v.Config.Window.D()
-	start := now.UnixNano() - now.UnixNano()%int64(win)
-	var taken int64
-	if b := v.Budget; b != nil && b.Start == start {
-		taken = b.Taken
+func printBudget(w io.Writer, v statusView) {
+	b := v.Budget
+	if b == nil {
+		return
 	}
 	fmt.Fprintf(w, "budget:    %d of %d taken by the instances in the window from %s (a budget: the instances take it from its counter; configd publishes no shares of it)\n",
-		taken, v.Config.Limit, time.Unix(0, start).UTC().Format(time.RFC3339))
+		b.Taken, v.Config.Limit, time.Unix(0, b.Start).UTC().Format(time.RFC3339))
 }
 
 // printElection lists configd's election keys, oldest first: the oldest

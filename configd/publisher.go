@@ -494,7 +494,11 @@ func (p *publisher) readOps(name string, rev int64) []clientv3.Op {
 func (p *publisher) visit(name string, resps []*etcdserverpb.ResponseOp, count bool) {
 	for _, r := range resps[:2] {
 		for _, kv := range r.GetResponseRange().Kvs {
-			if k, err := p.keys.Parse(string(kv.Key)); count && err == nil && k.Kind != schema.KindEven && k.Kind != schema.KindHistory {
+			// As the watch counts them (applyKV): neither confirmations
+			// nor a budget's counters keep a provider known (found by
+			// review: a deleted budget lane stayed owned for good after a
+			// takeover, its counters left).
+			if k, err := p.keys.Parse(string(kv.Key)); count && err == nil && k.Kind != schema.KindEven && k.Kind != schema.KindHistory && k.Kind != schema.KindBudget {
 				p.count(k.Provider, 1)
 			}
 			p.applyKV(mvccpb.PUT, kv, true)

@@ -163,8 +163,8 @@ type statusView struct {
 	// Lanes are the status of the lane providers that keep the
 	// provider's further limits in force (schema.Lane), in lane order.
 	Lanes []statusView `json:"lanes,omitempty"`
-	// Budget is, for a budget lane (schema.IsBudget), its latest
-	// window's counter: what the instances took of it.
+	// Budget is, for a budget lane (schema.IsBudget), the counter of its
+	// window under way: what the instances took of it.
 	Budget *schema.BudgetRecord `json:"budget,omitempty"`
 }
 
@@ -493,6 +493,31 @@ func (s *store) status(ctx context.Context, name string) (statusView, error) {
 	return out, nil
 }
 
+// readBudget reads into out the counter of the window under way of the
+// budget lane out describes.
+func (s *store) readBudget(ctx context.Context, out *statusView) error {
+	w := out.Config.Window.D()
+	now := s.clock().UnixNano()
+	key := s.keys.Budget(out.Provider, w, now-now%int64(w))
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return etcdError(err)
+	}
+	out.Budget = &schema.BudgetRecord{Version: schema.Version, Provider: out.Provider, Start: now - now%int64(w), Window: out.Config.Window}
+	for _, kv := range resp.Kvs {
+		r, err := schema.DecodeBudgetRecord(kv.Value)
+		if err == nil && (r.Provider != out.Provider || r.Start != out.Budget.Start || r.Window != out.Config.Window) {
+			err = fmt.Errorf("counter names provider %q, window %v from %d: %w", r.Provider, r.Window.D(), r.Start, schema.ErrInvalidBudget)
+		}
+		if err != nil {
+			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
+			continue
+		}
+		out.Budget = &r
+	}
+	return nil
+}
+
 // statusOne is status for one provider, its lanes apart.
 func (s *store) statusOne(ctx context.Context, name string) (statusView, error) {
 	if err := schema.ValidateName(name); err != nil {
@@ -502,7 +527,6 @@ func (s *store) statusOne(ctx context.Context, name string) (statusView, error) 
 		clientv3.OpGet(s.keys.Config(name)),
 		clientv3.OpGet(s.keys.Shares(name), clientv3.WithPrefix()),
 		clientv3.OpGet(s.keys.Instances(name), clientv3.WithPrefix()),
-		clientv3.OpGet(s.keys.Budgets(name), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1)),
 	).Commit()
 	if err != nil {
 		return statusView{}, etcdError(err)
@@ -510,7 +534,6 @@ func (s *store) statusOne(ctx context.Context, name string) (statusView, error) 
 	cfgKVs := tresp.Responses[0].GetResponseRange().Kvs
 	sharesKVs := tresp.Responses[1].GetResponseRange().Kvs
 	instKVs := tresp.Responses[2].GetResponseRange().Kvs
-	budgetKVs := tresp.Responses[3].GetResponseRange().Kvs
 	if len(cfgKVs) == 0 && len(instKVs) == 0 && len(sharesKVs) == 0 {
 		return statusView{}, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
@@ -524,16 +547,10 @@ func (s *store) statusOne(ctx context.Context, name string) (statusView, error) 
 			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
 		}
 	}
-	for _, kv := range budgetKVs {
-		r, err := schema.DecodeBudgetRecord(kv.Value)
-		if k, kerr := s.keys.Parse(string(kv.Key)); err == nil && (kerr != nil || k.Seq != r.Start || r.Provider != name) {
-			err = fmt.Errorf("counter names provider %q and window start %d: %w", r.Provider, r.Start, schema.ErrInvalidBudget)
+	if c := out.Config; c != nil && c.Budget() {
+		if err := s.readBudget(ctx, &out); err != nil {
+			return statusView{}, err
 		}
-		if err != nil {
-			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
-			continue
-		}
-		out.Budget = &r
 	}
 	set := schema.NewShareSet(s.keys, name)
 	for _, kv := range sharesKVs {

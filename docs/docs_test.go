@@ -1411,7 +1411,7 @@ func checkRecord(t *testing.T, b block) {
 
 var (
 	placeholders = strings.NewReplacer("<prefix>", "/sluice/", "<name>", "payments-api", "<id>", "inst-a",
-		"<seq>", "00000001795316939051796", "<lease-hex>", "694d7a2b3c4d5e6f", "~k", "~1", "<start>", "01795305600000000000")
+		"<seq>", "00000001795316939051796", "<lease-hex>", "694d7a2b3c4d5e6f", "~k", "~1", "<seconds>", "86400", "<start>", "01795305600000000000")
 	hexRE = regexp.MustCompile(`^[0-9a-f]+$`)
 )
 

@@ -32,6 +32,12 @@
 //	go run ./bench/multi                   # 60 s
 //	go run ./bench/multi -duration 30s     # a quick check
 //	go run ./bench/multi -weights 50,16,13,9,6,3,2,1 -duration 120s -warmup 40s
+//
+// With -daily N the provider has a third limit, N requests per day: a
+// budget, which the instances take from its counter in etcd; the program
+// then says how many requests the stub saw in all against N, and what the
+// counter says once every instance left (each gives back what it took and
+// did not spend).
 package main
 
 import (
@@ -53,7 +59,11 @@ import (
 	"syscall"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/sluice-go/sluice/internal/harness"
+	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/internal/stub"
 )
 
@@ -70,6 +80,7 @@ type config struct {
 	algorithm                string
 	transit                  time.Duration
 	oneProvider              bool
+	daily                    int64
 }
 
 func main() {
@@ -90,6 +101,7 @@ func main() {
 	flag.DurationVar(&c.transit, "transit", 50*time.Millisecond, "the instances' -transit: no permit within it of a window boundary, so that no call granted in one window reaches the stub in the next")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (etcd data, logs)")
 	flag.BoolVar(&c.oneProvider, "one-provider", true, "both limits are one provider's (cluster.JoinProvider); false: a provider per limit (cluster.JoinGroup)")
+	flag.Int64Var(&c.daily, "daily", 0, "a third limit of the provider: this many requests per day, a budget the instances take from its counter (0: none)")
 	flag.Parse()
 	if err := parse(&c, weights); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/multi:", err)
@@ -111,6 +123,9 @@ func parse(c *config, weights string) error {
 	}
 	if c.duration < c.warmup+2*c.tokensWindow {
 		return errors.New("-duration must leave two tokens windows after -warmup")
+	}
+	if c.daily < 0 || c.daily > 0 && !c.oneProvider {
+		return errors.New("-daily must be positive, with -one-provider")
 	}
 	return nil
 }
@@ -141,6 +156,9 @@ func run(c config) error {
 	defer cd.Stop()
 	requests, tokensLimit := fmt.Sprintf("%d/%v", c.requests, c.window), fmt.Sprintf("tokens=%d/%v", c.tokens, c.tokensWindow)
 	sets := [][]string{{c.requestsName, "--limit", requests, "--limit", tokensLimit}}
+	if c.daily > 0 {
+		sets[0] = append(sets[0], "--limit", fmt.Sprintf("%d/24h", c.daily))
+	}
 	if !c.oneProvider {
 		sets = [][]string{{c.requestsName, "--limit", requests}, {c.tokensName, "--limit", tokensLimit}}
 	}
@@ -176,9 +194,59 @@ func run(c config) error {
 	fmt.Printf("offered: %.0f requests/s in all (%.3g× the tokens limit at the mean use), weights %v, estimates %d-%d tokens, used 50-100%%\n\n",
 		c.rate(), c.load, c.weights, c.estMin, c.estMax)
 
+	if c.daily > 0 {
+		fmt.Printf("and a daily budget of %d requests (provider %s~2), taken by the instances from its counter\n\n", c.daily, c.requestsName)
+	}
 	start := time.Now()
 	results := offer(c, insts)
 	report(c, st, tokens, start, results)
+	if c.daily > 0 {
+		for _, in := range insts {
+			in.stop() // each gives back what it took and did not spend
+		}
+		return reportDaily(c, st, endpoint, start)
+	}
+	return nil
+}
+
+// reportDaily says what the stub saw of the daily budget, and what its
+// counter says once every instance left.
+func reportDaily(c config, st *stub.Stub, endpoint string, start time.Time) error {
+	var seen int64
+	for _, w := range st.Windows() {
+		seen += w.Calls
+	}
+	day := start.UnixNano() - start.UnixNano()%int64(24*time.Hour)
+	if end := time.Now().UnixNano(); end-end%int64(24*time.Hour) != day {
+		fmt.Println("daily    the run crossed midnight (UTC): its requests fall in two days; not judged")
+		return nil
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	key := schema.DefaultKeys().Budget(c.requestsName+"~2", 24*time.Hour, day)
+	resp, err := cli.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	var taken int64
+	if len(resp.Kvs) > 0 {
+		r, err := schema.DecodeBudgetRecord(resp.Kvs[0].Value)
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		taken = r.Taken
+	}
+	over := 0
+	if seen > c.daily {
+		over = 1
+	}
+	fmt.Printf("daily    the stub saw %d requests of a budget of %d in the day (%d over); spent %.1f%%; the counter says %d taken once every instance left\n",
+		seen, c.daily, over, 100*float64(seen)/float64(c.daily), taken)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The fuzz targets below run over their seed corpus in every `go test`; run
@@ -200,7 +201,7 @@ func FuzzDecodeBudgetRecord(f *testing.F) {
 func FuzzKeysParse(f *testing.F) {
 	k := DefaultKeys()
 	for _, s := range []string{k.Config("p"), k.Instance("p", "i:1"), k.HistoryEntry("p", 9), k.Shares("p"), k.Share("p", "i:1"),
-		k.LegacyShares("p"), k.EvenMark("p", "i:1"), k.Budget("p~1", 86400e9), "/sluice/providers/p~1/budget/5", "/sluice/providers//config", "/sluice/providers/p/instances/a/b"} {
+		k.LegacyShares("p"), k.EvenMark("p", "i:1"), k.Budget("p~1", 24*time.Hour, 86400e9), "/sluice/providers/p~1/budget/5", "/sluice/providers/p~1/budget/86400/00000000000000000005", "/sluice/providers//config", "/sluice/providers/p/instances/a/b"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, key string) {
@@ -225,7 +226,7 @@ func FuzzKeysParse(f *testing.F) {
 		case KindInstance:
 			again = k.Instance(p.Provider, p.Instance)
 		case KindBudget:
-			again = k.Budget(p.Provider, p.Seq)
+			again = k.Budget(p.Provider, p.Window, p.Seq)
 		case KindHistory:
 			again = k.HistoryEntry(p.Provider, p.Seq)
 			p2, err := k.Parse(again)

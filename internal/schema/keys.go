@@ -129,10 +129,13 @@ func (k Keys) EvenMark(name, id string) string { return k.Even(name) + id }
 // one BudgetRecord per window, of what the instances took of it.
 func (k Keys) Budgets(name string) string { return k.Provider(name) + budgetDir }
 
-// Budget returns the key of a budget lane's counter for the window that
-// starts at start (Unix ns), zero-padded so keys sort by window.
-func (k Keys) Budget(name string, start int64) string {
-	return fmt.Sprintf("%s%020d", k.Budgets(name), start)
+// Budget returns the key of a budget lane's counter for the window of
+// length window that starts at start (Unix ns): the window's length in
+// seconds, then its start zero-padded, so that the counters of one
+// length sort by window and a lane created again with another window
+// never reads the counters of the old one.
+func (k Keys) Budget(name string, window time.Duration, start int64) string {
+	return fmt.Sprintf("%s%d/%020d", k.Budgets(name), int64(window/time.Second), start)
 }
 
 // History returns the prefix of a provider's audit records (ends with '/').
@@ -211,7 +214,7 @@ const (
 	KindInstance                // <prefix>providers/<name>/instances/<id>
 	KindHistory                 // <prefix>providers/<name>/history/<seq>
 	KindEven                    // <prefix>providers/<name>/even/<id>
-	KindBudget                  // <prefix>providers/<name>/budget/<start>
+	KindBudget                  // <prefix>providers/<name>/budget/<window seconds>/<start>
 )
 
 // String returns the kind's name.
@@ -236,9 +239,10 @@ func (k KeyKind) String() string {
 // Key is a parsed provider key.
 type Key struct {
 	Kind     KeyKind
-	Provider string // provider name
-	Instance string // instance ID, for KindInstance, KindShares and KindEven
-	Seq      int64  // sequence number, for KindHistory; window start (Unix ns), for KindBudget
+	Provider string        // provider name
+	Instance string        // instance ID, for KindInstance, KindShares and KindEven
+	Seq      int64         // sequence number, for KindHistory; window start (Unix ns), for KindBudget
+	Window   time.Duration // the window's length, for KindBudget
 }
 
 // Parse parses a key under Providers(). A key that does not belong to the
@@ -286,11 +290,17 @@ func (k Keys) Parse(key string) (Key, error) {
 		}
 		return Key{Kind: KindHistory, Provider: name, Seq: seq}, nil
 	case strings.HasPrefix(leaf, budgetDir):
-		start, err := strconv.ParseInt(leaf[len(budgetDir):], 10, 64)
-		if err != nil || start < 0 || key != k.Budget(name, start) {
+		secs, rest, _ := strings.Cut(leaf[len(budgetDir):], "/")
+		n, err1 := strconv.ParseInt(secs, 10, 64)
+		start, err2 := strconv.ParseInt(rest, 10, 64)
+		if err1 != nil || err2 != nil || n < 1 || n > int64(MaxBudgetWindow/time.Second) || start < 0 {
 			return bad()
 		}
-		return Key{Kind: KindBudget, Provider: name, Seq: start}, nil
+		w := time.Duration(n) * time.Second
+		if key != k.Budget(name, w, start) {
+			return bad()
+		}
+		return Key{Kind: KindBudget, Provider: name, Seq: start, Window: w}, nil
 	}
 	return bad()
 }

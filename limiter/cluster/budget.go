@@ -52,6 +52,10 @@ type budget struct {
 	seen   int64   // permits asked for so far (admitted, refused, timed out)
 	rate   float64 // permits asked for per tick, smoothed
 	view   budgetView
+	// blind says the instance's clock is not known (a clock monitor with
+	// no measurement yet, or none recent): it takes nothing, since it
+	// cannot tell which window of true time it would spend in.
+	blind bool
 }
 
 // budgetView is what a read of the store says: the lane's limit and the
@@ -59,6 +63,7 @@ type budget struct {
 type budgetView struct {
 	limit, cfgRev int64
 	taken, rev    int64
+	shadow        bool // the lane's config is in shadow mode
 }
 
 // budgetStore is where a budget is taken from: etcd (etcdBudget), or a
@@ -87,7 +92,7 @@ func (b *budget) step(ctx context.Context, s budgetStore, lim *limiter.Limiter, 
 	b.seen = seen
 	need := max(st.WaitingPermits-st.Remaining, 0)
 	var want int64
-	if st.Remaining < st.WaitingPermits+int64(b.rate*float64(budgetLead/budgetTick)) {
+	if !b.blind && st.Remaining < st.WaitingPermits+int64(b.rate*float64(budgetLead/budgetTick)) {
 		want = max(need+int64(b.rate*float64(budgetChunk/budgetTick)), 1)
 	}
 	if want == 0 && !read {
@@ -189,18 +194,27 @@ func (m *Member) followBudget(ctx context.Context) {
 	var lastRead time.Time
 	for {
 		read := time.Since(lastRead) >= m.cfg.report
+		if mon := m.cfg.clock; mon != nil {
+			b.blind = !mon.Current().Known
+		}
 		_, err := b.step(ctx, s, m.lim, read)
 		if ctx.Err() != nil {
 			return
 		}
+		if err == nil && read {
+			m.lim.SetShadow(b.view.shadow)
+		}
+		// Connected says etcd answered: a config or counter it cannot
+		// take from is a problem, listed, not an outage.
+		connected := err == nil || errors.Is(err, errBudgetRecord)
 		m.setStatus(func(st *Status) {
-			st.Connected = err == nil
+			st.Connected = connected
 			if err != nil {
 				st.LastError = err.Error()
 			}
 			st.Share, st.Total, st.Taken = b.took, b.view.limit, b.view.taken
 		})
-		if err == nil && read {
+		if connected && read {
 			lastRead = time.Now()
 			select {
 			case <-m.ready:
@@ -235,12 +249,12 @@ func (s etcdBudget) read(ctx context.Context, start int64) (budgetView, error) {
 	m := s.m
 	rctx, cancel := m.opCtx(ctx)
 	defer cancel()
-	resp, err := m.cli.Txn(rctx).Then(clientv3.OpGet(m.keys.Config(m.provider)), clientv3.OpGet(m.keys.Budget(m.provider, start))).Commit()
+	resp, err := m.cli.Txn(rctx).Then(clientv3.OpGet(m.keys.Config(m.provider)), clientv3.OpGet(m.keys.Budget(m.provider, m.cfg.budget, start))).Commit()
 	if err != nil {
 		return budgetView{}, err
 	}
 	var v budgetView
-	if v.limit, v.cfgRev, err = m.budgetLimit(resp.Responses[0].GetResponseRange().Kvs); err != nil {
+	if v.limit, v.cfgRev, v.shadow, err = m.budgetLimit(resp.Responses[0].GetResponseRange().Kvs); err != nil {
 		return budgetView{}, err
 	}
 	if v.taken, v.rev, err = m.budgetTaken(start, resp.Responses[1].GetResponseRange().Kvs); err != nil {
@@ -255,30 +269,38 @@ func (s etcdBudget) put(ctx context.Context, start int64, v budgetView, taken in
 	if err != nil {
 		return false, err
 	}
-	cfgKey, key := m.keys.Config(m.provider), m.keys.Budget(m.provider, start)
+	cfgKey, key := m.keys.Config(m.provider), m.keys.Budget(m.provider, m.cfg.budget, start)
+	ops := []clientv3.Op{clientv3.OpPut(key, string(rec))}
+	if v.rev == 0 {
+		// A window's first take: the counter of two windows back is
+		// done with (a clock within its guard band spends no window but
+		// the one under way), and goes.
+		ops = append(ops, clientv3.OpDelete(m.keys.Budget(m.provider, m.cfg.budget, start-2*int64(m.cfg.budget))))
+	}
 	rctx, cancel := m.opCtx(ctx)
 	defer cancel()
 	tr, err := m.cli.Txn(rctx).If(
 		clientv3.Compare(clientv3.ModRevision(cfgKey), "=", v.cfgRev),
 		clientv3.Compare(clientv3.ModRevision(key), "=", v.rev),
-	).Then(clientv3.OpPut(key, string(rec))).Commit()
+	).Then(ops...).Commit()
 	if err != nil {
 		return false, err
 	}
 	return tr.Succeeded, nil
 }
 
-// errBudgetConfig is a budget lane's config that cannot be taken from:
-// gone, malformed, or of another window than the one this Member keeps.
-var errBudgetConfig = errors.New("cluster: budget lane's config")
+// errBudgetRecord is a budget lane's config or counter that cannot be
+// taken from: gone, malformed, or of another window than the one this
+// Member keeps.
+var errBudgetRecord = errors.New("cluster: budget lane")
 
-// budgetLimit returns the limit of the budget lane's config in kvs, and
-// its revision, or an error (also listed among the problems) when there
-// is none to take from.
-func (m *Member) budgetLimit(kvs []*mvccpb.KeyValue) (int64, int64, error) {
+// budgetLimit returns the limit of the budget lane's config in kvs, its
+// revision and whether it is in shadow mode, or an error (also listed
+// among the problems) when there is none to take from.
+func (m *Member) budgetLimit(kvs []*mvccpb.KeyValue) (int64, int64, bool, error) {
 	key := m.keys.Config(m.provider)
 	if len(kvs) == 0 {
-		return 0, 0, fmt.Errorf("%w is gone: taking nothing more", errBudgetConfig)
+		return 0, 0, false, fmt.Errorf("%w: its config is gone: taking nothing more", errBudgetRecord)
 	}
 	c, err := schema.DecodeProviderConfig(kvs[0].Value)
 	switch {
@@ -292,10 +314,10 @@ func (m *Member) budgetLimit(kvs []*mvccpb.KeyValue) (int64, int64, error) {
 	}
 	if err != nil {
 		m.problem(key, err)
-		return 0, 0, fmt.Errorf("%w: %w", errBudgetConfig, err)
+		return 0, 0, false, fmt.Errorf("%w: config: %w", errBudgetRecord, err)
 	}
 	m.noProblem(key)
-	return c.Limit, kvs[0].ModRevision, nil
+	return c.Limit, kvs[0].ModRevision, c.Mode == schema.ModeShadow, nil
 }
 
 // budgetTaken returns the counter in kvs of the window that starts at
@@ -304,18 +326,19 @@ func (m *Member) budgetLimit(kvs []*mvccpb.KeyValue) (int64, int64, error) {
 // taken).
 func (m *Member) budgetTaken(start int64, kvs []*mvccpb.KeyValue) (int64, int64, error) {
 	if len(kvs) == 0 {
+		m.noProblem(m.keys.Budgets(m.provider)) // those of the windows before
 		return 0, 0, nil
 	}
-	key := m.keys.Budget(m.provider, start)
+	key := m.keys.Budget(m.provider, m.cfg.budget, start)
 	r, err := schema.DecodeBudgetRecord(kvs[0].Value)
 	if err == nil && (r.Provider != m.provider || r.Start != start || r.Window.D() != m.cfg.budget) {
 		err = fmt.Errorf("counter names provider %q, window %v from %d", r.Provider, r.Window.D(), r.Start)
 	}
 	if err != nil {
 		m.problem(key, err)
-		return 0, 0, fmt.Errorf("cluster: budget counter %s: %w", key, err)
+		return 0, 0, fmt.Errorf("%w: counter %s: %w", errBudgetRecord, key, err)
 	}
-	m.noProblem(key)
+	m.noProblem(m.keys.Budgets(m.provider)) // and those of the windows before
 	return r.Taken, kvs[0].ModRevision, nil
 }
 
@@ -334,9 +357,13 @@ func (m *Member) problem(key string, err error) {
 	})
 }
 
-// noProblem removes what was listed under key among the problems.
+// noProblem removes what was listed under key, or under keys it is the
+// prefix of (ending in '/'), among the problems.
 func (m *Member) noProblem(key string) {
+	if !strings.HasSuffix(key, "/") {
+		key += ": "
+	}
 	m.setStatus(func(s *Status) {
-		s.Problems = slices.DeleteFunc(s.Problems, func(p string) bool { return strings.HasPrefix(p, key+": ") })
+		s.Problems = slices.DeleteFunc(s.Problems, func(p string) bool { return strings.HasPrefix(p, key) })
 	})
 }

@@ -34,7 +34,7 @@ func counter(t *testing.T, cli *clientv3.Client, start time.Time) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, keys.Budget("api~1", start.UnixNano()))
+	resp, err := cli.Get(ctx, keys.Budget("api~1", 24*time.Hour, start.UnixNano()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,14 @@ func TestBudgetNeverPassesItsLimit(t *testing.T) {
 	px.Heal()
 
 	spent := func() int64 { return sa.granted.Load() + bGot + sb2.granted.Load() + sc.granted.Load() }
-	waitFor(t, "the budget to be spent", func() bool { return spent() >= 600-3*4 }) // each may hold a few
+	deadline := time.Now().Add(20 * time.Second)
+	for spent() < 600-3*4 { // each may hold a few
+		if time.Now().After(deadline) {
+			t.Fatalf("spent %d of 600 (a %d, b %d, b2 %d, c %d); counter %d; a %+v; b2 %+v; c %+v", spent(), sa.granted.Load(), bGot, sb2.granted.Load(), sc.granted.Load(),
+				counter(t, cli, day), a.Members()[1].Status(), b2.Members()[1].Status(), c.Members()[1].Status())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if got := a.Members()[1].Status(); got.Source != "budget" || got.Total != 600 || got.Taken > 600 {
 		t.Errorf("a's budget lane status %+v, want source budget, total 600, taken at most that", got)
 	}

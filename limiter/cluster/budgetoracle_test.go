@@ -15,12 +15,15 @@ import (
 
 // TestBudgetOracle runs random histories of a budget taken by several
 // instances — the very code of a budget Member (budget.step, giveBack)
-// over a model of etcd that fails before or after writing, with other
-// takers racing each take, limits changed at random, clocks off by up to
-// their uncertainty, crashes, restarts, random costs and settles — and
+// over a model of etcd that fails before or after writing or refuses the
+// records, with other takers racing each take, limits changed at random,
+// clocks off by up to their uncertainty, crashes, leaves with calls in
+// flight, random costs and settles above and below the charge — and
 // checks, for every aligned window of true time: what the instances
-// admitted is no more than the window's counter, and the counter never
-// went past the limit in force when it grew.
+// admitted (less what their limiters count as overdrawn, which a settle
+// above the charge is the caller's to answer for) is no more than the
+// window's counter, and the counter never went past the limit in force
+// when it grew.
 //
 //	go test ./limiter/cluster -run 'TestBudgetOracle$' -budget.seed=N -v
 //
@@ -69,8 +72,11 @@ type bcounter struct{ taken, rev int64 }
 var errModel = errors.New("model: etcd did not answer")
 
 func (s *bstore) read(_ context.Context, start int64) (budgetView, error) {
-	if s.h.rng.IntN(20) == 0 {
+	switch s.h.rng.IntN(30) {
+	case 0, 1:
 		return budgetView{}, errModel
+	case 2:
+		return budgetView{}, fmt.Errorf("%w: model: the config is gone, or the counter malformed", errBudgetRecord)
 	}
 	c := s.counter(start)
 	return budgetView{limit: s.limit, cfgRev: s.cfgRev, taken: c.taken, rev: c.rev}, nil
@@ -160,6 +166,19 @@ func (h *bhist) admit(window, n int64, who string) {
 	h.logf("%s admitted %d in window %d (now %d)", who, n, window, h.admits[window])
 }
 
+// settle settles gr at actual: the provider saw actual where n was
+// admitted, less what the limiter counts as overdrawn (beyond its quota,
+// the caller's to answer for: Grant.Settle).
+func (h *bhist) settle(i int, lim *limiter.Limiter, gr bgrant, actual int64, when string) {
+	over := lim.Stats().Overdrawn
+	if err := gr.g.Settle(limiter.Cost(limiter.Requests, actual)); err != nil {
+		return
+	}
+	drawn := lim.Stats().Overdrawn - over
+	h.admits[gr.window] += actual - gr.n - drawn
+	h.logf("instance %d settled %d of %d%s, %d overdrawn (window %d now %d)", i, actual, gr.n, when, drawn, gr.window, h.admits[gr.window])
+}
+
 func (h *bhist) changeLimit() {
 	h.store.limit = int64(h.rng.IntN(200))
 	h.store.cfgRev = h.nextRev()
@@ -223,10 +242,10 @@ func runBudgetOracle(seed uint64) string {
 			gr := in.grants[k]
 			in.grants = append(in.grants[:k], in.grants[k+1:]...)
 			actual := rng.Int64N(gr.n + 1)
-			if err := gr.g.Settle(limiter.Cost(limiter.Requests, actual)); err == nil {
-				h.admits[gr.window] -= gr.n - actual
-				h.logf("instance %d settled %d of %d (window %d now %d)", i, actual, gr.n, gr.window, h.admits[gr.window])
+			if rng.IntN(2) == 0 {
+				actual = gr.n + rng.Int64N(9) // a call that cost more than charged
 			}
+			h.settle(i, lim, gr, actual, "")
 		case op < 70:
 			// Waiters, whose need a take serves first.
 			want, need := int64(rng.IntN(60)), int64(rng.IntN(60))
@@ -243,6 +262,10 @@ func runBudgetOracle(seed uint64) string {
 			in.multi.Close()
 			back := in.b.giveBack(ctx, h.store, lim)
 			h.logf("instance %d left, giving back %d", i, back)
+			// Calls in flight during the leave answer now, at any cost.
+			for _, gr := range in.grants {
+				h.settle(i, lim, gr, rng.Int64N(2*gr.n+1), " after leaving")
+			}
 			h.start(i)
 		case op < 96:
 			e := h.clockErr()

@@ -551,8 +551,9 @@ sluice_member_connected{provider="api"} 1
 # HELP sluice_member_share_permits The share enforced, in permits per window.
 # TYPE sluice_member_share_permits gauge
 sluice_member_share_permits{provider="api"} 40
-# HELP sluice_member_source 1 for where the share comes from: fallback, even (no configd alive) or shares (published by configd).
+# HELP sluice_member_source 1 for where the share comes from: fallback, even (no configd alive), shares (published by configd) or budget (taken from a counter).
 # TYPE sluice_member_source gauge
+sluice_member_source{provider="api",source="budget"} 0
 sluice_member_source{provider="api",source="even"} 1
 sluice_member_source{provider="api",source="fallback"} 0
 sluice_member_source{provider="api",source="shares"} 0

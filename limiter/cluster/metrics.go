@@ -20,7 +20,7 @@ const (
 )
 
 // Sources are the values of the source label of MetricSource.
-var Sources = []string{"fallback", "even", "shares"}
+var Sources = []string{"fallback", "even", "shares", "budget"}
 
 type collector struct {
 	m     *Member
@@ -44,7 +44,7 @@ func NewCollector(m *Member, labels prometheus.Labels) prometheus.Collector {
 		MetricClockKnown:       d(MetricClockKnown, "1 while the clock offset is known from NTP, else 0."),
 		MetricClockUncertainty: d(MetricClockUncertainty, "Uncertainty of the clock offset measurement."),
 		MetricMalformed:        d(MetricMalformed, "Records found malformed in etcd and ignored (the last good value is kept), and foreign keys in configd's election, not taken for a live configd."),
-		MetricSource:           d(MetricSource, "1 for where the share comes from: fallback, even (no configd alive) or shares (published by configd).", "source"),
+		MetricSource:           d(MetricSource, "1 for where the share comes from: fallback, even (no configd alive), shares (published by configd) or budget (taken from a counter).", "source"),
 	}}
 }
 

@@ -53,6 +53,9 @@ type view struct {
 	// provider's fail_static past it (arm): a newcomer that registered
 	// after it, unseen, waits a hold at least that long.
 	polledAt time.Time
+	// budget says the provider's config is a budget's, which this Member
+	// refused: it admits nothing (apply), fallback or not.
+	budget bool
 	// lastConfig is the last good config seen, kept across a deletion
 	// and a reload, so that a change seen through either is noted
 	// (noteReplaced; found by review: a session restarted between the
@@ -705,7 +708,10 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		if err == nil && m.dimension != "" && c.DimensionOrDefault() != m.dimension {
 			err = fmt.Errorf("its limit counts %s, and this instance's lane of it %s (cluster.Lane)", c.DimensionOrDefault(), m.dimension)
 		}
-		if err == nil && c.Budget() {
+		if err == nil {
+			v.budget = c.Budget() // kept past a malformed or deleted config
+		}
+		if err == nil && v.budget {
 			err = fmt.Errorf("its window, %v, is a budget's, which the instances take from a counter and do not share; join its provider %q with cluster.JoinProvider", c.Window.D(), c.Of)
 		}
 		if err != nil {
@@ -816,6 +822,18 @@ func (m *Member) listProblems(v *view) {
 func (m *Member) apply(v *view, ap *applied) bool {
 	lim := m.lim
 	fallback := applied{Source: follow.SourceFallback, Quota: m.cfg.fallbackQuota, Window: m.cfg.fallbackWindow}
+	if v.budget {
+		// A budget's config, refused: its limit is taken, not shared,
+		// and no fallback stands in for it, from the window under way on
+		// (found by review: a fallback of 100 per second admitted past a
+		// day's budget of 5).
+		fallback.Quota = 0
+		if ap.Source == follow.SourceFallback && ap.Quota > 0 {
+			if err := lim.SetQuota(0, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
+				m.log.Error("cannot drop the fallback", "err", err)
+			}
+		}
+	}
 	fv := follow.View{Leader: len(v.leaders) > 0}
 	var grant int64 // the most this process's record lets it enforce, per window of the config
 	if r := v.share; r != nil {
