@@ -134,7 +134,9 @@ func TestSeveralLimitsEndToEnd(t *testing.T) {
 	inst := embeddedClient(t, clientURL, dir, instanceUser)
 	var groups []*cluster.Group
 	for _, id := range []string{"a", "b"} {
-		g, err := cluster.JoinProvider(ctx, inst, "llm", cluster.WithID(id), cluster.WithLeaseTTL(2*time.Second),
+		// A lease of 5 s, as in TestEmbeddedEtcdIsClosed: 2 s leases
+		// kept expiring on this embedded etcd under the race detector.
+		g, err := cluster.JoinProvider(ctx, inst, "llm", cluster.WithID(id), cluster.WithLeaseTTL(5*time.Second),
 			cluster.WithReportInterval(100*time.Millisecond), cluster.WithFallback(0, 100*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
@@ -143,7 +145,7 @@ func TestSeveralLimitsEndToEnd(t *testing.T) {
 		groups = append(groups, g)
 	}
 	for _, g := range groups {
-		waitFor(t, 20*time.Second, "each instance's published share of both limits", func() bool {
+		waitFor(t, 60*time.Second, "each instance's published share of both limits", func() bool {
 			ms := g.Members()
 			r, tk := ms[0].Status(), ms[1].Status()
 			return r.Source == "shares" && r.Share == 20 && tk.Source == "shares" && tk.Share == 1000
