@@ -86,7 +86,7 @@ func JoinGroup(ctx context.Context, cli *clientv3.Client, lanes []Lane, opts ...
 // deleted). A limit of a window longer than an hour (up to a day: "50,000
 // requests per day") is a budget: configd does not share it; each
 // instance takes from the window's counter what it is about to spend
-// (what its waiters need and about ten seconds of its demand, at most a
+// (what its waiters need and about two seconds of what it spends, at most a
 // quarter of what is left), so an instance that joins or restarts
 // mid-window spends only what the others left, one cut off from etcd
 // only what it took, and Close gives back what it took and did not
