@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -402,7 +403,9 @@ func (l *Limiter) Acquire(ctx context.Context, maxWait time.Duration) error {
 // mode it returns nil at once.
 func (l *Limiter) AcquireN(ctx context.Context, n int64, maxWait time.Duration) error {
 	if err := ctx.Err(); err != nil {
-		return canceledError(err)
+		err = canceledError(err)
+		l.countEnded(n, err)
+		return err
 	}
 	if l.fast(n) {
 		return nil
@@ -412,6 +415,24 @@ func (l *Limiter) AcquireN(ctx context.Context, n int64, maxWait time.Duration) 
 		return err
 	}
 	return r.Wait(ctx)
+}
+
+// countEnded counts n permits of a call whose context had ended before it
+// began as what its error says, a timeout or a cancel, as Stats counts
+// the same call ended a moment later (found by the limiter's oracle: an
+// AcquireN whose deadline had passed returned ErrTimeout and counted
+// nothing, seed 2952617324307874818).
+func (l *Limiter) countEnded(n int64, err error) {
+	if ValidateQuota(n) != nil || n == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if errors.Is(err, ErrTimeout) {
+		l.counts.timedOut += n
+	} else {
+		l.counts.canceled += n
+	}
 }
 
 // Reserve reserves n permits, counted in one window, that become valid

@@ -60,6 +60,23 @@ func TestOracle(t *testing.T) {
 	checkSeeds(t, *oracleSeed, *oracleN, "random histories", runOracle)
 }
 
+// foundSeeds are histories TestOracle once found breaking a rule above,
+// each fixed since; make test replays them every run.
+var foundSeeds = map[uint64]string{
+	// Found 2026-11-28 by make oracle (ORACLE_N=300000): an AcquireN whose
+	// context's deadline had passed returned ErrTimeout and counted
+	// nothing in Stats.
+	2952617324307874818: "Stats.TimedOut 19, callers saw ErrTimeout for 21",
+}
+
+func TestOracleFoundSeeds(t *testing.T) {
+	for seed, what := range foundSeeds {
+		if p, _ := runOracle(t, seed); p != "" {
+			t.Fatalf("%s, again:\n%s", what, p)
+		}
+	}
+}
+
 // checkSeeds runs one history per seed through run and fails at the first
 // violation it reports: only replay when replay is not 0, else n (a tenth
 // with -short) from a random seed on, logging what they covered.
