@@ -21,7 +21,9 @@ import (
 // with the password configd generated under dataDir ("" user: none).
 func embeddedClient(t *testing.T, url, dataDir, user string) *clientv3.Client {
 	t.Helper()
-	cfg := clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	// The dial authenticates (a bcrypt check on the server), which under
+	// the race detector on a loaded machine passed 5 s in a CI run.
+	cfg := clientv3.Config{Endpoints: []string{url}, DialTimeout: 30 * time.Second, Logger: zap.NewNop()}
 	if user != "" {
 		pw, err := readPassword(dataDir, user)
 		if err != nil {
