@@ -180,7 +180,7 @@ func (s *sim) ownGeneration(id string) int64 {
 func (s *sim) write(ctx context.Context, id string, in *simInstance) error {
 	now := time.Now().UTC()
 	rec := schema.InstanceRecord{ID: id, Host: "test-host", PID: 1000, Started: in.started, Updated: now,
-		Demand: in.demand, AppliedGeneration: in.applied, Leaving: in.leaving}
+		Demand: in.demand, AppliedGeneration: in.applied, Leaving: in.leaving, ReadsCommon: true}
 	b, err := schema.Encode(rec)
 	if err != nil {
 		return err

@@ -453,12 +453,20 @@ func TestPublishInParallelTransactions(t *testing.T) {
 	for _, kv := range resp.Kvs {
 		revs[kv.ModRevision]++
 	}
+	// Equal shares: the common record, in a transaction of its own, then
+	// n records that say Common.
 	st := p.providers["wide"]
-	if len(resp.Kvs) != n || len(revs) != (n+recordsPerTxn-1)/recordsPerTxn || len(st.shares.records) != n {
-		t.Fatalf("%d records in %d transactions, %d in the books; want %d in %d", len(resp.Kvs), len(revs), len(st.shares.records), n, (n+recordsPerTxn-1)/recordsPerTxn)
+	if txns := 1 + (n+recordsPerTxn-1)/recordsPerTxn; len(resp.Kvs) != n+1 || len(revs) != txns || len(st.shares.records) != n || len(st.shares.pointers) != n {
+		t.Fatalf("%d keys in %d transactions, %d records and %d pointers in the books; want %d in %d", len(resp.Kvs), len(revs), len(st.shares.records), len(st.shares.pointers), n+1, txns)
 	}
 	for _, kv := range resp.Kvs {
 		id := strings.TrimPrefix(string(kv.Key), keys.Provider("wide")+"shares/")
+		if id == schema.CommonInstance {
+			if st.shares.common == nil || st.shares.common.rev != kv.ModRevision || kv.ModRevision != slices.Min(slices.Collect(maps.Keys(revs))) {
+				t.Fatalf("common record written at revision %d (revisions %v), the books say %+v; want it first", kv.ModRevision, revs, st.shares.common)
+			}
+			continue
+		}
 		if st.shares.records[id].rev != kv.ModRevision {
 			t.Fatalf("%s written at revision %d, the books say %d", id, kv.ModRevision, st.shares.records[id].rev)
 		}

@@ -230,6 +230,10 @@ const recordSkew = time.Minute
 // replica that loads reads for the fail_static values they replaced.
 const replacedScan = 64
 
+// readsCommon reports whether instance id follows a share record that
+// says Common, as its record says.
+func (st *providerState) readsCommon(id string) bool { return st.instances[id].ReadsCommon }
+
 func (st *providerState) empty() bool {
 	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.shares.any()
 }
@@ -952,7 +956,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 			st.due = p.onWall(holdEnds)
 			return nil
 		}
-		_, _, err := p.writeRecords(ctx, f, name, st, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", 0), nil)
+		_, _, _, err := p.writeRecords(ctx, f, name, st, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", 0), nil)
 		return err
 	}
 	cfg := *st.cfg
@@ -1021,16 +1025,16 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	}
 	want := p.records(name, cfg, st.cfgRev, d, gen, now)
 	began := time.Now()
-	written, ok, err := p.writeRecords(ctx, f, name, st, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", st.keyRev), want)
+	written, ops, ok, err := p.writeRecords(ctx, f, name, st, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", st.keyRev), want)
 	if ok && err == nil {
-		st.shares.wrote(written, time.Since(began))
+		st.shares.wrote(ops, time.Since(began))
 	}
 	if written > 0 {
 		st.published, st.maxGen = now, gen
 		p.metrics.publishes.WithLabelValues(name).Inc()
 		p.metrics.generation.WithLabelValues(name).Set(float64(gen))
 		p.log.Info("shares published", "provider", name, "generation", gen, "total", cfg.Limit,
-			"instances", len(d.Shares), "records_written", written, "effective_from", d.EffectiveFrom.UTC(),
+			"instances", len(d.Shares), "records_changed", written, "keys_written", ops, "effective_from", d.EffectiveFrom.UTC(),
 			"took", time.Since(began).Round(time.Millisecond))
 	}
 	if err != nil || !ok {
@@ -1039,15 +1043,9 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	return nil
 }
 
-// toWrite is how many share records publishing d would write.
+// toWrite is how many keys publishing d would write.
 func (p *publisher) toWrite(name string, cfg schema.ProviderConfig, st *providerState, d plan.Decision, now time.Time) int {
-	n := 0
-	for id, r := range p.records(name, cfg, st.cfgRev, d, st.maxGen+1, now) {
-		if st.shares.needsWrite(id, r) {
-			n++
-		}
-	}
-	return n
+	return st.shares.layout(p.records(name, cfg, st.cfgRev, d, st.maxGen+1, now), st.readsCommon).ops()
 }
 
 // prune deletes the oldest history entries of provider name beyond

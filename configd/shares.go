@@ -18,17 +18,36 @@ import (
 
 // The shares the leader publishes: one schema.ShareRecord per instance, at
 // Keys.Share(provider, id), each written only when it changes. An instance
-// watches its own record and nothing else, so what it receives does not
-// grow with the fleet; a publish writes the records that changed, in
-// transactions of at most recordsPerTxn operations (under etcd's default
-// --max-txn-ops of 128), up to txnsInFlight at once, each fenced on
-// leadership and on the config's revision.
+// watches its own record and the provider's common record, and nothing
+// else, so what it receives does not grow with the fleet.
 //
-// A publish cut short (the leader lost, a config change) leaves some
-// records new and the others as they were. That is safe: a share grows
-// only out of what no instance may enforce before the publish (plan, the
-// handover), so any mix of old and new records stays within the grants;
-// and a new leader resumes from the records as they are.
+// Instances whose records would be alike (all but the instance: a fleet
+// of equal shares) share one: the common record, at Keys.CommonShare, and
+// each of their own records says only Common. A publish that moves all
+// their shares alike writes the common record alone, not one record per
+// instance: at N = 2,000 a retune that rewrote 2,000 records took 0.4-1 s
+// of etcd on 2 cores, and most of a window (BENCHMARKS.md, section 12).
+// A publish writes in three steps (layout), each in transactions of at
+// most recordsPerTxn operations (under etcd's default --max-txn-ops of
+// 128), up to txnsInFlight at once, each fenced on leadership and on the
+// config's revision:
+//
+//  1. the instances' own full records, and deletions: among them every
+//     instance that followed the common record and will not follow the new
+//     one, so that it never reads a common record meant for others;
+//  2. the common record, only once every write of step 1 landed;
+//  3. the records that say Common, only to a common record written in the
+//     same publish and once it landed, then the deletions of the records
+//     of instances gone.
+//
+// An instance reads its own record and the common record in one snapshot
+// (schema.ShareRecord.Resolve), so every mix it can see of records old and
+// new is one this order allows. A publish cut short (the leader lost, a
+// config change) leaves some records new and the others as they were.
+// That is safe: a share grows only out of what no instance may enforce
+// before the publish (plan, the handover), so any mix of old and new
+// records stays within the grants; and a new leader resumes from the
+// records as they are.
 
 // recordsPerTxn is how many share records one transaction writes.
 const recordsPerTxn = 100
@@ -51,8 +70,20 @@ type shareEntry struct {
 
 // shareState is what the leader knows of a provider's share records.
 type shareState struct {
-	records map[string]shareEntry // by instance ID: the last good record of each
-	legacy  bool                  // an older configd's single shares record is there (it is deleted)
+	// records holds, by instance ID, the last good record of each,
+	// resolved (one that says Common as the common record it follows), at
+	// the revision of the instance's own key.
+	records map[string]shareEntry
+	// pointers holds the instances whose own record says Common, and the
+	// revision it was written at.
+	pointers map[string]int64
+	// common is the provider's common record (nil: none), and ownCommon
+	// the revision this replica last wrote it at; rewriteCommon says it is
+	// to be written again (malformed, or someone else's).
+	common        *shareEntry
+	ownCommon     int64
+	rewriteCommon bool
+	legacy        bool // an older configd's single shares record is there (it is deleted)
 	// rewrite holds the instance IDs whose record in etcd is not the one
 	// records holds: malformed, inconsistent with the config or written by
 	// someone else. They are written (or deleted) at the next publish,
@@ -88,11 +119,13 @@ func (s *shareState) remove(id string) {
 }
 
 func newShareState() shareState {
-	return shareState{records: map[string]shareEntry{}, own: map[string]int64{}, registered: map[string]int64{}, rewrite: map[string]bool{}}
+	return shareState{records: map[string]shareEntry{}, pointers: map[string]int64{}, own: map[string]int64{}, registered: map[string]int64{}, rewrite: map[string]bool{}}
 }
 
 // any reports whether a share record (or the legacy one) exists.
-func (s *shareState) any() bool { return len(s.records) > 0 || s.legacy }
+func (s *shareState) any() bool {
+	return len(s.records) > 0 || len(s.pointers) > 0 || s.common != nil || s.legacy
+}
 
 // enforcing returns the most id's record leaves it enforcing.
 func (s *shareState) enforcing(id string) int64 {
@@ -136,16 +169,21 @@ func (s *shareState) stale() bool {
 }
 
 // applyShare folds a write (or the deletion) of instance id's share record
-// of provider name into st; id "" is an older configd's single record.
+// of provider name into st; id "" is an older configd's single record,
+// schema.CommonInstance the common record.
 func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv *mvccpb.KeyValue) {
 	s := &st.shares
-	key := string(kv.Key)
-	if id == "" {
+	switch id {
+	case "":
 		s.legacy = put
+		return
+	case schema.CommonInstance:
+		p.applyCommon(st, name, put, kv)
 		return
 	}
 	if !put {
 		s.remove(id)
+		delete(s.pointers, id)
 		return
 	}
 	if own := s.own[id]; own != 0 && kv.ModRevision < own {
@@ -163,6 +201,15 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 	if err == nil && (rec.Provider != name || rec.Instance != id) {
 		err = fmt.Errorf("share record names provider %q, instance %q", rec.Provider, rec.Instance)
 	}
+	if err == nil {
+		if rec.Common {
+			s.pointers[id] = kv.ModRevision
+		} else {
+			delete(s.pointers, id)
+		}
+		st.maxGen = max(st.maxGen, rec.Generation)
+		rec, err = rec.Resolve(s.commonRecord())
+	}
 	if err != nil {
 		// The last good record stays: its grant still bounds what the
 		// instance may enforce (it refuses this one too). Publishing
@@ -171,31 +218,36 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 		if kv.ModRevision != s.own[id] {
 			s.rewrite[id] = true
 		}
-		p.bad(key, kv.ModRevision, err)
+		p.bad(string(kv.Key), kv.ModRevision, err)
 		return
 	}
+	p.foldShare(st, name, id, shareEntry{rec, kv.ModRevision}, kv.ModRevision != s.own[id])
+}
+
+// foldShare folds e, instance id's record as written at e.rev (resolved),
+// into st; foreign says this replica did not write it.
+func (p *publisher) foldShare(st *providerState, name, id string, e shareEntry, foreign bool) {
+	s, rec := &st.shares, e.rec
 	switch {
-	case !p.loading && p.fences[name].rev != 0 && kv.ModRevision > p.fences[name].rev && kv.ModRevision != s.own[id]:
+	case !p.loading && p.fences[name].rev != 0 && e.rev > p.fences[name].rev && foreign:
 		// Written by someone else while this replica leads the provider:
 		// a forgery or a hand edit. The instance may enforce it until this replica's
 		// next publish, so it counts as a grant beside ours; its
 		// generation is not ours to continue from.
 		p.metrics.foreignShares.WithLabelValues(name).Inc()
 		p.log.Warn("share record written by someone else while this replica leads; publishing over it",
-			"provider", name, "instance", id, "revision", kv.ModRevision, "generation", rec.Generation)
-		s.set(id, shareEntry{withGrantOf(s.records[id], rec), kv.ModRevision})
+			"provider", name, "instance", id, "revision", e.rev, "generation", rec.Generation)
+		s.set(id, shareEntry{withGrantOf(s.records[id], rec), e.rev})
 		s.rewrite[id] = true
 	case st.cfg != nil && rec.CheckAgainst(*st.cfg, st.cfgRev) != nil:
 		// Inconsistent with the config: the instance refuses it, but may
 		// have applied it under an earlier config. Its grant counts; it
 		// is published over.
-		p.bad(key, kv.ModRevision, rec.CheckAgainst(*st.cfg, st.cfgRev))
-		s.set(id, shareEntry{rec, kv.ModRevision})
+		p.bad(p.keys.Share(name, id), e.rev, rec.CheckAgainst(*st.cfg, st.cfgRev))
+		s.set(id, e)
 		s.rewrite[id] = true
-		st.maxGen = max(st.maxGen, rec.Generation)
 	default:
-		s.set(id, shareEntry{rec, kv.ModRevision})
-		st.maxGen = max(st.maxGen, rec.Generation)
+		s.set(id, e)
 		at := rec.Published
 		if now := p.wall(); now.Before(at) {
 			at = now // a replica whose clock is ahead must not hold publishing back
@@ -204,6 +256,60 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 			st.published = at
 		}
 	}
+}
+
+// applyCommon folds a write (or the deletion) of provider name's common
+// record into st: every instance whose record says Common now follows it.
+func (p *publisher) applyCommon(st *providerState, name string, put bool, kv *mvccpb.KeyValue) {
+	s := &st.shares
+	if !put {
+		// The instances that followed it keep their last good records:
+		// they keep them too. Each is written again at the next publish.
+		s.common = nil
+		for id := range s.pointers {
+			s.rewrite[id] = true
+		}
+		return
+	}
+	if s.ownCommon != 0 && kv.ModRevision <= s.ownCommon {
+		return // the echo of a publish of ours: folded in when it was written
+	}
+	st.maxGen = max(st.maxGen, min(kv.Version, schema.MaxGeneration))
+	rec, err := schema.DecodeShareRecord(kv.Value)
+	if err == nil && (rec.Provider != name || rec.Instance != schema.CommonInstance) {
+		err = fmt.Errorf("common share record names provider %q, instance %q", rec.Provider, rec.Instance)
+	}
+	if err != nil {
+		s.rewriteCommon = true
+		for id := range s.pointers {
+			s.rewrite[id] = true
+		}
+		p.bad(string(kv.Key), kv.ModRevision, err)
+		return
+	}
+	st.maxGen = max(st.maxGen, rec.Generation)
+	s.common = &shareEntry{rec, kv.ModRevision}
+	foreign := !p.loading && p.fences[name].rev != 0 && kv.ModRevision > p.fences[name].rev
+	if foreign {
+		s.rewriteCommon = true
+	}
+	for _, id := range slices.Sorted(maps.Keys(s.pointers)) {
+		p.foldShare(st, name, id, shareEntry{commonFor(rec, id), s.pointers[id]}, foreign)
+	}
+}
+
+// commonFor returns the common record c as instance id's.
+func commonFor(c schema.ShareRecord, id string) schema.ShareRecord {
+	c.Instance = id
+	return c
+}
+
+// commonRecord returns the common record, nil if none.
+func (s *shareState) commonRecord() *schema.ShareRecord {
+	if s.common == nil {
+		return nil
+	}
+	return &s.common.rec
 }
 
 // withGrantOf returns ours (the leader's last record of an instance, if
@@ -310,7 +416,7 @@ func (s *shareState) needsWrite(id string, r schema.ShareRecord) bool {
 	return !have || !sameRecord(e.rec, r) || e.rev < s.registered[id] || s.rewrite[id]
 }
 
-// writeTime is how long writing n records is expected to take, from the
+// writeTime is how long writing n keys is expected to take, from the
 // last publish that wrote at least a transaction's worth; 0 for fewer
 // (one transaction's latency is within the margin) or with nothing
 // measured yet.
@@ -321,50 +427,242 @@ func (s *shareState) writeTime(n int) time.Duration {
 	return time.Duration(n) * s.perRecord
 }
 
-// wrote notes that n records took d to write.
+// wrote notes that n keys took d to write.
 func (s *shareState) wrote(n int, d time.Duration) {
 	if n >= recordsPerTxn {
 		s.perRecord = d / time.Duration(n)
 	}
 }
 
-// writeRecords writes want (instance ID → record) where it differs from
-// what st holds or is older than its instance's registration, and deletes
-// the records of instances want no longer names, with the legacy record,
-// in transactions fenced on leadership and on cond. It returns how many
-// records it wrote, and stops at the first transaction cond refuses
-// (false: the watch brings the change).
-func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *providerState, cond clientv3.Cmp, want map[string]schema.ShareRecord) (written int, ok bool, err error) {
-	s := &st.shares
-	var ops []clientv3.Op
-	var ids []string // per op: the instance ID; "-" and the ID for a deletion, "" for the legacy record's
-	for _, id := range slices.Sorted(maps.Keys(want)) {
-		if !s.needsWrite(id, want[id]) {
-			continue
+// minCommon is the fewest instances whose records are alike that a
+// common record is written for.
+const minCommon = 2
+
+// shareWrite is one write of a publish: instance id's own record as rec,
+// or, with rec nil, its deletion; id "" is the legacy record's deletion.
+type shareWrite struct {
+	id  string
+	rec *schema.ShareRecord
+}
+
+// writes is a publish's writes in the order they must land (see the top
+// of this file): first, then the common record (if not nil), then then,
+// then the common record's deletion (if dropCommon). A step is sent only
+// once every write of the steps before it landed.
+type writes struct {
+	first      []shareWrite
+	common     *schema.ShareRecord
+	then       []shareWrite
+	dropCommon bool
+}
+
+// ops is how many keys w writes or deletes.
+func (w writes) ops() int {
+	n := len(w.first) + len(w.then)
+	if w.common != nil {
+		n++
+	}
+	if w.dropCommon {
+		n++
+	}
+	return n
+}
+
+// alike reports whether a and b hand out the same thing to their
+// instances (sameRecord, whatever instance each names).
+func alike(a, b schema.ShareRecord) bool {
+	a.Instance, b.Instance = "", ""
+	return sameRecord(a, b)
+}
+
+// layout returns the writes that leave every instance want names with
+// its record (instance ID → record, all of one publish) and delete the
+// others' records. The common record is the most instances' record, if
+// at least minCommon of them are alike; the one in etcd stays while no
+// other is alike for more. Only instances reads says follow a record
+// that says Common (schema.InstanceRecord.ReadsCommon) are given one.
+func (s *shareState) layout(want map[string]schema.ShareRecord, reads func(id string) bool) writes {
+	ids := slices.Sorted(maps.Keys(want))
+	target, writeCommon := s.commonTarget(ids, want, reads)
+	var w writes
+	pointed := 0 // records that say Common after this publish
+	for _, id := range ids {
+		r := want[id]
+		e, have := s.records[id]
+		_, pointer := s.pointers[id]
+		fresh := have && e.rev >= s.registered[id] && !s.rewrite[id]
+		joins := target != nil && !r.Held && reads(id) && alike(r, *target)
+		switch {
+		case joins && pointer && fresh:
+			// It resolves to the common record, which says r.
+			pointed++
+		case joins && !pointer && !s.needsWrite(id, r):
+			// Its own record says r already.
+		case joins && writeCommon:
+			// Only to a common record of this publish: one written
+			// before names an older boundary, which may have passed, and
+			// r must not apply before its own (found by the handover
+			// tests: an instance's generation went from 9 back to 8).
+			p := schema.ShareRecord{Version: schema.Version, Provider: r.Provider, Instance: id, Generation: r.Generation,
+				Common: true, Published: r.Published, Leader: r.Leader}
+			w.then = append(w.then, shareWrite{id, &p})
+			pointed++
+		case pointer, s.needsWrite(id, r):
+			// Before the common record changes or goes: one that followed
+			// it must never read the new one, meant for others.
+			w.first = append(w.first, shareWrite{id, &r})
 		}
-		val, err := schema.Encode(want[id]) // validates
-		if err != nil {
-			return written, false, fmt.Errorf("allocation refused: %w", err)
-		}
-		ops = append(ops, clientv3.OpPut(p.keys.Share(name, id), string(val)))
-		ids = append(ids, id)
 	}
 	gone := map[string]bool{} // records, good or not, of instances want does not name
-	for id := range s.records {
-		gone[id] = true
-	}
-	for id := range s.rewrite {
-		gone[id] = true
-	}
-	for _, id := range slices.Sorted(maps.Keys(gone)) {
-		if _, keep := want[id]; !keep {
-			ops = append(ops, clientv3.OpDelete(p.keys.Share(name, id)))
-			ids = append(ids, "-"+id)
+	for _, set := range []map[string]bool{s.rewrite, keysOf(s.records), keysOf(s.pointers)} {
+		for id := range set {
+			if _, keep := want[id]; !keep {
+				gone[id] = true
+			}
 		}
 	}
+	// Last, as the writes of one publish: an instance whose record goes
+	// enforces nothing (gone, and any hold over). One that followed the
+	// common record is first written a record of nothing, in case it is
+	// not as gone as it seems (found by TestShareLayoutOracle: a gone
+	// instance's record resolved to the new common record).
+	for _, id := range slices.Sorted(maps.Keys(gone)) {
+		if _, pointer := s.pointers[id]; pointer && writeCommon {
+			nothing := *target
+			nothing.Instance, nothing.Share, nothing.Granted, nothing.Held, nothing.Before = id, 0, 0, true, nil
+			w.first = append(w.first, shareWrite{id, &nothing})
+		}
+		w.then = append(w.then, shareWrite{id: id})
+	}
 	if s.legacy {
-		ops = append(ops, clientv3.OpDelete(p.keys.LegacyShares(name)))
-		ids = append(ids, "")
+		w.then = append(w.then, shareWrite{})
+	}
+	if writeCommon && pointed > 0 {
+		w.common = target
+	}
+	w.dropCommon = pointed == 0 && (s.common != nil || s.rewriteCommon)
+	return w
+}
+
+// commonTarget returns the common record the instances ids (records in
+// want) follow after this publish, nil for none, and whether it is to be
+// written.
+func (s *shareState) commonTarget(ids []string, want map[string]schema.ShareRecord, reads func(id string) bool) (*schema.ShareRecord, bool) {
+	type shape struct {
+		rec    schema.ShareRecord // Instance, Before and what sameRecord ignores cleared
+		before schema.ShareTransition
+	}
+	shapeOf := func(r schema.ShareRecord) shape {
+		var b schema.ShareTransition
+		if r.Before != nil {
+			b = *r.Before
+			b.Since = 0
+		}
+		r.Instance, r.Before, r.Generation, r.EffectiveFrom, r.Published, r.Leader, r.Version = "", nil, 0, 0, time.Time{}, "", 0
+		return shape{r, b}
+	}
+	counts := map[shape]int{}
+	var best schema.ShareRecord
+	bestN, curN := 0, 0
+	cur := s.commonRecord()
+	if s.rewriteCommon {
+		cur = nil
+	}
+	for _, id := range ids {
+		r := want[id]
+		if r.Held || !reads(id) {
+			continue
+		}
+		k := shapeOf(r)
+		if counts[k]++; counts[k] > bestN {
+			bestN, best = counts[k], r
+		}
+		if cur != nil && alike(r, *cur) {
+			curN++
+		}
+	}
+	switch {
+	case cur != nil && curN >= bestN && curN >= minCommon:
+		return cur, false
+	case bestN >= minCommon:
+		best.Instance = schema.CommonInstance
+		return &best, true
+	}
+	return nil, false
+}
+
+func keysOf[V any](m map[string]V) map[string]bool {
+	out := make(map[string]bool, len(m))
+	for k := range m {
+		out[k] = true
+	}
+	return out
+}
+
+// writeRecords writes want (instance ID → record, all of one publish)
+// where it differs from what st holds or is older than its instance's
+// registration, and deletes the records of instances want no longer
+// names, with the legacy record, in the steps layout orders, in
+// transactions fenced on leadership and on cond. It returns how many
+// instances' records it changed and how many keys it wrote, and stops
+// after the first step cond refuses a transaction of (false: the watch
+// brings the change) or that fails.
+func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *providerState, cond clientv3.Cmp, want map[string]schema.ShareRecord) (written, ops int, ok bool, err error) {
+	s := &st.shares
+	w := s.layout(want, st.readsCommon)
+	ops = w.ops()
+	if written, ok, err = p.writeStep(ctx, f, name, st, cond, w.first); !ok || err != nil {
+		return written, ops, ok, err
+	}
+	if c := w.common; c != nil {
+		val, err := schema.Encode(*c) // validates
+		if err != nil {
+			return written, ops, false, fmt.Errorf("allocation refused: %w", err)
+		}
+		rev, err := p.commitRev(ctx, f, cond, clientv3.OpPut(p.keys.CommonShare(name), string(val)))
+		if err != nil || rev == 0 {
+			return written, ops, false, err
+		}
+		s.common, s.ownCommon, s.rewriteCommon = &shareEntry{*c, rev}, rev, false
+		for id, at := range s.pointers {
+			s.set(id, shareEntry{commonFor(*c, id), at})
+			written++
+		}
+	}
+	n, ok, err := p.writeStep(ctx, f, name, st, cond, w.then)
+	if written += n; !ok || err != nil {
+		return written, ops, ok, err
+	}
+	if w.dropCommon {
+		rev, err := p.commitRev(ctx, f, cond, clientv3.OpDelete(p.keys.CommonShare(name)))
+		if err != nil || rev == 0 {
+			return written, ops, false, err
+		}
+		s.common, s.ownCommon, s.rewriteCommon = nil, rev, false
+	}
+	return written, ops, true, nil
+}
+
+// writeStep writes ws, in transactions of recordsPerTxn up to
+// txnsInFlight at once, and folds into st those that landed. It returns
+// how many instances' records it wrote, and false when a transaction was
+// refused or failed.
+func (p *publisher) writeStep(ctx context.Context, f fence, name string, st *providerState, cond clientv3.Cmp, ws []shareWrite) (written int, ok bool, err error) {
+	s := &st.shares
+	ops := make([]clientv3.Op, len(ws))
+	for i, w := range ws {
+		switch {
+		case w.id == "":
+			ops[i] = clientv3.OpDelete(p.keys.LegacyShares(name))
+		case w.rec == nil:
+			ops[i] = clientv3.OpDelete(p.keys.Share(name, w.id))
+		default:
+			val, err := schema.Encode(*w.rec) // validates
+			if err != nil {
+				return written, false, fmt.Errorf("allocation refused: %w", err)
+			}
+			ops[i] = clientv3.OpPut(p.keys.Share(name, w.id), string(val))
+		}
 	}
 	revs, err := p.commitChunks(ctx, f, cond, ops)
 	ok = err == nil
@@ -373,17 +671,27 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 			ok = false // cond did not hold: the config changed meanwhile
 			continue
 		}
-		for _, id := range ids[c*recordsPerTxn : min(len(ids), (c+1)*recordsPerTxn)] {
+		for _, w := range ws[c*recordsPerTxn : min(len(ws), (c+1)*recordsPerTxn)] {
 			switch {
-			case id == "":
+			case w.id == "":
 				s.legacy = false
-			case id[0] == '-':
-				s.remove(id[1:])
-				delete(s.rewrite, id[1:])
+			case w.rec == nil:
+				s.remove(w.id)
+				delete(s.rewrite, w.id)
+				delete(s.pointers, w.id)
+			case w.rec.Common:
+				s.pointers[w.id] = rev
+				if c := s.commonRecord(); c != nil {
+					s.set(w.id, shareEntry{commonFor(*c, w.id), rev})
+				}
+				s.own[w.id] = rev
+				delete(s.rewrite, w.id)
+				written++
 			default:
-				s.set(id, shareEntry{want[id], rev})
-				s.own[id] = rev
-				delete(s.rewrite, id)
+				s.set(w.id, shareEntry{*w.rec, rev})
+				delete(s.pointers, w.id)
+				s.own[w.id] = rev
+				delete(s.rewrite, w.id)
 				written++
 			}
 		}

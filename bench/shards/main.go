@@ -385,7 +385,8 @@ type acker struct {
 	errs   atomic.Int64
 
 	mu     sync.Mutex
-	shares []map[string]schema.ShareRecord // per provider, per instance
+	shares []*schema.ShareSet // per provider: its records, resolved as an instance does
+	acked  []map[string]int64 // per provider, per instance: the generation acknowledged
 }
 
 func newAcker(ctx context.Context, cli *clientv3.Client, f fleetSize) (*acker, error) {
@@ -397,9 +398,9 @@ func newAcker(ctx context.Context, cli *clientv3.Client, f fleetSize) (*acker, e
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	a := &acker{cli: cli, f: f, leases: make([]clientv3.LeaseID, f.providers), cancel: cancel,
-		shares: make([]map[string]schema.ShareRecord, f.providers)}
+		shares: make([]*schema.ShareSet, f.providers), acked: make([]map[string]int64, f.providers)}
 	for p := range a.shares {
-		a.shares[p] = map[string]schema.ShareRecord{}
+		a.shares[p], a.acked[p] = schema.NewShareSet(keys, name(p)), map[string]int64{}
 	}
 	for range ackWriters {
 		q := make(chan ackReq, 1<<12)
@@ -443,13 +444,17 @@ func (a *acker) write(ctx context.Context, queue chan ackReq) {
 	}
 }
 
-// follow watches every share record and acknowledges it.
+// follow watches every share record and acknowledges each instance's
+// record, resolved (the common record for those whose own says Common),
+// once per generation.
 func (a *acker) follow(ctx context.Context, wch clientv3.WatchChan) {
 	for wr := range wch {
 		if err := wr.Err(); err != nil {
 			a.errs.Add(1)
 			return
 		}
+		touched := map[int]bool{}
+		a.mu.Lock()
 		for _, ev := range wr.Events {
 			k, err := keys.Parse(string(ev.Kv.Key))
 			if err != nil || k.Kind != schema.KindShares || k.Instance == "" {
@@ -459,21 +464,22 @@ func (a *acker) follow(ctx context.Context, wch clientv3.WatchChan) {
 			if err != nil || p >= a.f.providers {
 				continue
 			}
-			a.mu.Lock()
-			if ev.Type == clientv3.EventTypeDelete {
-				delete(a.shares[p], k.Instance)
-				a.mu.Unlock()
-				continue
+			a.shares[p].Apply(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
+			touched[p] = true
+		}
+		var acks []ackReq
+		for p := range touched {
+			for i := range a.f.instances {
+				id := instanceID(i)
+				if r, ok := a.shares[p].Record(id); ok && a.acked[p][id] != r.Generation {
+					a.acked[p][id] = r.Generation
+					acks = append(acks, ackReq{p, i, r.Generation})
+				}
 			}
-			rec, err := schema.DecodeShareRecord(ev.Kv.Value)
-			if err == nil {
-				a.shares[p][k.Instance] = rec
-			}
-			a.mu.Unlock()
-			i, _ := strconv.Atoi(strings.TrimPrefix(k.Instance, "i"))
-			if err == nil {
-				a.send(ctx, ackReq{p, i, rec.Generation})
-			}
+		}
+		a.mu.Unlock()
+		for _, r := range acks {
+			a.send(ctx, r)
 		}
 	}
 }
@@ -487,8 +493,9 @@ func (a *acker) settled(limit int64) (bool, string) {
 	for p := range a.shares {
 		var sum int64
 		n := 0
-		for _, r := range a.shares[p] {
-			if r.Total == limit && !r.Held {
+		for i := range a.f.instances {
+			r, ok := a.shares[p].Record(instanceID(i))
+			if ok && r.Total == limit && !r.Held {
 				sum += r.Share
 				n++
 			}

@@ -136,9 +136,15 @@ func FuzzDecodeShareRecord(f *testing.F) {
 		`{"provider":"p","instance":"a","generation":1,"window":"1s","total":10,"share":3,"granted":3,"held":true}`,
 		`{"provider":"p","instance":"a","generation":1,"window":"1s","total":10,"share":3,"granted":3,"share":4}`,
 		`{"provider":"p","instance":"a b","generation":1,"window":"1s","total":10,"share":3,"granted":3}`,
+		`{"version":1,"provider":"p","instance":"a","common":true,"generation":3,"published":"2026-01-02T03:04:05Z","leader":"r1"}`,
+		`{"provider":"p","instance":"a","common":true,"generation":3,"window":"1s","total":10,"share":3,"granted":3}`,
+		`{"provider":"p","instance":"*","common":true,"generation":3}`,
+		`{"provider":"p","instance":"*","generation":3,"window":"1s","total":10,"share":3,"granted":3}`,
+		`{"provider":"p","instance":"*","generation":3,"window":"1s","total":10,"share":0,"granted":3,"held":true}`,
 	} {
 		f.Add([]byte(s))
 	}
+	common := ShareRecord{Version: Version, Provider: "p", Instance: CommonInstance, Generation: 2, Window: Duration(time.Second), Total: 10, Share: 5, Granted: 5}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := DecodeShareRecord(b)
 		if err != nil {
@@ -146,6 +152,18 @@ func FuzzDecodeShareRecord(f *testing.F) {
 		}
 		if r.Share > r.Total || r.Granted < r.Share || r.Generation > MaxGeneration {
 			t.Fatalf("accepted share %d of total %d, granted %d, generation %d", r.Share, r.Total, r.Granted, r.Generation)
+		}
+		if r.Common && (r.Window != 0 || r.Total != 0 || r.Granted != 0 || r.Before != nil || r.Held || r.Instance == CommonInstance) {
+			t.Fatalf("accepted a record that says Common and holds more: %+v", r)
+		}
+		if !r.Common && ValidateWindow(r.Window.D()) != nil {
+			t.Fatalf("accepted a record without a valid window: %+v", r)
+		}
+		// What a record resolves to is a record encode accepts.
+		if res, err := r.Resolve(&common); err == nil && r.Instance != CommonInstance {
+			if _, err := Encode(res); err != nil {
+				t.Fatalf("%+v resolves to %+v, which encode refuses: %v", r, res, err)
+			}
 		}
 		stable(t, r, func(b []byte) (any, error) { return DecodeShareRecord(b) })
 	})

@@ -104,6 +104,13 @@ func (k Keys) Shares(name string) string { return k.Provider(name) + sharesDir }
 // configd's leader. An instance watches its own, and nothing of the others.
 func (k Keys) Share(name, id string) string { return k.Shares(name) + id }
 
+// CommonShare returns the key of a provider's common share record
+// (Instance CommonInstance): what every instance whose own record says
+// Common follows, so that a publish that moves many instances' shares
+// alike writes one record, not one per instance. An instance watches it
+// beside its own.
+func (k Keys) CommonShare(name string) string { return k.Shares(name) + CommonInstance }
+
 // LegacyShares returns the key where an older configd kept one record of
 // every share; configd deletes it.
 func (k Keys) LegacyShares(name string) string { return k.Provider(name) + sharesLeaf }
@@ -210,7 +217,7 @@ type KeyKind int
 const (
 	KindUnknown  KeyKind = iota // not a sluice key, or malformed
 	KindConfig                  // <prefix>providers/<name>/config
-	KindShares                  // <prefix>providers/<name>/shares/<id> (Instance ""): an older configd's <prefix>providers/<name>/shares)
+	KindShares                  // <prefix>providers/<name>/shares/<id> (Instance "": an older configd's <prefix>providers/<name>/shares; CommonInstance: the common record)
 	KindInstance                // <prefix>providers/<name>/instances/<id>
 	KindHistory                 // <prefix>providers/<name>/history/<seq>
 	KindEven                    // <prefix>providers/<name>/even/<id>
@@ -267,7 +274,7 @@ func (k Keys) Parse(key string) (Key, error) {
 		return Key{Kind: KindShares, Provider: name}, nil
 	case strings.HasPrefix(leaf, sharesDir):
 		id := leaf[len(sharesDir):]
-		if ValidateInstanceID(id) != nil {
+		if id != CommonInstance && ValidateInstanceID(id) != nil {
 			return bad()
 		}
 		return Key{Kind: KindShares, Provider: name, Instance: id}, nil

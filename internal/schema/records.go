@@ -340,6 +340,11 @@ type InstanceRecord struct {
 	// window boundary: its clock measurement's uncertainty, widened after
 	// a step of the offset until the offset settles.
 	ClockUncertainty Duration `json:"clock_uncertainty,omitempty"`
+	// ReadsCommon says the instance follows a share record that says
+	// Common (the provider's common record). configd writes such a record
+	// only for an instance that says so: one of an older release refuses
+	// it, and would neither follow nor acknowledge it.
+	ReadsCommon bool `json:"reads_common,omitempty"`
 }
 
 // Sources of the quota an instance enforces (InstanceRecord.Source).
@@ -393,10 +398,21 @@ func (r InstanceRecord) Validate() error {
 // acknowledgement of a record stays good while it is not rewritten. A
 // record of an instance that went (Held) keeps its grant reserved until
 // the instance can no longer be enforcing it, then is deleted.
+//
+// A record that says Common hands out nothing of its own: the instance
+// follows the provider's common record (Keys.CommonShare, Instance
+// CommonInstance) instead, as if that were written at its key (Resolve).
+// configd writes the common record before the records that point to it,
+// and an instance's own full record before a common record that no longer
+// applies to it, so that any mix of old and new records an instance can
+// read in one snapshot is one configd published for it.
 type ShareRecord struct {
 	Version  int    `json:"version"`
 	Provider string `json:"provider"`
 	Instance string `json:"instance"`
+	// Common says the instance follows the provider's common record: the
+	// fields below Generation are zero.
+	Common bool `json:"common,omitempty"`
 	// Generation is the publish that wrote this record: the leader counts
 	// one per publish, across leaders, and an instance acknowledges its
 	// record by it.
@@ -425,6 +441,36 @@ type ShareRecord struct {
 	Leader         string    `json:"leader,omitempty"` // the configd replica that published
 }
 
+// CommonInstance is the Instance of a provider's common share record, at
+// Keys.CommonShare: not a valid instance ID, so that no instance's record
+// can be taken for it.
+const CommonInstance = "*"
+
+// ErrNoCommonShare: an instance's record says Common and the provider's
+// common record is not there (or not a common record).
+var ErrNoCommonShare = errors.New("the record points to the provider's common share record, and there is none")
+
+// Resolve returns the record r stands for: r itself, or, when r says
+// Common, common (the provider's common record, nil if none) as r's
+// instance's. The two must be read in one snapshot (one etcd revision):
+// configd orders its writes so that every snapshot resolves to a record it
+// published for the instance, and a common record read later than the
+// pointer may already be another's.
+func (r ShareRecord) Resolve(common *ShareRecord) (ShareRecord, error) {
+	if !r.Common {
+		return r, nil
+	}
+	if common == nil || common.Instance != CommonInstance || common.Common {
+		return ShareRecord{}, ErrNoCommonShare
+	}
+	if common.Provider != r.Provider {
+		return ShareRecord{}, fmt.Errorf("%w: the common record names provider %q, the instance's %q", ErrInvalidShares, common.Provider, r.Provider)
+	}
+	out := *common
+	out.Instance = r.Instance
+	return out, nil
+}
+
 // ShareTransition is what a share record keeps of the regime (limit and
 // window) in force before the one it belongs to: the old window length, the
 // first generation of the new regime, and the most the instance may admit
@@ -446,11 +492,24 @@ func (r ShareRecord) Validate() error {
 	if err := ValidateName(r.Provider); err != nil {
 		return &ValidationError{Field: "provider", Value: err.(*ValidationError).Value, Err: ErrInvalidName}
 	}
-	if err := ValidateInstanceID(r.Instance); err != nil {
+	if err := ValidateInstanceID(r.Instance); err != nil && r.Instance != CommonInstance {
 		return &ValidationError{Field: "instance", Value: r.Instance, Err: ErrInvalidInstanceID}
 	}
 	if r.Generation < 1 || r.Generation > MaxGeneration {
 		return invalid("generation", r.Generation, fmt.Errorf("%w: generation must be from 1 to %d", ErrInvalidField, int64(MaxGeneration)))
+	}
+	if r.Common {
+		if r.Instance == CommonInstance {
+			return invalid("common", r.Common, fmt.Errorf("%w: the common record cannot point to itself", ErrInvalidShares))
+		}
+		if pointer := (ShareRecord{Version: r.Version, Provider: r.Provider, Instance: r.Instance, Generation: r.Generation,
+			Common: true, Published: r.Published, Leader: r.Leader}); r != pointer {
+			return invalid("common", r.Common, fmt.Errorf("%w: a record that follows the common record holds nothing of its own (window, total, share, granted, held, before, effective_from, config_revision must be unset)", ErrInvalidShares))
+		}
+		return nil
+	}
+	if r.Instance == CommonInstance && r.Held {
+		return invalid("held", r.Held, fmt.Errorf("%w: the common record cannot be held", ErrInvalidShares))
 	}
 	if err := ValidateWindow(r.Window.D()); err != nil {
 		return err

@@ -703,3 +703,65 @@ func TestProviderConfigDimension(t *testing.T) {
 		t.Errorf("tokens read back as %+v (%v)", back, err)
 	}
 }
+
+// TestCommonShareRecord: the common record's key parses as the shares of
+// instance CommonInstance; a record that says Common holds nothing of its
+// own and resolves to the common record as its instance's; ShareSet
+// resolves it against the common record it holds, and leaves out one
+// that cannot be resolved.
+func TestCommonShareRecord(t *testing.T) {
+	k := DefaultKeys()
+	if got, err := k.Parse(k.CommonShare("p")); err != nil || got.Kind != KindShares || got.Instance != CommonInstance {
+		t.Fatalf("Parse(%q) = %+v, %v", k.CommonShare("p"), got, err)
+	}
+	if err := ValidateInstanceID(CommonInstance); err == nil {
+		t.Fatal("the common record's instance is a valid instance ID: an instance's record could be taken for it")
+	}
+	common := ShareRecord{Version: Version, Provider: "p", Instance: CommonInstance, Generation: 4, EffectiveFrom: 2e9, Window: Duration(time.Second), Total: 10, Share: 3, Granted: 3}
+	pointer := ShareRecord{Version: Version, Provider: "p", Instance: "a", Generation: 4, Common: true}
+	for _, r := range []ShareRecord{common, pointer} {
+		if err := r.Validate(); err != nil {
+			t.Errorf("%+v: %v", r, err)
+		}
+	}
+	fat := pointer
+	fat.Share, fat.Total = 1, 10
+	held := common
+	held.Share, held.Held = 0, true
+	self := common
+	self.Common = true
+	for _, r := range []ShareRecord{fat, held, self} {
+		if err := r.Validate(); !errors.Is(err, ErrInvalidShares) {
+			t.Errorf("%+v: %v, want ErrInvalidShares", r, err)
+		}
+	}
+	got, err := pointer.Resolve(&common)
+	if want := func() ShareRecord { c := common; c.Instance = "a"; return c }(); err != nil || got != want {
+		t.Errorf("Resolve = %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := pointer.Resolve(nil); !errors.Is(err, ErrNoCommonShare) {
+		t.Errorf("Resolve(nil) = %v, want ErrNoCommonShare", err)
+	}
+	other := common
+	other.Provider = "q"
+	if _, err := pointer.Resolve(&other); err == nil {
+		t.Error("resolved against another provider's common record")
+	}
+	set := NewShareSet(k, "p")
+	for key, r := range map[string]ShareRecord{k.Share("p", "a"): pointer, k.CommonShare("p"): common} {
+		b, _ := Encode(r)
+		if ok, err := set.Apply(key, b, false); !ok || err != nil {
+			t.Fatalf("Apply(%s) = %v, %v", key, ok, err)
+		}
+	}
+	if r, ok := set.Record("a"); !ok || r.Share != 3 || r.Instance != "a" {
+		t.Errorf("Record(a) = %+v, %v; want the common record's share 3", r, ok)
+	}
+	if v, ok := set.View(); !ok || v.Shares["a"] != 3 || set.Len() != 1 {
+		t.Errorf("View = %+v, %v (len %d)", v, ok, set.Len())
+	}
+	set.Apply(k.CommonShare("p"), nil, true)
+	if _, ok := set.Record("a"); ok {
+		t.Error("a record that says Common resolved without a common record")
+	}
+}

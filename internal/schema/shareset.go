@@ -5,11 +5,15 @@ import "fmt"
 // ShareSet collects one provider's share records as they are read and
 // watched in etcd, for the readers that show or check the whole provider
 // (configd status, tools, tests); an instance reads only its own record.
+// Records that say Common are resolved against the provider's common
+// record as it is in the set (ShareRecord.Resolve): a set applied from one
+// read, or from a watch's events up to one revision, is one snapshot.
 // The zero value is not usable: use NewShareSet.
 type ShareSet struct {
 	keys     Keys
 	provider string
-	recs     map[string]ShareRecord
+	recs     map[string]ShareRecord // by instance ID, as written: some say Common
+	common   *ShareRecord
 }
 
 // NewShareSet returns an empty set for provider's records under keys.
@@ -27,7 +31,11 @@ func (s *ShareSet) Apply(key string, value []byte, deleted bool) (bool, error) {
 	if err != nil || k.Kind != KindShares || k.Provider != s.provider || k.Instance == "" {
 		return false, nil
 	}
+	common := k.Instance == CommonInstance
 	if deleted {
+		if common {
+			s.common = nil
+		}
 		delete(s.recs, k.Instance)
 		return true, nil
 	}
@@ -38,28 +46,39 @@ func (s *ShareSet) Apply(key string, value []byte, deleted bool) (bool, error) {
 	if r.Provider != k.Provider || r.Instance != k.Instance {
 		return true, fmt.Errorf("%w: the record names provider %q, instance %q", ErrInvalidShares, r.Provider, r.Instance)
 	}
+	if common {
+		s.common = &r
+		return true, nil
+	}
 	s.recs[k.Instance] = r
 	return true, nil
 }
 
-// Len returns how many records the set holds.
+// Len returns how many instances' records the set holds.
 func (s *ShareSet) Len() int { return len(s.recs) }
 
-// Record returns instance id's record.
+// Record returns instance id's record, resolved: false when there is none,
+// or when it says Common and the set holds no common record.
 func (s *ShareSet) Record(id string) (ShareRecord, bool) {
 	r, ok := s.recs[id]
-	return r, ok
+	if !ok {
+		return ShareRecord{}, false
+	}
+	r, err := r.Resolve(s.common)
+	return r, err == nil
 }
 
-// View returns the provider view of the records (AssembleShares), and
-// false when there are none.
+// View returns the provider view of the instances' records, resolved
+// (AssembleShares), and false when there are none.
 func (s *ShareSet) View() (Shares, bool) {
-	if len(s.recs) == 0 {
-		return Shares{}, false
-	}
 	recs := make([]ShareRecord, 0, len(s.recs))
-	for _, r := range s.recs {
-		recs = append(recs, r)
+	for id := range s.recs {
+		if r, ok := s.Record(id); ok {
+			recs = append(recs, r)
+		}
+	}
+	if len(recs) == 0 {
+		return Shares{}, false
 	}
 	return AssembleShares(s.provider, recs), true
 }

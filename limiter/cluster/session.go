@@ -35,8 +35,14 @@ var errLeaseTooLong = fmt.Errorf("cluster: configd election key's lease was gran
 type view struct {
 	config    *schema.ProviderConfig
 	configRev int64               // the etcd revision config was written at
-	share     *schema.ShareRecord // this instance's record; nil: none
-	shareRev  int64               // the etcd revision share was written at
+	share     *schema.ShareRecord // this instance's record, resolved; nil: none
+	shareRev  int64               // the etcd revision this instance's own key was written at
+	// pointer says this instance's own record says Common: it follows the
+	// provider's common record, which it reads with its own in one
+	// snapshot (readShare). shareSeen is the revision of the last such
+	// read: the watches' events up to it are in it.
+	pointer   bool
+	shareSeen int64
 	leaders   map[string]bool
 	even      follow.Even
 	problems  map[string]string // key → why its record was ignored
@@ -44,7 +50,7 @@ type view struct {
 	// config (nil: none), and refusedRev its revision: the config it was
 	// computed under may not have arrived yet (another watch), so it is
 	// checked again when the config changes.
-	refused    []byte
+	refused    *schema.ShareRecord
 	refusedRev int64
 	replaced   []replaced // see evenHold
 	// polledAt is when (monotonic) the last count read that succeeded
@@ -195,7 +201,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		case wr, ok := <-s.w.config:
 			err = s.keyEvents(sctx, wr, ok, "config")
 		case wr, ok := <-s.w.share:
-			err = s.keyEvents(sctx, wr, ok, "share record")
+			err = s.shareEvents(sctx, wr, ok, "share record")
+		case wr, ok := <-s.w.common:
+			err = s.shareEvents(sctx, wr, ok, "common share record")
 		case wr, ok := <-s.w.leader:
 			err = s.leaderEvents(sctx, wr, ok)
 		case <-tick.C:
@@ -351,6 +359,56 @@ func (s *following) keyEvents(ctx context.Context, wr clientv3.WatchResponse, ok
 	return nil
 }
 
+// shareEvents folds in the events of the watch of this instance's own
+// share record or of the common record. A record of its own that says
+// Common, and a change of the common record while it follows it, are
+// read again with the other in one snapshot (readShare): the two watches
+// deliver independently, and a common record seen before this instance's
+// own newer record may be one meant for others.
+func (s *following) shareEvents(ctx context.Context, wr clientv3.WatchResponse, ok bool, what string) error {
+	if ended, err := s.ended(ctx, wr, ok, what); ended || err != nil {
+		return err
+	}
+	acked := false
+	for _, ev := range wr.Events {
+		changed, err := s.m.shareEvent(ctx, s.v, ev)
+		if err != nil {
+			return err
+		}
+		if changed {
+			acked = s.applyView() || acked
+		}
+	}
+	if acked {
+		return s.m.report(ctx, s.lease, s.ap, s.rep, true)
+	}
+	return nil
+}
+
+// shareEvent folds into the view one event of the watch of this
+// instance's own share record or of the common record, and reports
+// whether it may have changed the view.
+func (m *Member) shareEvent(ctx context.Context, v *view, ev *clientv3.Event) (bool, error) {
+	if ev.Kv.ModRevision <= v.shareSeen {
+		return false, nil // in the last snapshot read
+	}
+	switch {
+	case string(ev.Kv.Key) != m.keys.Share(m.provider, m.id):
+		if !v.pointer {
+			return false, nil // the common record, which this instance does not follow
+		}
+		return true, m.readShare(ctx, v)
+	case ev.Type == clientv3.EventTypeDelete:
+		m.observeShare(v, nil, nil, 0)
+	default:
+		if r, err := schema.DecodeShareRecord(ev.Kv.Value); err == nil && r.Common {
+			return true, m.readShare(ctx, v)
+		}
+		m.observeShare(v, []*mvccpb.KeyValue{ev.Kv}, nil, 0)
+	}
+	return true, nil
+}
+
 // leaderEvents folds in the election's keys: a configd replica alive
 // or not decides between the shares and the even split.
 func (s *following) leaderEvents(ctx context.Context, wr clientv3.WatchResponse, ok bool) error {
@@ -429,6 +487,7 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 	resp, err := m.cli.Txn(octx).Then(
 		clientv3.OpGet(m.keys.Config(m.provider)),
 		clientv3.OpGet(m.keys.Share(m.provider, m.id)),
+		clientv3.OpGet(m.keys.CommonShare(m.provider)),
 		// With values: a replica's ID says the key may be a replica's.
 		clientv3.OpGet(m.keys.Election()+"/", clientv3.WithPrefix()),
 		clientv3.OpGet(m.keys.Instances(m.provider), clientv3.WithPrefix(), clientv3.WithCountOnly()),
@@ -441,29 +500,47 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 	if v.config != nil {
 		v.lastConfig = v.config
 	}
-	v.config, v.share, v.refused = nil, nil, nil
+	v.config, v.share, v.refused, v.pointer = nil, nil, nil, false
 	clear(v.leaders)
 	// Every record is read again: a key deleted while etcd was out of
 	// reach takes its problem with it.
 	clear(v.problems)
 	rs := resp.Responses
-	for _, r := range rs[:2] {
-		for _, kv := range r.GetResponseRange().Kvs {
-			m.observe(v, string(kv.Key), kv.Value, false, kv.ModRevision)
-		}
+	for _, kv := range rs[0].GetResponseRange().Kvs {
+		m.observe(v, string(kv.Key), kv.Value, false, kv.ModRevision)
 	}
-	for _, kv := range rs[2].GetResponseRange().Kvs {
+	m.observeShare(v, rs[1].GetResponseRange().Kvs, rs[2].GetResponseRange().Kvs, resp.Header.Revision)
+	for _, kv := range rs[3].GetResponseRange().Kvs {
 		if err := m.leaderKey(ctx, v, kv, false); err != nil {
 			return 0, err
 		}
 	}
 	v.polledAt = time.Time{}
 	if len(v.leaders) == 0 {
-		v.even.Observe(time.Now(), rs[3].GetResponseRange().Count, rs[4].GetResponseRange().Count, v.evenHold(time.Now()))
+		v.even.Observe(time.Now(), rs[4].GetResponseRange().Count, rs[5].GetResponseRange().Count, v.evenHold(time.Now()))
 		v.polledAt = sent
 	}
 	m.listProblems(v)
 	return resp.Header.Revision, nil
+}
+
+// readShare reads this instance's own share record and the provider's
+// common record in one snapshot, and folds them into the view: the
+// common record resolves a record that says Common only as it was at the
+// same revision (schema.ShareRecord.Resolve). One read per instance per
+// change of the common record, by the instances that follow it.
+func (m *Member) readShare(ctx context.Context, v *view) error {
+	octx, cancel := m.opCtx(ctx)
+	resp, err := m.cli.Txn(octx).Then(
+		clientv3.OpGet(m.keys.Share(m.provider, m.id)),
+		clientv3.OpGet(m.keys.CommonShare(m.provider)),
+	).Commit()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("read share record of %s: %w", m.provider, err)
+	}
+	m.observeShare(v, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs, resp.Header.Revision)
+	return nil
 }
 
 // pollEven reads the counts of the even split while no configd leader is
@@ -519,8 +596,8 @@ func (m *Member) confirmEven(ctx context.Context, v *view, lease clientv3.LeaseI
 // watches are a session's watches, from one revision on: its config, its
 // own share record, configd's election; nothing of the other instances.
 type watches struct {
-	config, share, leader clientv3.WatchChan
-	stop                  context.CancelFunc
+	config, share, common, leader clientv3.WatchChan
+	stop                          context.CancelFunc
 }
 
 // watch starts the session's watches from the revision after rev.
@@ -530,6 +607,7 @@ func (m *Member) watch(ctx context.Context, rev int64) watches {
 	return watches{
 		config: m.cli.Watch(rctx, m.keys.Config(m.provider), clientv3.WithRev(rev+1)),
 		share:  m.cli.Watch(rctx, m.keys.Share(m.provider, m.id), clientv3.WithRev(rev+1)),
+		common: m.cli.Watch(rctx, m.keys.CommonShare(m.provider), clientv3.WithRev(rev+1)),
 		leader: m.cli.Watch(rctx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1)),
 		stop:   cancel,
 	}
@@ -728,46 +806,104 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		v.config, v.configRev = &c, rev
 		if r := v.refused; r != nil {
 			v.refused = nil
-			m.observe(v, m.keys.Share(m.provider, m.id), r, false, v.refusedRev)
+			m.acceptShare(v, *r, v.refusedRev)
 		}
 	case schema.KindShares:
+		// This instance's own record, alone: one that says Common is read
+		// again with the common record (readShare), not here.
 		if k.Instance != m.id {
-			return // not this instance's
-		}
-		v.refused = nil // a newer write replaces it
-		if deleted {
-			v.share = nil
-			good()
 			return
 		}
-		r, err := schema.DecodeShareRecord(value)
-		if err == nil && (r.Provider != m.provider || r.Instance != m.id) {
-			err = fmt.Errorf("share record names provider %q, instance %q", r.Provider, r.Instance)
+		var own []*mvccpb.KeyValue
+		if !deleted {
+			own = append(own, &mvccpb.KeyValue{Key: []byte(key), Value: value, ModRevision: rev})
 		}
-		if err == nil && v.config != nil {
-			// Never more than the limit this instance knows: a record
-			// that hands out more is forged, corrupt, from before a lower
-			// limit (configd republishes under the new one at once), or
-			// computed under a config still on its way here: kept, and
-			// checked again when the config changes.
-			if err = r.CheckAgainst(*v.config, v.configRev); err != nil {
-				v.refused, v.refusedRev = value, rev
-			}
-		}
-		if err != nil {
-			bad(err)
-			return
-		}
-		if v.share != nil && (r.Generation <= v.share.Generation || r.Generation-v.share.Generation > generationJump) {
-			// etcd orders the writes to the key: the newest is configd's
-			// word, whatever its generation (a replica recovering from a
-			// forged record starts again below it). Followed, and said.
-			m.log.Warn("share generation went backwards or jumped; following the newest record",
-				"key", key, "revision", rev, "generation", r.Generation, "previous", v.share.Generation)
-		}
-		good()
-		v.share, v.shareRev = &r, rev
+		m.observeShare(v, own, nil, 0)
 	}
+}
+
+// observeShare folds into the view this instance's own share record and
+// the provider's common record as read in one snapshot (own and common:
+// none or one key each), at revision seen; seen 0: own alone, a record
+// that does not say Common, or none (a deletion).
+func (m *Member) observeShare(v *view, own, common []*mvccpb.KeyValue, seen int64) {
+	key := m.keys.Share(m.provider, m.id)
+	defer m.listProblems(v)
+	v.shareSeen = max(v.shareSeen, seen)
+	v.refused = nil // a newer write replaces it
+	if len(own) == 0 {
+		v.share, v.pointer = nil, false
+		delete(v.problems, key)
+		return
+	}
+	r, err := schema.DecodeShareRecord(own[0].Value)
+	if err == nil && (r.Provider != m.provider || r.Instance != m.id) {
+		err = fmt.Errorf("share record names provider %q, instance %q", r.Provider, r.Instance)
+	}
+	if err == nil {
+		v.pointer = r.Common
+		r, err = r.Resolve(m.commonRecord(v, common))
+	}
+	if err != nil {
+		if v.problems[key] != err.Error() {
+			m.log.Error("ignoring malformed record; keeping the last good value", "key", key, "err", err)
+		}
+		v.problems[key] = err.Error()
+		return
+	}
+	m.acceptShare(v, r, own[0].ModRevision)
+}
+
+// commonRecord decodes the common record read (none or one key), listing
+// it among the problems when it does not decode; nil: none good.
+func (m *Member) commonRecord(v *view, kvs []*mvccpb.KeyValue) *schema.ShareRecord {
+	key := m.keys.CommonShare(m.provider)
+	delete(v.problems, key)
+	if len(kvs) == 0 {
+		return nil
+	}
+	c, err := schema.DecodeShareRecord(kvs[0].Value)
+	if err != nil {
+		v.problems[key] = err.Error()
+		return nil
+	}
+	return &c
+}
+
+// acceptShare makes r, this instance's record (resolved) written at rev,
+// the view's, unless it is inconsistent with the config known: then it
+// waits for the next config (refused).
+func (m *Member) acceptShare(v *view, r schema.ShareRecord, rev int64) {
+	key := m.keys.Share(m.provider, m.id)
+	defer m.listProblems(v)
+	var err error
+	if v.config != nil {
+		// Never more than the limit this instance knows: a record
+		// that hands out more is forged, corrupt, from before a lower
+		// limit (configd republishes under the new one at once), or
+		// computed under a config still on its way here: kept, and
+		// checked again when the config changes.
+		if err = r.CheckAgainst(*v.config, v.configRev); err != nil {
+			v.refused, v.refusedRev = &r, rev
+		}
+	}
+	if err != nil {
+		if v.problems[key] != err.Error() {
+			m.log.Error("ignoring malformed record; keeping the last good value", "key", key, "err", err)
+		}
+		v.problems[key] = err.Error()
+		return
+	}
+	if v.share != nil && (r.Generation < v.share.Generation || r.Generation-v.share.Generation > generationJump ||
+		(r.Generation == v.share.Generation && rev != v.shareRev && !v.pointer)) {
+		// etcd orders the writes to the key: the newest is configd's
+		// word, whatever its generation (a replica recovering from a
+		// forged record starts again below it). Followed, and said.
+		m.log.Warn("share generation went backwards or jumped; following the newest record",
+			"key", key, "revision", rev, "generation", r.Generation, "previous", v.share.Generation)
+	}
+	delete(v.problems, key)
+	v.share, v.shareRev = &r, rev
 }
 
 // limitsProblem is the key of Status.Problems under which the first
@@ -966,6 +1102,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		Source:            ap.Source,
 		Enforced:          ap.Quota,
 		ClockUncertainty:  schema.Duration(st.ClockUncertainty),
+		ReadsCommon:       true,
 	}
 	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) {
 		return nil
