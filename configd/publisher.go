@@ -972,6 +972,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	if err != nil {
 		return fmt.Errorf("allocation failed: %w", err)
 	}
+	st.shares.holdUnknown(split, st.instances)
 	p.metrics.liveInstances.WithLabelValues(name).Set(float64(len(ids)))
 	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))
 	now := p.wall()

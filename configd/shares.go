@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -83,7 +84,15 @@ type shareState struct {
 	common        *shareEntry
 	ownCommon     int64
 	rewriteCommon bool
-	legacy        bool // an older configd's single shares record is there (it is deleted)
+	// unknown holds the live instances whose record this replica could
+	// not read when it took the provider over (malformed, or saying
+	// Common with no common record to resolve it): each may enforce a last
+	// good record this replica never saw. Until one acknowledges a record
+	// of this replica's, its grant is the whole limit (unknownGrant),
+	// which keeps every other share from growing, and its own target is 0
+	// (holdUnknown): a grant of the whole limit must not become its share.
+	unknown map[string]bool
+	legacy  bool // an older configd's single shares record is there (it is deleted)
 	// rewrite holds the instance IDs whose record in etcd is not the one
 	// records holds: malformed, inconsistent with the config or written by
 	// someone else. They are written (or deleted) at the next publish,
@@ -115,11 +124,13 @@ func (s *shareState) set(id string, e shareEntry) {
 // remove forgets instance id's record.
 func (s *shareState) remove(id string) {
 	delete(s.records, id)
+	delete(s.unknown, id)
 	s.assembled = nil
 }
 
 func newShareState() shareState {
-	return shareState{records: map[string]shareEntry{}, pointers: map[string]int64{}, own: map[string]int64{}, registered: map[string]int64{}, rewrite: map[string]bool{}}
+	return shareState{records: map[string]shareEntry{}, pointers: map[string]int64{}, own: map[string]int64{}, registered: map[string]int64{},
+		rewrite: map[string]bool{}, unknown: map[string]bool{}}
 }
 
 // any reports whether a share record (or the legacy one) exists.
@@ -218,18 +229,34 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 		if kv.ModRevision != s.own[id] {
 			s.rewrite[id] = true
 		}
+		if _, have := s.records[id]; !have {
+			// None known (read as this replica took the provider over):
+			// the instance keeps a last good record this replica never
+			// saw. It may enforce anything up to the limit until it
+			// acknowledges the record written over this one (found by
+			// review: a takeover while the common record was missing
+			// counted every follower at 0, and grew another to 80 beside
+			// their 30 each, 140 of 100).
+			if u, ok := unknownGrant(st.cfg, name, id); ok {
+				s.set(id, shareEntry{u, kv.ModRevision})
+				s.unknown[id] = true
+			}
+		}
 		p.bad(string(kv.Key), kv.ModRevision, err)
 		return
 	}
-	p.foldShare(st, name, id, shareEntry{rec, kv.ModRevision}, kv.ModRevision != s.own[id])
+	foreign := kv.ModRevision != s.own[id] && !p.loading && p.fences[name].rev != 0 && kv.ModRevision > p.fences[name].rev
+	p.foldShare(st, name, id, shareEntry{rec, kv.ModRevision}, foreign)
 }
 
 // foldShare folds e, instance id's record as written at e.rev (resolved),
-// into st; foreign says this replica did not write it.
+// into st; foreign says someone else wrote it (or the common record it
+// resolves to) while this replica leads the provider.
 func (p *publisher) foldShare(st *providerState, name, id string, e shareEntry, foreign bool) {
 	s, rec := &st.shares, e.rec
+	delete(s.unknown, id) // known now
 	switch {
-	case !p.loading && p.fences[name].rev != 0 && e.rev > p.fences[name].rev && foreign:
+	case foreign:
 		// Written by someone else while this replica leads the provider:
 		// a forgery or a hand edit. The instance may enforce it until this replica's
 		// next publish, so it counts as a grant beside ours; its
@@ -296,6 +323,35 @@ func (p *publisher) applyCommon(st *providerState, name string, put bool, kv *mv
 	for _, id := range slices.Sorted(maps.Keys(s.pointers)) {
 		p.foldShare(st, name, id, shareEntry{commonFor(rec, id), s.pointers[id]}, foreign)
 	}
+}
+
+// holdUnknown sets to 0 the target of every instance whose record is
+// unknown (see shareState.unknown), and forgets those that acknowledged a
+// record of this replica's since: their grant is known again.
+func (s *shareState) holdUnknown(target map[string]int64, live map[string]schema.InstanceRecord) {
+	for id := range s.unknown {
+		in, ok := live[id]
+		if e := s.records[id]; !ok || (e.rec.Generation > 0 && in.AppliedGeneration == e.rec.Generation) {
+			delete(s.unknown, id)
+			continue
+		}
+		if _, ok := target[id]; ok {
+			target[id] = 0
+		}
+	}
+}
+
+// unknownGrant returns the record the leader counts for instance id of
+// provider name when the record in etcd cannot be read: share 0, and a
+// grant of the whole limit (cfg's, false without one). Its generation, -1,
+// is none the instance can have acknowledged (0 is the acknowledgement of
+// none), so the grant stays until it acknowledges the record written over
+// it.
+func unknownGrant(cfg *schema.ProviderConfig, name, id string) (schema.ShareRecord, bool) {
+	if cfg == nil {
+		return schema.ShareRecord{}, false
+	}
+	return schema.ShareRecord{Version: schema.Version, Provider: name, Instance: id, Generation: -1, Window: cfg.Window, Total: cfg.Limit, Granted: cfg.Limit}, true
 }
 
 // commonFor returns the common record c as instance id's.
@@ -620,6 +676,15 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 			return written, ops, false, fmt.Errorf("allocation refused: %w", err)
 		}
 		rev, err := p.commitRev(ctx, f, cond, clientv3.OpPut(p.keys.CommonShare(name), string(val)))
+		if err != nil && !errors.Is(err, errNotLeader) {
+			// Written or not: every instance that follows it may read
+			// either. Both count, and all are written again.
+			s.rewriteCommon = true
+			for id := range s.pointers {
+				s.set(id, shareEntry{withGrantOf(s.records[id], commonFor(*c, id)), s.records[id].rev})
+				s.rewrite[id] = true
+			}
+		}
 		if err != nil || rev == 0 {
 			return written, ops, false, err
 		}
@@ -635,6 +700,9 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 	}
 	if w.dropCommon {
 		rev, err := p.commitRev(ctx, f, cond, clientv3.OpDelete(p.keys.CommonShare(name)))
+		if err != nil && !errors.Is(err, errNotLeader) {
+			s.rewriteCommon = true // deleted or not: deleted again
+		}
 		if err != nil || rev == 0 {
 			return written, ops, false, err
 		}
@@ -667,6 +735,36 @@ func (p *publisher) writeStep(ctx context.Context, f fence, name string, st *pro
 	revs, err := p.commitChunks(ctx, f, cond, ops)
 	ok = err == nil
 	for c, rev := range revs {
+		if rev == -1 {
+			// Written or not: the instance may read the old record or
+			// the new one. Both count, and it is written again (its own
+			// record first, as one that may follow the common record).
+			for _, w := range ws[c*recordsPerTxn : min(len(ws), (c+1)*recordsPerTxn)] {
+				if w.id == "" {
+					continue
+				}
+				s.rewrite[w.id] = true
+				if w.rec == nil {
+					continue
+				}
+				nr := *w.rec
+				if nr.Common {
+					if c := s.commonRecord(); c != nil {
+						nr = commonFor(*c, w.id)
+					}
+					if _, ok := s.pointers[w.id]; !ok {
+						s.pointers[w.id] = 0
+					}
+				}
+				if e, have := s.records[w.id]; !have {
+					s.set(w.id, shareEntry{nr, 0})
+				} else if !nr.Common {
+					s.set(w.id, shareEntry{withGrantOf(e, nr), e.rev})
+				}
+			}
+			ok = false
+			continue
+		}
 		if rev == 0 {
 			ok = false // cond did not hold: the config changed meanwhile
 			continue
@@ -716,10 +814,14 @@ func (p *publisher) commitChunks(ctx context.Context, f fence, cond clientv3.Cmp
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return revs, err
+	var first error
+	for c, err := range errs {
+		if err != nil && !errors.Is(err, errNotLeader) {
+			revs[c] = -1 // it may have been written: its outcome is unknown
+		}
+		if err != nil && first == nil {
+			first = err
 		}
 	}
-	return revs, nil
+	return revs, first
 }

@@ -598,8 +598,8 @@ func AssembleShares(provider string, recs []ShareRecord) Shares {
 	s := Shares{Version: Version, Provider: provider, Shares: map[string]int64{}, Granted: map[string]int64{},
 		Generations: map[string]int64{}, From: map[string]int64{}}
 	var newest ShareRecord
-	for _, r := range recs {
-		if r.Generation > newest.Generation || (r.Generation == newest.Generation && r.Published.After(newest.Published)) {
+	for i, r := range recs {
+		if i == 0 || r.Generation > newest.Generation || (r.Generation == newest.Generation && r.Published.After(newest.Published)) {
 			newest = r
 		}
 	}
