@@ -33,6 +33,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -54,14 +55,15 @@ import (
 const provider = "scale"
 
 type options struct {
-	keep    bool
-	sizes   []int
-	limit   int64
-	window  time.Duration
-	report  time.Duration
-	retunes int
-	every   time.Duration
-	sample  time.Duration
+	keep      bool
+	memberLog *os.File // nil: the members' logs are discarded
+	sizes     []int
+	limit     int64
+	window    time.Duration
+	report    time.Duration
+	retunes   int
+	every     time.Duration
+	sample    time.Duration
 }
 
 // result is one N's row.
@@ -89,6 +91,7 @@ func main() {
 	flag.DurationVar(&o.sample, "sample", 50*time.Millisecond, "how often every member's quota is sampled")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (etcd's data, configd's log)")
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile (members, etcd, the harness) to this file")
+	memberLog := flag.String("memberlog", "", "append the members' warnings and errors to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -100,6 +103,15 @@ func main() {
 			os.Exit(2)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memberLog != "" {
+		f, err := os.OpenFile(*memberLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scale: -memberlog:", err)
+			os.Exit(2)
+		}
+		defer f.Close()
+		o.memberLog = f
 	}
 	for _, f := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -252,6 +264,10 @@ func join(ctx context.Context, o options, n int, url string) (*fleet, error) {
 	var mu sync.Mutex
 	var first error
 	var wg sync.WaitGroup
+	log := slog.New(slog.DiscardHandler)
+	if o.memberLog != nil {
+		log = slog.New(slog.NewTextHandler(o.memberLog, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	for i := range n {
 		wg.Go(func() {
 			sem <- struct{}{}
@@ -261,7 +277,7 @@ func join(ctx context.Context, o options, n int, url string) (*fleet, error) {
 			if err == nil {
 				var m *cluster.Member
 				m, err = cluster.Join(ctx, cli, provider, cluster.WithID(fmt.Sprintf("m-%05d", i)),
-					cluster.WithReportInterval(o.report), cluster.WithFallback(0, o.window))
+					cluster.WithReportInterval(o.report), cluster.WithFallback(0, o.window), cluster.WithLogger(log))
 				mu.Lock()
 				f.members[i], f.counters[i], f.clients[i] = m, c, cli
 				mu.Unlock()
