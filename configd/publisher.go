@@ -839,6 +839,10 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 			return
 		}
 		st.instances[k.Instance] = rec
+		// An instance may have applied a generation of a record this
+		// replica cannot read (an unknown one): never publish that number
+		// again, or its acknowledgement of the old record counts for ours.
+		st.maxGen = max(st.maxGen, min(rec.AppliedGeneration, schema.MaxGeneration))
 		st.written[k.Instance] = rec.Updated
 		if now := p.wall(); now.Before(rec.Updated) {
 			st.written[k.Instance] = now
@@ -982,6 +986,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	if err != nil {
 		return fmt.Errorf("allocation failed: %w", err)
 	}
+	st.shares.grantUnknown(&cfg, name)
 	st.shares.holdUnknown(split, st.instances)
 	p.metrics.liveInstances.WithLabelValues(name).Set(float64(len(ids)))
 	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))

@@ -239,8 +239,8 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 			// their 30 each, 140 of 100).
 			if u, ok := unknownGrant(st.cfg, name, id); ok {
 				s.set(id, shareEntry{u, kv.ModRevision})
-				s.unknown[id] = true
 			}
+			s.unknown[id] = true // granted at the next publish without a config now
 		}
 		p.bad(string(kv.Key), kv.ModRevision, err)
 		return
@@ -337,6 +337,17 @@ func (s *shareState) holdUnknown(target map[string]int64, live map[string]schema
 		}
 		if _, ok := target[id]; ok {
 			target[id] = 0
+		}
+	}
+}
+
+// grantUnknown counts every unknown instance with no record in the books
+// (none could be made without a config) at unknownGrant under cfg.
+func (s *shareState) grantUnknown(cfg *schema.ProviderConfig, name string) {
+	for id := range s.unknown {
+		if _, ok := s.records[id]; !ok {
+			u, _ := unknownGrant(cfg, name, id)
+			s.set(id, shareEntry{u, 0})
 		}
 	}
 }
