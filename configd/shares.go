@@ -699,11 +699,7 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 		if err != nil || rev == 0 {
 			return written, ops, false, err
 		}
-		s.common, s.ownCommon, s.rewriteCommon = &shareEntry{*c, rev}, rev, false
-		for id, at := range s.pointers {
-			s.set(id, shareEntry{commonFor(*c, id), at})
-			written++
-		}
+		written += s.commonLanded(*c, rev)
 	}
 	n, ok, err := p.writeStep(ctx, f, name, st, cond, w.then)
 	if written += n; !ok || err != nil {
@@ -746,66 +742,86 @@ func (p *publisher) writeStep(ctx context.Context, f fence, name string, st *pro
 	revs, err := p.commitChunks(ctx, f, cond, ops)
 	ok = err == nil
 	for c, rev := range revs {
-		if rev == -1 {
-			// Written or not: the instance may read the old record or
-			// the new one. Both count, and it is written again (its own
-			// record first, as one that may follow the common record).
-			for _, w := range ws[c*recordsPerTxn : min(len(ws), (c+1)*recordsPerTxn)] {
-				if w.id == "" {
-					continue
-				}
-				s.rewrite[w.id] = true
-				if w.rec == nil {
-					continue
-				}
-				nr := *w.rec
-				if nr.Common {
-					if c := s.commonRecord(); c != nil {
-						nr = commonFor(*c, w.id)
-					}
-					if _, ok := s.pointers[w.id]; !ok {
-						s.pointers[w.id] = 0
-					}
-				}
-				if e, have := s.records[w.id]; !have {
-					s.set(w.id, shareEntry{nr, 0})
-				} else if !nr.Common {
-					s.set(w.id, shareEntry{withGrantOf(e, nr), e.rev})
-				}
+		chunk := ws[c*recordsPerTxn : min(len(ws), (c+1)*recordsPerTxn)]
+		switch rev {
+		case -1:
+			for _, w := range chunk {
+				s.mayHaveLanded(w)
 			}
 			ok = false
-			continue
-		}
-		if rev == 0 {
+		case 0:
 			ok = false // cond did not hold: the config changed meanwhile
-			continue
-		}
-		for _, w := range ws[c*recordsPerTxn : min(len(ws), (c+1)*recordsPerTxn)] {
-			switch {
-			case w.id == "":
-				s.legacy = false
-			case w.rec == nil:
-				s.remove(w.id)
-				delete(s.rewrite, w.id)
-				delete(s.pointers, w.id)
-			case w.rec.Common:
-				s.pointers[w.id] = rev
-				if c := s.commonRecord(); c != nil {
-					s.set(w.id, shareEntry{commonFor(*c, w.id), rev})
-				}
-				s.own[w.id] = rev
-				delete(s.rewrite, w.id)
-				written++
-			default:
-				s.set(w.id, shareEntry{*w.rec, rev})
-				delete(s.pointers, w.id)
-				s.own[w.id] = rev
-				delete(s.rewrite, w.id)
-				written++
+		default:
+			for _, w := range chunk {
+				written += s.landed(w, rev)
 			}
 		}
 	}
 	return written, ok, err
+}
+
+// landed folds into s the write w of a publish, which landed at rev, and
+// returns 1 if it wrote an instance's record (0: a deletion).
+func (s *shareState) landed(w shareWrite, rev int64) int {
+	switch {
+	case w.id == "":
+		s.legacy = false
+		return 0
+	case w.rec == nil:
+		s.remove(w.id)
+		delete(s.rewrite, w.id)
+		delete(s.pointers, w.id)
+		return 0
+	case w.rec.Common:
+		s.pointers[w.id] = rev
+		if c := s.commonRecord(); c != nil {
+			s.set(w.id, shareEntry{commonFor(*c, w.id), rev})
+		}
+	default:
+		s.set(w.id, shareEntry{*w.rec, rev})
+		delete(s.pointers, w.id)
+	}
+	s.own[w.id] = rev
+	delete(s.rewrite, w.id)
+	return 1
+}
+
+// mayHaveLanded folds into s the write w of a publish whose transaction
+// failed with an error: written or not, the instance may read the old
+// record or the new one. Both count, and it is written again (its own
+// record first, as one that may follow the common record).
+func (s *shareState) mayHaveLanded(w shareWrite) {
+	if w.id == "" {
+		return
+	}
+	s.rewrite[w.id] = true
+	if w.rec == nil {
+		return
+	}
+	nr := *w.rec
+	if nr.Common {
+		if c := s.commonRecord(); c != nil {
+			nr = commonFor(*c, w.id)
+		}
+		if _, ok := s.pointers[w.id]; !ok {
+			s.pointers[w.id] = 0
+		}
+	}
+	if e, have := s.records[w.id]; !have {
+		s.set(w.id, shareEntry{nr, 0})
+	} else if !nr.Common {
+		s.set(w.id, shareEntry{withGrantOf(e, nr), e.rev})
+	}
+}
+
+// commonLanded folds into s the common record c, written at rev: every
+// instance whose record says Common now has it.
+func (s *shareState) commonLanded(c schema.ShareRecord, rev int64) int {
+	s.common, s.ownCommon, s.rewriteCommon = &shareEntry{c, rev}, rev, false
+	for id, at := range s.pointers {
+		s.set(id, shareEntry{commonFor(c, id), at})
+	}
+	return len(s.pointers)
 }
 
 // commitChunks commits ops in transactions of recordsPerTxn, up to
