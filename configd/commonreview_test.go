@@ -18,10 +18,10 @@ import (
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
-// reviewPublisher is a publisher of provider name leading from the owner
+// newLeader is a publisher of provider name leading from the owner
 // key it writes now (its fence: every record written before is a
 // previous leader's).
-func reviewPublisher(t *testing.T, cli *clientv3.Client, name, replica string) *publisher {
+func newLeader(t *testing.T, cli *clientv3.Client, name, replica string) *publisher {
 	t.Helper()
 	own, err := cli.Put(ctxT(t), keys.Owner(name), replica)
 	if err != nil {
@@ -36,7 +36,56 @@ func reviewPublisher(t *testing.T, cli *clientv3.Client, name, replica string) *
 	}
 }
 
-func reviewConfig(t *testing.T, cli *clientv3.Client, name string, limit int64) (schema.ProviderConfig, int64) {
+// putAcked writes instance id's record of provider name, acknowledging
+// generation gen, as a member of this release does (reads_common).
+func putAcked(t *testing.T, cli *clientv3.Client, name, id string, gen int64) {
+	t.Helper()
+	now := time.Now().UTC()
+	b, err := schema.Encode(schema.InstanceRecord{Version: schema.Version, ID: id, Started: now, Updated: now,
+		AppliedGeneration: gen, ReadsCommon: true, Source: schema.SourceShares})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctxT(t), keys.Instance(name, id), string(b)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// leadFollowers creates provider name (limit 100) with instances a, b
+// and c, and publishes as replica r1 their shares through the common
+// record, one publish per share given (generations 1, 2, ...), each
+// acknowledged by all three.
+func leadFollowers(t *testing.T, cli *clientv3.Client, name string, shares ...int64) (schema.ProviderConfig, int64) {
+	t.Helper()
+	cfg, cfgRev := putLimit(t, cli, name, 100)
+	ids := []string{"a", "b", "c"}
+	for _, id := range ids {
+		putAcked(t, cli, name, id, 0)
+	}
+	p1 := newLeader(t, cli, name, "r1")
+	st1 := p1.state(name)
+	st1.cfg, st1.cfgRev, st1.keyRev = &cfg, cfgRev, cfgRev
+	for _, id := range ids {
+		st1.instances[id] = schema.InstanceRecord{ID: id, ReadsCommon: true}
+	}
+	cond := clientv3.Compare(clientv3.ModRevision(keys.Config(name)), "=", cfgRev)
+	for i, sh := range shares {
+		gen := int64(i + 1)
+		want := map[string]schema.ShareRecord{}
+		for _, id := range ids {
+			want[id] = shareOf(name, id, gen, sh, cfgRev)
+		}
+		if _, _, ok, err := p1.writeRecords(ctxT(t), p1.fences[name], name, st1, cond, want); err != nil || !ok {
+			t.Fatalf("publish %d: %v %v", gen, err, ok)
+		}
+		for _, id := range ids {
+			putAcked(t, cli, name, id, gen)
+		}
+	}
+	return cfg, cfgRev
+}
+
+func putLimit(t *testing.T, cli *clientv3.Client, name string, limit int64) (schema.ProviderConfig, int64) {
 	t.Helper()
 	cfg := schema.ProviderConfig{Name: name, Limit: limit}.WithDefaults()
 	b, _ := schema.Encode(cfg)
@@ -47,14 +96,14 @@ func reviewConfig(t *testing.T, cli *clientv3.Client, name string, limit int64) 
 	return cfg, put.Header.Revision
 }
 
-func reviewRec(name, id string, gen, share int64, cfgRev int64) schema.ShareRecord {
+func shareOf(name, id string, gen, share int64, cfgRev int64) schema.ShareRecord {
 	return schema.ShareRecord{Version: schema.Version, Provider: name, Instance: id, Generation: gen,
 		EffectiveFrom: gen * int64(time.Second), Window: schema.Duration(time.Second), Total: 100,
 		Share: share, Granted: share, ConfigRevision: cfgRev, Published: time.Unix(gen, 0).UTC(), Leader: "r1"}
 }
 
 // putKV writes key and returns it as etcd holds it (revision, version).
-func reviewPutKV(t *testing.T, cli *clientv3.Client, key, val string) *mvccpb.KeyValue {
+func putAndGet(t *testing.T, cli *clientv3.Client, key, val string) *mvccpb.KeyValue {
 	t.Helper()
 	if _, err := cli.Put(ctxT(t), key, val); err != nil {
 		t.Fatal(err)
@@ -85,24 +134,24 @@ func TestForgedCommonRecordKeepsGrants(t *testing.T) {
 	}{{"own", false}, {"common", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := "forge-" + tc.name
-			_, cfgRev := reviewConfig(t, cli, name, 100)
+			_, cfgRev := putLimit(t, cli, name, 100)
 			ids := []string{"a", "b", "c"}
 			// r1 leads and publishes 30 each (a common record if they read it).
-			p1 := reviewPublisher(t, cli, name, "r1")
+			p1 := newLeader(t, cli, name, "r1")
 			st1 := p1.state(name)
 			cfg, _ := schema.DecodeProviderConfig(mustGet(t, cli, keys.Config(name)).Value)
 			st1.cfg, st1.cfgRev, st1.keyRev = &cfg, cfgRev, cfgRev
 			want := map[string]schema.ShareRecord{}
 			for _, id := range ids {
 				st1.instances[id] = schema.InstanceRecord{ID: id, ReadsCommon: tc.readsComm}
-				want[id] = reviewRec(name, id, 1, 30, cfgRev)
+				want[id] = shareOf(name, id, 1, 30, cfgRev)
 			}
 			cond := clientv3.Compare(clientv3.ModRevision(keys.Config(name)), "=", cfgRev)
 			if _, _, ok, err := p1.writeRecords(ctxT(t), p1.fences[name], name, st1, cond, want); err != nil || !ok {
 				t.Fatalf("publish: %v %v", err, ok)
 			}
 			// r2 takes the provider over and reads it.
-			p2 := reviewPublisher(t, cli, name, "r2")
+			p2 := newLeader(t, cli, name, "r2")
 			if err := p2.readProvider(ctxT(t), name); err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +162,7 @@ func TestForgedCommonRecordKeepsGrants(t *testing.T) {
 				}
 			}
 			// Someone writes a record of nothing, in force far ahead.
-			forged := reviewRec(name, "a", 2, 0, cfgRev)
+			forged := shareOf(name, "a", 2, 0, cfgRev)
 			forged.EffectiveFrom = time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 			forged.Leader = "forger"
 			key := keys.Share(name, "a")
@@ -121,7 +170,7 @@ func TestForgedCommonRecordKeepsGrants(t *testing.T) {
 				forged.Instance, key = schema.CommonInstance, keys.CommonShare(name)
 			}
 			b, _ := schema.Encode(forged)
-			p2.applyKV(mvccpb.PUT, reviewPutKV(t, cli, key, string(b)), false)
+			p2.applyKV(mvccpb.PUT, putAndGet(t, cli, key, string(b)), false)
 			// "a" applies the forged record only in 2100: until then it
 			// admits its 30. The books must still count them.
 			if got := st.shares.enforcing("a"); got < 30 {
@@ -209,8 +258,8 @@ func TestPointerWriteOfUnknownOutcome(t *testing.T) {
 	amb := &ambiguousKV{KV: cli.KV}
 	cli.KV = amb
 	name := "ambiguous"
-	_, cfgRev := reviewConfig(t, cli, name, 100)
-	p := reviewPublisher(t, cli, name, "r1")
+	_, cfgRev := putLimit(t, cli, name, 100)
+	p := newLeader(t, cli, name, "r1")
 	st := p.state(name)
 	cfg, _ := schema.DecodeProviderConfig(mustGet(t, cli, keys.Config(name)).Value)
 	st.cfg, st.cfgRev, st.keyRev = &cfg, cfgRev, cfgRev
@@ -223,7 +272,7 @@ func TestPointerWriteOfUnknownOutcome(t *testing.T) {
 	publish := func(gen int64, shares map[string]int64) error {
 		want := map[string]schema.ShareRecord{}
 		for id, sh := range shares {
-			want[id] = reviewRec(name, id, gen, sh, cfgRev)
+			want[id] = shareOf(name, id, gen, sh, cfgRev)
 		}
 		_, _, ok, err := p.writeRecords(ctxT(t), f, name, st, cond, want)
 		if err == nil && !ok {
@@ -276,15 +325,15 @@ func TestTakeoverWithoutTheCommonRecord(t *testing.T) {
 	for _, tc := range []struct{ name, val string }{{"deleted", ""}, {"malformed", "{not json"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := "gone-common-" + tc.name
-			_, cfgRev := reviewConfig(t, cli, name, 100)
-			p1 := reviewPublisher(t, cli, name, "r1")
+			_, cfgRev := putLimit(t, cli, name, 100)
+			p1 := newLeader(t, cli, name, "r1")
 			st1 := p1.state(name)
 			cfg, _ := schema.DecodeProviderConfig(mustGet(t, cli, keys.Config(name)).Value)
 			st1.cfg, st1.cfgRev, st1.keyRev = &cfg, cfgRev, cfgRev
 			want := map[string]schema.ShareRecord{}
 			for _, id := range []string{"a", "b", "c"} {
 				st1.instances[id] = schema.InstanceRecord{ID: id, ReadsCommon: true}
-				want[id] = reviewRec(name, id, 1, 30, cfgRev)
+				want[id] = shareOf(name, id, 1, 30, cfgRev)
 			}
 			cond := clientv3.Compare(clientv3.ModRevision(keys.Config(name)), "=", cfgRev)
 			if _, _, ok, err := p1.writeRecords(ctxT(t), p1.fences[name], name, st1, cond, want); err != nil || !ok {
@@ -299,7 +348,7 @@ func TestTakeoverWithoutTheCommonRecord(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p2 := reviewPublisher(t, cli, name, "r2")
+			p2 := newLeader(t, cli, name, "r2")
 			if err := p2.readProvider(ctxT(t), name); err != nil {
 				t.Fatal(err)
 			}

@@ -2,12 +2,8 @@ package main
 
 import (
 	"testing"
-	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
-	"github.com/sluice-go/sluice/internal/schema"
 )
 
 // TestTakeoverWithoutCommonRecordNorConfig: as
@@ -20,37 +16,8 @@ func TestTakeoverWithoutCommonRecordNorConfig(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := "gone-common-cfg"
-	cfg, cfgRev := reviewConfig(t, cli, name, 100)
-	ids := []string{"a", "b", "c"}
-	putInst := func(id string, gen int64) {
-		now := time.Now().UTC()
-		b, err := schema.Encode(schema.InstanceRecord{Version: schema.Version, ID: id, Started: now, Updated: now,
-			AppliedGeneration: gen, ReadsCommon: true, Source: schema.SourceShares})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cli.Put(ctxT(t), keys.Instance(name, id), string(b)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, id := range ids {
-		putInst(id, 0)
-	}
-	p1 := reviewPublisher(t, cli, name, "r1")
-	st1 := p1.state(name)
-	st1.cfg, st1.cfgRev, st1.keyRev = &cfg, cfgRev, cfgRev
-	want := map[string]schema.ShareRecord{}
-	for _, id := range ids {
-		st1.instances[id] = schema.InstanceRecord{ID: id, ReadsCommon: true}
-		want[id] = reviewRec(name, id, 1, 30, cfgRev)
-	}
-	cond := clientv3.Compare(clientv3.ModRevision(keys.Config(name)), "=", cfgRev)
-	if _, _, ok, err := p1.writeRecords(ctxT(t), p1.fences[name], name, st1, cond, want); err != nil || !ok {
-		t.Fatalf("publish: %v %v", err, ok)
-	}
-	for _, id := range ids {
-		putInst(id, 1)
-	}
+	leadFollowers(t, cli, name, 30)
+	putInst := func(id string, gen int64) { putAcked(t, cli, name, id, gen) }
 	if _, err := cli.Delete(ctxT(t), keys.CommonShare(name)); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +28,7 @@ func TestTakeoverWithoutCommonRecordNorConfig(t *testing.T) {
 	if _, err := cli.Delete(ctxT(t), keys.Owner(name)); err != nil {
 		t.Fatal(err)
 	}
-	p2 := reviewPublisher(t, cli, name, "r2")
+	p2 := newLeader(t, cli, name, "r2")
 	if err := p2.readProvider(ctxT(t), name); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +38,7 @@ func TestTakeoverWithoutCommonRecordNorConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The operator fixes the config; r2 sees it through its watch.
-	_, _ = reviewConfig(t, cli, name, 100)
+	_, _ = putLimit(t, cli, name, 100)
 	p2.applyKV(0, mustGet(t, cli, keys.Config(name)), false)
 	if err := p2.publish(ctxT(t), f, name, st); err != nil {
 		t.Fatal(err)

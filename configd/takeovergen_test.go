@@ -4,10 +4,7 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/sluice-go/sluice/internal/etcdtest"
-	"github.com/sluice-go/sluice/internal/schema"
 )
 
 // TestUnknownClearedByAnOlderLeadersGeneration: r1 publishes a common
@@ -23,45 +20,11 @@ func TestUnknownClearedByAnOlderLeadersGeneration(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := "gen-collide"
-	cfg, cfgRev := reviewConfig(t, cli, name, 100)
-	ids := []string{"a", "b", "c"}
-	putInst := func(id string, gen int64) {
-		now := time.Now().UTC()
-		rec := schema.InstanceRecord{Version: schema.Version, ID: id, Started: now, Updated: now,
-			AppliedGeneration: gen, ReadsCommon: true, Source: schema.SourceShares}
-		b, err := schema.Encode(rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cli.Put(ctxT(t), keys.Instance(name, id), string(b)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, id := range ids {
-		putInst(id, 0)
-	}
-	p1 := reviewPublisher(t, cli, name, "r1")
-	st1 := p1.state(name)
-	st1.cfg, st1.cfgRev, st1.keyRev = &cfg, cfgRev, cfgRev
-	for _, id := range ids {
-		st1.instances[id] = schema.InstanceRecord{ID: id, ReadsCommon: true}
-	}
-	cond := clientv3.Compare(clientv3.ModRevision(keys.Config(name)), "=", cfgRev)
-	for _, step := range []struct{ gen, share int64 }{{1, 30}, {2, 33}} {
-		want := map[string]schema.ShareRecord{}
-		for _, id := range ids {
-			want[id] = reviewRec(name, id, step.gen, step.share, cfgRev)
-		}
-		if _, _, ok, err := p1.writeRecords(ctxT(t), p1.fences[name], name, st1, cond, want); err != nil || !ok {
-			t.Fatalf("publish %d: %v %v", step.gen, err, ok)
-		}
-	}
+	leadFollowers(t, cli, name, 30, 33)
+	putInst := func(id string, gen int64) { putAcked(t, cli, name, id, gen) }
+	// r1's second publish wrote the common record alone.
 	if g := mustGet(t, cli, keys.Share(name, "a")); g.Version != 1 {
 		t.Fatalf("a's pointer written %d times, want once", g.Version)
-	}
-	// Every instance applied and acknowledged r1's generation 2 (33 each).
-	for _, id := range ids {
-		putInst(id, 2)
 	}
 	// The common record goes; a newcomer d registers; r2 takes over.
 	if _, err := cli.Delete(ctxT(t), keys.CommonShare(name)); err != nil {
@@ -71,7 +34,7 @@ func TestUnknownClearedByAnOlderLeadersGeneration(t *testing.T) {
 	if _, err := cli.Delete(ctxT(t), keys.Owner(name)); err != nil {
 		t.Fatal(err)
 	}
-	p2 := reviewPublisher(t, cli, name, "r2")
+	p2 := newLeader(t, cli, name, "r2")
 	clock := time.Now()
 	p2.now = func() time.Time { return clock }
 	if err := p2.readProvider(ctxT(t), name); err != nil {
