@@ -808,6 +808,7 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 			delete(st.instances, k.Instance)
 			delete(st.written, k.Instance)
 			delete(st.shares.registered, k.Instance)
+			delete(st.shares.leases, k.Instance)
 			if was && !rec.Leaving && st.holdable(k.Instance) {
 				hold := st.holdFor(k.Instance, &rec, written)
 				until := p.now().Add(hold)
@@ -818,7 +819,7 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 			break
 		}
 		delete(st.held, k.Instance)
-		st.shares.registered[k.Instance] = kv.CreateRevision
+		st.shares.register(k.Instance, kv)
 		rec, err := schema.DecodeInstanceRecord(kv.Value)
 		if err == nil && rec.ID != k.Instance {
 			err = fmt.Errorf("record id %q does not match its key", rec.ID)

@@ -106,6 +106,9 @@ type shareState struct {
 	// created at: a share record older than that is a previous process's,
 	// which gives the new one nothing, so it is written again.
 	registered map[string]int64
+	// leases is, per live instance ID, the lease its key was last written
+	// on: another lease is another process (register).
+	leases map[string]int64
 	// perRecord is how long one record took to write in the last publish
 	// of at least a transaction's worth (see writeTime).
 	perRecord time.Duration
@@ -130,7 +133,25 @@ func (s *shareState) remove(id string) {
 
 func newShareState() shareState {
 	return shareState{records: map[string]shareEntry{}, pointers: map[string]int64{}, own: map[string]int64{}, registered: map[string]int64{},
-		rewrite: map[string]bool{}, unknown: map[string]bool{}}
+		rewrite: map[string]bool{}, unknown: map[string]bool{}, leases: map[string]int64{}}
+}
+
+// register notes a write of instance id's key, kv: the revision its
+// process registered at is the key's creation, or, when the write moved
+// the key to another lease, that write's. A process that restarts under
+// the same ID while its predecessor's lease lives overwrites the key,
+// which keeps its creation; a record written before its own write is
+// its predecessor's, which it takes nothing of (cluster.Member). Counted
+// at the creation, a record that says Common was never written again for
+// it (retunes write the common record alone): it stayed at 0 for good
+// while configd counted it at its share (found by review).
+func (s *shareState) register(id string, kv *mvccpb.KeyValue) {
+	reg := kv.CreateRevision
+	if was, ok := s.leases[id]; ok && was != kv.Lease {
+		reg = kv.ModRevision
+	}
+	s.registered[id] = max(reg, s.registered[id])
+	s.leases[id] = kv.Lease
 }
 
 // any reports whether a share record (or the legacy one) exists.
@@ -289,6 +310,9 @@ func (p *publisher) foldShare(st *providerState, name, id string, e shareEntry, 
 // record into st: every instance whose record says Common now follows it.
 func (p *publisher) applyCommon(st *providerState, name string, put bool, kv *mvccpb.KeyValue) {
 	s := &st.shares
+	if s.ownCommon != 0 && kv.ModRevision <= s.ownCommon {
+		return // the echo of a publish of ours (a drop's too): folded in when it was written
+	}
 	if !put {
 		// The instances that followed it keep their last good records:
 		// they keep them too. Each is written again at the next publish.
@@ -297,9 +321,6 @@ func (p *publisher) applyCommon(st *providerState, name string, put bool, kv *mv
 			s.rewrite[id] = true
 		}
 		return
-	}
-	if s.ownCommon != 0 && kv.ModRevision <= s.ownCommon {
-		return // the echo of a publish of ours: folded in when it was written
 	}
 	st.maxGen = max(st.maxGen, min(kv.Version, schema.MaxGeneration))
 	rec, err := schema.DecodeShareRecord(kv.Value)

@@ -66,9 +66,12 @@ type Member struct {
 	// evenMarked says this instance's even-split confirmation is written.
 	// enforced is the generation of the last share record this process
 	// applied (0: none): the even split caps it at that record's share.
-	enforced   int64
-	evenMarked bool
-	noMarks    sync.Once // warned that the even-split confirmation may not be written
+	enforced int64
+	// enforcedShare is the share of that record (resolved), per window of
+	// its own length: see apply.
+	enforcedShare *schema.ShareRecord
+	evenMarked    bool
+	noMarks       sync.Once // warned that the even-split confirmation may not be written
 	// budget is a budget lane's state (options.budget), owned by the run
 	// goroutine; nil for a Member of shares.
 	budget *budget

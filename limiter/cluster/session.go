@@ -500,7 +500,9 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 	if v.config != nil {
 		v.lastConfig = v.config
 	}
-	v.config, v.share, v.refused, v.pointer = nil, nil, nil, false
+	// What this read saw is all there is: an etcd restored from a backup
+	// counts revisions from lower down.
+	v.config, v.share, v.refused, v.pointer, v.shareSeen = nil, nil, nil, false, 0
 	clear(v.leaders)
 	// Every record is read again: a key deleted while etcd was out of
 	// reach takes its problem with it.
@@ -995,6 +997,25 @@ func (m *Member) apply(v *view, ap *applied) bool {
 				own.Granted = own.Share
 			}
 			grant = own.GrantPer(v.config.Window.D(), v.config.Limit)
+			if m.enforced != r.Generation {
+				// A record it never enforced: its grant beyond its share is
+				// configd's count of an older record it may still enforce
+				// (for one configd could not read at a takeover, the whole
+				// limit), not room of its own. That older record is the
+				// last it enforced: it may take no more than the larger
+				// share of the two (found by review: a fleet counted at
+				// the whole limit each took limit/n on the even split
+				// beside a cut-off instance on its old 60: 120 of 90).
+				sh := own
+				sh.Granted = sh.Share
+				most := sh.GrantPer(v.config.Window.D(), v.config.Limit)
+				if e := m.enforcedShare; e != nil {
+					last := *e
+					last.Granted = last.Share
+					most = max(most, last.GrantPer(v.config.Window.D(), v.config.Limit))
+				}
+				grant = min(grant, most)
+			}
 		}
 		if m.registered == 0 || v.shareRev < m.registered {
 			// Published before this process registered: a share it names
@@ -1052,6 +1073,11 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	*ap = next
 	if next.Source == follow.SourceShares && next.Generation != 0 {
 		m.enforced = next.Generation
+		if r := v.share; r != nil && r.Generation == next.Generation {
+			e := *r
+			e.Share = fv.Shares.Share // 0 for a record from before this process registered
+			m.enforcedShare = &e
+		}
 	}
 	m.log.Info("share applied", "share", next.Quota, "window", next.Window, "source", next.Source,
 		"generation", next.Generation, "from", time.Unix(0, next.At).UTC().Format(time.RFC3339Nano),
