@@ -80,9 +80,10 @@ func TestSharesFollowInstances(t *testing.T) {
 	}
 	gen = sh.Generation - 1
 
-	// An instance record rewritten with new demand does not change the even
-	// split, so nothing is published.
-	addInstance(t, cli, "pay", "i-a")
+	// An instance record rewritten with new demand (by the same process:
+	// on its lease; another lease is another process) does not change
+	// the even split, so nothing is published.
+	putDemand(t, cli, "pay", "i-a", leases["i-a"], 20)
 	out := cliOK(t, "status", "pay", "--server", r.url())
 	for _, want := range []string{"INSTANCE", "i-a", "test-host", "16", "unknown", "generation " + itoa(gen+1)} {
 		if !strings.Contains(out, want) {
