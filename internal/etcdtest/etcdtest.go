@@ -40,6 +40,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,8 +114,17 @@ const RootUser = "root"
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
 	s := newServer(tb, "etcdtest", opts)
-	if err := s.start(); err != nil {
-		tb.Fatalf("etcdtest: %v", err)
+	for try := 1; ; try++ {
+		err := s.start()
+		if err == nil {
+			break
+		}
+		// A port free a moment ago (freeAddr) can be taken by another
+		// process before etcd binds it: other ports, a few times.
+		if try == 3 || !strings.Contains(err.Error(), "address already in use") {
+			tb.Fatalf("etcdtest: %v", err)
+		}
+		s = newServer(tb, "etcdtest", opts)
 	}
 	tb.Cleanup(s.Stop)
 	if s.opts.rootPassword != "" {
