@@ -136,11 +136,16 @@ func TestLoneLimitChangesABudgetsWindow(t *testing.T) {
 func TestBudgetOnTheEmbeddedEtcd(t *testing.T) {
 	dir := t.TempDir()
 	clientURL, peerURL := "http://"+freeAddr(t), "http://"+freeAddr(t)
-	r := startReplica(t, nil, "solo", "--data-dir", dir, "--embedded-client-url", clientURL, "--embedded-peer-url", peerURL)
+	// Sessions and leases far longer than the test needs: an embedded etcd
+	// with authentication, under -race on 2 shared cores, stalled past a
+	// 2 s session (the replica lost its lead and the take waited out the
+	// test's bound). Nothing here depends on a lease running out.
+	r := startReplica(t, nil, "solo", "--data-dir", dir, "--embedded-client-url", clientURL, "--embedded-peer-url", peerURL,
+		"--session-ttl", "15s")
 	cliOK(t, "set", "llm", "--limit", "100/1s", "--limit", "50/24h", "--server", r.url())
 	ctx := ctxT(t)
 	inst := embeddedClient(t, clientURL, dir, instanceUser)
-	g, err := cluster.JoinProvider(ctx, inst, "llm", cluster.WithID("a"), cluster.WithLeaseTTL(2*time.Second),
+	g, err := cluster.JoinProvider(ctx, inst, "llm", cluster.WithID("a"), cluster.WithLeaseTTL(15*time.Second),
 		cluster.WithReportInterval(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
