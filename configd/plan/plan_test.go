@@ -519,3 +519,27 @@ func TestDecideCountsEvenShares(t *testing.T) {
 		t.Errorf("first publish: shares %v while both may still admit even shares", d.Shares)
 	}
 }
+
+// TestDecideEndOfAChangeIsNotPublishedAlone: once every instance enforces
+// the new regime, the old grants are dropped by the next publish made for
+// another reason, not by a publish of their own, which every instance
+// would apply and acknowledge for nothing (at 2,000 instances its round
+// of acknowledgements held the next retune's publish back).
+func TestDecideEndOfAChangeIsNotPublishedAlone(t *testing.T) {
+	from := time.Unix(102, 0)
+	cur := &Published{Generation: 2, EffectiveFrom: from, Window: time.Second, Total: 900, ConfigRevision: 2,
+		Shares: map[string]int64{"a": 450, "b": 450}, Granted: map[string]int64{"a": 450, "b": 450},
+		Before: &Transition{Window: time.Second, Since: 2, Granted: map[string]int64{"a": 500, "b": 500}, Total: 1000}}
+	acked := map[string]Ack{"a": {Generation: 2, From: from.UnixNano()}, "b": {Generation: 2, From: from.UnixNano()}}
+	in := Input{Total: 900, Window: time.Second, ConfigRevision: 2, Margin: 50 * time.Millisecond,
+		Target: map[string]int64{"a": 450, "b": 450}, Acked: acked, Cur: cur, Now: from.Add(1500 * time.Millisecond)}
+	if d := Decide(in); d.Publish || !d.Due.IsZero() {
+		t.Fatalf("published (or due again) only to end the change: %+v", d)
+	}
+	// A join is published, without the old grants.
+	in.Target = map[string]int64{"a": 300, "b": 300, "c": 300}
+	d := Decide(in)
+	if !d.Publish || d.Before != nil {
+		t.Fatalf("a join: %+v (before: %+v); want a publish without the old grants", d, d.Before)
+	}
+}
