@@ -797,6 +797,7 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 			p.bad(key, kv.ModRevision, err)
 			return
 		}
+		p.log.Debug("provider config seen", "provider", k.Provider, "revision", kv.ModRevision)
 		prev := st.cfg
 		st.cfg, st.cfgRev = &cfg, kv.ModRevision
 		st.noteFailStatic(prev, p.wall())
@@ -955,6 +956,7 @@ func (p *publisher) publishEach(ctx context.Context, names []string) []error {
 // not damped, fenced on leadership and on the config revision it was
 // computed from.
 func (p *publisher) publish(ctx context.Context, f fence, name string, st *providerState) error {
+	decideBegan := time.Now()
 	st.due = time.Time{}
 	cfgKey := p.keys.Config(name)
 	if st.cfg == nil {
@@ -1042,6 +1044,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	}
 	want := p.records(name, cfg, st.cfgRev, d, gen, now)
 	began := time.Now()
+	p.log.Debug("shares decided", "provider", name, "generation", gen, "took", began.Sub(decideBegan).Round(time.Millisecond))
 	written, ops, ok, err := p.writeRecords(ctx, f, name, st, clientv3.Compare(clientv3.ModRevision(cfgKey), "=", st.keyRev), want)
 	if ok && err == nil {
 		st.shares.wrote(ops, time.Since(began))

@@ -56,6 +56,7 @@ const provider = "scale"
 
 type options struct {
 	keep      bool
+	configd   string   // extra flags for configd serve
 	memberLog *os.File // nil: the members' logs are discarded
 	sizes     []int
 	limit     int64
@@ -90,6 +91,7 @@ func main() {
 	flag.DurationVar(&o.every, "every", 2*time.Second, "time between retunes")
 	flag.DurationVar(&o.sample, "sample", 50*time.Millisecond, "how often every member's quota is sampled")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (etcd's data, configd's log)")
+	flag.StringVar(&o.configd, "configd", "", "extra flags for configd serve, space-separated (as -configd='--propagation-margin 300ms')")
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile (members, etcd, the harness) to this file")
 	memberLog := flag.String("memberlog", "", "append the members' warnings and errors to this file")
 	flag.Parse()
@@ -186,7 +188,7 @@ func measure(o options, n int, dir, configdBin string) (result, error) {
 		return res, err
 	}
 	defer etcd.Close()
-	cd, err := harness.StartConfigd(configdBin, url, dir+"-configd.log", "")
+	cd, err := harness.StartConfigd(configdBin, url, dir+"-configd.log", o.configd)
 	if err != nil {
 		return res, err
 	}
