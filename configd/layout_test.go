@@ -37,7 +37,9 @@ var (
 // boundary); after the publish, every instance resolves to its new record
 // at a revision after its registration, no other instance has a record,
 // the common record is there only if some record says Common, and the
-// leader's books say what etcd holds.
+// leader's books say what etcd holds. Over the whole history, no common
+// record says Unmoved after another write of an instance's record since
+// the common record before it (layoutUnmoved).
 //
 //	go test ./configd -run 'TestShareLayoutOracle$' -layout.n=500
 //	go test ./configd -run 'TestShareLayoutOracle$' -layout.seed=N -v
@@ -53,15 +55,17 @@ func TestShareLayoutOracle(t *testing.T) {
 		}
 		t.Logf("%d histories from seed %d", len(seeds), base)
 	}
+	unmoved := 0 // common records that said Unmoved: the check below ran on them
+	defer func() { t.Logf("%d common records said unmoved", unmoved) }()
 	for i, seed := range seeds {
-		if err := layoutHistory(ctxT(t), cli, fmt.Sprintf("lay%d", i), seed); err != nil {
+		if err := layoutHistory(ctxT(t), cli, fmt.Sprintf("lay%d", i), seed, &unmoved); err != nil {
 			t.Fatalf("seed %d: %v\nreplay: go test ./configd -run 'TestShareLayoutOracle$' -layout.seed=%d -v", seed, err, seed)
 		}
 	}
 }
 
 // layoutHistory runs one random history of publishes of provider name.
-func layoutHistory(ctx context.Context, cli *clientv3.Client, name string, seed uint64) error {
+func layoutHistory(ctx context.Context, cli *clientv3.Client, name string, seed uint64, unmoved *int) error {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	const limit = 1000
 	cfg, _ := schema.Encode(schema.ProviderConfig{Name: name, Limit: limit}.WithDefaults())
@@ -89,7 +93,7 @@ func layoutHistory(ctx context.Context, cli *clientv3.Client, name string, seed 
 		ids[i] = fmt.Sprintf("i%02d", i)
 		// Most follow a record that says Common; one of an older
 		// release does not.
-		st.instances[ids[i]] = schema.InstanceRecord{ID: ids[i], ReadsCommon: rng.IntN(6) != 0}
+		st.instances[ids[i]] = schema.InstanceRecord{ID: ids[i], ReadsCommon: rng.IntN(6) != 0, ReadsUnmoved: rng.IntN(10) != 0}
 	}
 	shapes := []int64{0, 50, 80, 100}
 	var trace []string
@@ -206,6 +210,50 @@ func layoutHistory(ctx context.Context, cli *clientv3.Client, name string, seed 
 		}
 		if len(st.shares.records) != len(want) || st.shares.bad() {
 			return fail("generation %d: %d records in the books, want %d; to rewrite %v", gen, len(st.shares.records), len(want), st.shares.rewrite)
+		}
+	}
+	if err := layoutUnmoved(ctx, cli, name, put.Header.Revision, rev, st.readsUnmoved(), unmoved); err != nil {
+		return fail("%v", err)
+	}
+	return nil
+}
+
+// layoutUnmoved checks, over the history of provider name's share records
+// from revision from to to, what a common record that says Unmoved
+// promises its followers (schema.ShareRecord.Unmoved): between the write
+// of the common record before it (any, or none) and it, every write of an
+// instance's record said Common, and none was deleted; and none says so
+// unless every instance that reads the common record decodes the flag
+// (reads). It adds to unmoved the common records that said so.
+func layoutUnmoved(ctx context.Context, cli *clientv3.Client, name string, from, to int64, reads bool, unmoved *int) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := cli.Watch(wctx, keys.Shares(name), clientv3.WithPrefix(), clientv3.WithRev(from))
+	var moved []string // writes of instances' records since the last common record's
+	for last := int64(0); last < to; {
+		wr, open := <-wch
+		if !open || wr.Err() != nil {
+			return fmt.Errorf("watch: %v", wr.Err())
+		}
+		for _, ev := range wr.Events {
+			last = ev.Kv.ModRevision
+			key := string(ev.Kv.Key)
+			if key != keys.CommonShare(name) {
+				if r, err := schema.DecodeShareRecord(ev.Kv.Value); ev.Type == clientv3.EventTypeDelete || err != nil || !r.Common {
+					moved = append(moved, fmt.Sprintf("%s at %d (%s)", key, ev.Kv.ModRevision, ev.Type))
+				}
+				continue
+			}
+			if c, err := schema.DecodeShareRecord(ev.Kv.Value); ev.Type == clientv3.EventTypePut && err == nil && c.Unmoved && len(moved) > 0 {
+				return fmt.Errorf("the common record written at %d says unmoved, after %v", ev.Kv.ModRevision, moved)
+			}
+			if c, err := schema.DecodeShareRecord(ev.Kv.Value); err == nil && c.Unmoved {
+				if !reads {
+					return fmt.Errorf("the common record written at %d says unmoved, and an instance that reads it does not decode the flag", ev.Kv.ModRevision)
+				}
+				*unmoved++
+			}
+			moved = moved[:0]
 		}
 	}
 	return nil

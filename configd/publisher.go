@@ -234,6 +234,17 @@ const replacedScan = 64
 // says Common, as its record says.
 func (st *providerState) readsCommon(id string) bool { return st.instances[id].ReadsCommon }
 
+// readsUnmoved reports whether every live instance that reads the common
+// record decodes one that says Unmoved, as its record says.
+func (st *providerState) readsUnmoved() bool {
+	for _, r := range st.instances {
+		if r.ReadsCommon && !r.ReadsUnmoved {
+			return false
+		}
+	}
+	return true
+}
+
 func (st *providerState) empty() bool {
 	return st.cfg == nil && st.keyRev == 0 && len(st.instances) == 0 && !st.shares.any()
 }

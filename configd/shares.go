@@ -109,6 +109,24 @@ type shareState struct {
 	// leases is, per live instance ID, the lease its key was last written
 	// on: another lease is another process (register).
 	leases map[string]int64
+	// unmoved says that since the common record this replica last wrote
+	// landed, every instance record written (by anyone, as far as the
+	// watch has told) said Common, and none was deleted: the next common
+	// record says so (schema.ShareRecord.Unmoved), and its followers take
+	// it from the watch event alone. false until this replica writes a
+	// common record: what others wrote before it is not known.
+	unmoved bool
+	// seen is the newest revision of a share record write this replica
+	// knows of (its own that landed, and the watch's): a common record
+	// says Unmoved only if no key under shares/ was written after it (a
+	// write whose answer was lost, landing late; a foreign write the
+	// watch has yet to bring).
+	seen int64
+	// lateDelete says a deletion of an instance's record was sent and its
+	// answer lost: it may land at any time, and leaves no key for the
+	// check of seen to find. No common record says Unmoved again while
+	// this replica leads the provider.
+	lateDelete bool
 	// perRecord is how long one record took to write in the last publish
 	// of at least a transaction's worth (see writeTime).
 	perRecord time.Duration
@@ -205,6 +223,7 @@ func (s *shareState) stale() bool {
 // schema.CommonInstance the common record.
 func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv *mvccpb.KeyValue) {
 	s := &st.shares
+	s.seen = max(s.seen, kv.ModRevision)
 	switch id {
 	case "":
 		s.legacy = put
@@ -216,10 +235,14 @@ func (p *publisher) applyShare(st *providerState, name, id string, put bool, kv 
 	if !put {
 		s.remove(id)
 		delete(s.pointers, id)
+		s.unmoved = false // ours were counted as sent (writeStep)
 		return
 	}
 	if own := s.own[id]; own != 0 && kv.ModRevision < own {
 		return // the late echo of an earlier publish of ours
+	}
+	if kv.ModRevision != s.own[id] {
+		s.unmoved = false // someone else's write
 	}
 	st.maxGen = max(st.maxGen, min(kv.Version, schema.MaxGeneration)) // survives a malformed record
 	if e, ok := s.records[id]; ok && e.rev == kv.ModRevision && s.own[id] == kv.ModRevision {
@@ -388,7 +411,7 @@ func unknownGrant(cfg *schema.ProviderConfig, name, id string) (schema.ShareReco
 
 // commonFor returns the common record c as instance id's.
 func commonFor(c schema.ShareRecord, id string) schema.ShareRecord {
-	c.Instance = id
+	c.Instance, c.Unmoved = id, false
 	return c
 }
 
@@ -483,8 +506,8 @@ func (p *publisher) records(name string, cfg schema.ProviderConfig, cfgRev int64
 // generation, boundary and publish time (a record that only those would
 // change is not written again).
 func sameRecord(a, b schema.ShareRecord) bool {
-	a.Generation, a.EffectiveFrom, a.Published, a.Leader, a.Version = 0, 0, time.Time{}, "", 0
-	b.Generation, b.EffectiveFrom, b.Published, b.Leader, b.Version = 0, 0, time.Time{}, "", 0
+	a.Generation, a.EffectiveFrom, a.Published, a.Leader, a.Version, a.Unmoved = 0, 0, time.Time{}, "", 0, false
+	b.Generation, b.EffectiveFrom, b.Published, b.Leader, b.Version, b.Unmoved = 0, 0, time.Time{}, "", 0, false
 	if a.Before != nil && b.Before != nil {
 		ab, bb := *a.Before, *b.Before
 		ab.Since, bb.Since = 0, 0
@@ -616,8 +639,8 @@ func (s *shareState) layout(want map[string]schema.ShareRecord, reads func(id st
 	// instance's record resolved to the new common record).
 	for _, id := range slices.Sorted(maps.Keys(gone)) {
 		if _, pointer := s.pointers[id]; pointer && writeCommon {
-			nothing := *target
-			nothing.Instance, nothing.Share, nothing.Granted, nothing.Held, nothing.Before = id, 0, 0, true, nil
+			nothing := commonFor(*target, id)
+			nothing.Share, nothing.Granted, nothing.Held, nothing.Before = 0, 0, true, nil
 			w.first = append(w.first, shareWrite{id, &nothing})
 		}
 		w.then = append(w.then, shareWrite{id: id})
@@ -703,11 +726,22 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 		return written, ops, ok, err
 	}
 	if c := w.common; c != nil {
-		val, err := schema.Encode(*c) // validates
+		rec := *c
+		rec.Unmoved = s.unmoved && !s.lateDelete && st.readsUnmoved()
+		val, err := schema.Encode(rec) // validates
 		if err != nil {
 			return written, ops, false, fmt.Errorf("allocation refused: %w", err)
 		}
-		rev, err := p.commitRev(ctx, f, cond, clientv3.OpPut(p.keys.CommonShare(name), string(val)))
+		put := clientv3.OpPut(p.keys.CommonShare(name), string(val))
+		if rec.Unmoved {
+			// Not if a share record was written since the newest write
+			// known: then it is written without Unmoved.
+			rec.Unmoved = false
+			plain, _ := schema.Encode(rec)
+			put = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(p.keys.Shares(name)), "<", s.seen+1).WithPrefix()},
+				[]clientv3.Op{put}, []clientv3.Op{clientv3.OpPut(p.keys.CommonShare(name), string(plain))})
+		}
+		rev, err := p.commitRev(ctx, f, cond, put)
 		if err != nil && !errors.Is(err, errNotLeader) {
 			// Written or not: every instance that follows it may read
 			// either. Both count, and all are written again.
@@ -721,6 +755,7 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 			return written, ops, false, err
 		}
 		written += s.commonLanded(*c, rev)
+		s.unmoved, s.seen = true, max(s.seen, rev)
 	}
 	n, ok, err := p.writeStep(ctx, f, name, st, cond, w.then)
 	if written += n; !ok || err != nil {
@@ -735,6 +770,7 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 			return written, ops, false, err
 		}
 		s.common, s.ownCommon, s.rewriteCommon = nil, rev, false
+		s.seen = max(s.seen, rev)
 	}
 	return written, ops, true, nil
 }
@@ -747,6 +783,11 @@ func (p *publisher) writeStep(ctx context.Context, f fence, name string, st *pro
 	s := &st.shares
 	ops := make([]clientv3.Op, len(ws))
 	for i, w := range ws {
+		if w.rec == nil || !w.rec.Common {
+			// Before it is sent: landed or not, it may lie between two
+			// common records.
+			s.unmoved = false
+		}
 		switch {
 		case w.id == "":
 			ops[i] = clientv3.OpDelete(p.keys.LegacyShares(name))
@@ -768,6 +809,7 @@ func (p *publisher) writeStep(ctx context.Context, f fence, name string, st *pro
 		case -1:
 			for _, w := range chunk {
 				s.mayHaveLanded(w)
+				s.lateDelete = s.lateDelete || w.rec == nil
 			}
 			ok = false
 		case 0:
@@ -776,6 +818,7 @@ func (p *publisher) writeStep(ctx context.Context, f fence, name string, st *pro
 			for _, w := range chunk {
 				written += s.landed(w, rev)
 			}
+			s.seen = max(s.seen, rev)
 		}
 	}
 	return written, ok, err

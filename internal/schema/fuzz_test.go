@@ -75,7 +75,7 @@ func FuzzDecodeInstanceRecord(f *testing.F) {
 	for _, s := range []string{
 		`{"version":1,"id":"h-1:42","host":"h","pid":42,"started":"2026-01-02T03:04:05Z","updated":"2026-01-02T03:04:06.5+02:00","demand":10,"admitted":9,"clock_offset":"-3ms","clock_known":true,"applied_generation":4}`,
 		`{"version":1,"id":"a","applied_generation":4,"fail_static":"30s"}`, `{"id":"a","fail_static":"2h"}`, `{"id":"a","fail_static":"-1s"}`,
-		`{"id":"a","applied_generation":4,"applied_from":1795316940000000000}`, `{"id":"a","applied_from":-1}`,
+		`{"id":"a","applied_generation":4,"applied_from":1795316940000000000}`, `{"id":"a","applied_from":-1}`, `{"id":"a","reads_common":true,"reads_unmoved":true}`,
 		`{"id":"x"}`, `{"id":"x","clock_offset":5}`, `{"id":"x","started":"yesterday"}`, `{"id":"../x"}`, `{}`, `1`,
 		`{"id":"x","id":"y"}`, `{"id":"x","ID":"y"}`, `{"Id":"x"}`, `{"id":"x","demand":1,"Demand":-1}`,
 	} {
@@ -139,12 +139,14 @@ func FuzzDecodeShareRecord(f *testing.F) {
 		`{"version":1,"provider":"p","instance":"a","common":true,"generation":3,"published":"2026-01-02T03:04:05Z","leader":"r1"}`,
 		`{"provider":"p","instance":"a","common":true,"generation":3,"window":"1s","total":10,"share":3,"granted":3}`,
 		`{"provider":"p","instance":"*","common":true,"generation":3}`,
+		`{"version":1,"provider":"p","instance":"*","unmoved":true,"generation":3,"window":"1s","total":10,"share":3,"granted":3}`,
+		`{"version":1,"provider":"p","instance":"a","unmoved":true,"generation":3,"window":"1s","total":10,"share":3,"granted":3}`,
 		`{"provider":"p","instance":"*","generation":3,"window":"1s","total":10,"share":3,"granted":3}`,
 		`{"provider":"p","instance":"*","generation":3,"window":"1s","total":10,"share":0,"granted":3,"held":true}`,
 	} {
 		f.Add([]byte(s))
 	}
-	common := ShareRecord{Version: Version, Provider: "p", Instance: CommonInstance, Generation: 2, Window: Duration(time.Second), Total: 10, Share: 5, Granted: 5}
+	common := ShareRecord{Version: Version, Provider: "p", Instance: CommonInstance, Generation: 2, Window: Duration(time.Second), Total: 10, Share: 5, Granted: 5, Unmoved: true}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := DecodeShareRecord(b)
 		if err != nil {
@@ -155,6 +157,9 @@ func FuzzDecodeShareRecord(f *testing.F) {
 		}
 		if r.Common && (r.Window != 0 || r.Total != 0 || r.Granted != 0 || r.Before != nil || r.Held || r.Instance == CommonInstance) {
 			t.Fatalf("accepted a record that says Common and holds more: %+v", r)
+		}
+		if r.Unmoved && r.Instance != CommonInstance {
+			t.Fatalf("accepted an instance's record that says unmoved: %+v", r)
 		}
 		if !r.Common && ValidateWindow(r.Window.D()) != nil {
 			t.Fatalf("accepted a record without a valid window: %+v", r)

@@ -345,6 +345,11 @@ type InstanceRecord struct {
 	// only for an instance that says so: one of an older release refuses
 	// it, and would neither follow nor acknowledge it.
 	ReadsCommon bool `json:"reads_common,omitempty"`
+	// ReadsUnmoved says the instance decodes a common record that says
+	// Unmoved. configd writes the flag only while every live instance
+	// that reads the common record says so: one of an older release
+	// refuses a field it does not know, and would keep its last record.
+	ReadsUnmoved bool `json:"reads_unmoved,omitempty"`
 }
 
 // Sources of the quota an instance enforces (InstanceRecord.Source).
@@ -413,6 +418,17 @@ type ShareRecord struct {
 	// Common says the instance follows the provider's common record: the
 	// fields below Generation are zero.
 	Common bool `json:"common,omitempty"`
+	// Unmoved, on the common record only, says that configd wrote no
+	// instance's record other than one that says Common, and deleted
+	// none, since it wrote the common record before this one (whoever
+	// wrote that). An instance that follows the common record, as its own
+	// record read last says, may then take this one from the watch event
+	// without reading its own record again in the same snapshot: its own
+	// record at this revision is the one it read, or one that says Common
+	// written since (cluster.Member; docs/architecture.md, "The common
+	// share record"). Absent (an older configd, or one that does not
+	// know), the instance reads both.
+	Unmoved bool `json:"unmoved,omitempty"`
 	// Generation is the publish that wrote this record: the leader counts
 	// one per publish, across leaders, and an instance acknowledges its
 	// record by it.
@@ -467,7 +483,7 @@ func (r ShareRecord) Resolve(common *ShareRecord) (ShareRecord, error) {
 		return ShareRecord{}, fmt.Errorf("%w: the common record names provider %q, the instance's %q", ErrInvalidShares, common.Provider, r.Provider)
 	}
 	out := *common
-	out.Instance = r.Instance
+	out.Instance, out.Unmoved = r.Instance, false
 	return out, nil
 }
 
@@ -510,6 +526,9 @@ func (r ShareRecord) Validate() error {
 	}
 	if r.Instance == CommonInstance && r.Held {
 		return invalid("held", r.Held, fmt.Errorf("%w: the common record cannot be held", ErrInvalidShares))
+	}
+	if r.Unmoved && r.Instance != CommonInstance {
+		return invalid("unmoved", r.Unmoved, fmt.Errorf("%w: only the common record (instance %q) says unmoved", ErrInvalidShares, CommonInstance))
 	}
 	if err := ValidateWindow(r.Window.D()); err != nil {
 		return err

@@ -719,7 +719,9 @@ func TestCommonShareRecord(t *testing.T) {
 	}
 	common := ShareRecord{Version: Version, Provider: "p", Instance: CommonInstance, Generation: 4, EffectiveFrom: 2e9, Window: Duration(time.Second), Total: 10, Share: 3, Granted: 3}
 	pointer := ShareRecord{Version: Version, Provider: "p", Instance: "a", Generation: 4, Common: true}
-	for _, r := range []ShareRecord{common, pointer} {
+	unmoved := common
+	unmoved.Unmoved = true
+	for _, r := range []ShareRecord{common, pointer, unmoved} {
 		if err := r.Validate(); err != nil {
 			t.Errorf("%+v: %v", r, err)
 		}
@@ -730,7 +732,11 @@ func TestCommonShareRecord(t *testing.T) {
 	held.Share, held.Held = 0, true
 	self := common
 	self.Common = true
-	for _, r := range []ShareRecord{fat, held, self} {
+	ownUnmoved := unmoved
+	ownUnmoved.Instance = "a"
+	pointerUnmoved := pointer
+	pointerUnmoved.Unmoved = true
+	for _, r := range []ShareRecord{fat, held, self, ownUnmoved, pointerUnmoved} {
 		if err := r.Validate(); !errors.Is(err, ErrInvalidShares) {
 			t.Errorf("%+v: %v, want ErrInvalidShares", r, err)
 		}
@@ -738,6 +744,9 @@ func TestCommonShareRecord(t *testing.T) {
 	got, err := pointer.Resolve(&common)
 	if want := func() ShareRecord { c := common; c.Instance = "a"; return c }(); err != nil || got != want {
 		t.Errorf("Resolve = %+v, %v; want %+v", got, err, want)
+	}
+	if got, err := pointer.Resolve(&unmoved); err != nil || got.Unmoved || got.Validate() != nil {
+		t.Errorf("Resolve(unmoved) = %+v, %v: the instance's record must not say unmoved", got, err)
 	}
 	if _, err := pointer.Resolve(nil); !errors.Is(err, ErrNoCommonShare) {
 		t.Errorf("Resolve(nil) = %v, want ErrNoCommonShare", err)

@@ -117,3 +117,58 @@ func TestCommonRecordReadWithTheOwnInOneSnapshot(t *testing.T) {
 		t.Fatalf("after its own record's event: %+v", v.share)
 	}
 }
+
+// TestUnmovedCommonRecordTakenFromTheEvent: a common record that says
+// Unmoved (configd wrote nothing but pointers since the one before it)
+// is taken from its watch event, with the instance's own record as it has
+// it, without a read: the read of 2,000 instances at once took a retune
+// past its boundary. One that does not say so is read with the own
+// record in one snapshot.
+func TestUnmovedCommonRecordTakenFromTheEvent(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	w := time.Second
+	lim, err := limiter.New(0, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler), cli: cli}
+	v := newView()
+	from := (time.Now().UnixNano()/int64(w) + 2) * int64(w)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(w)})
+	commonRecords(t, cli, w, 1, 40, from, "a", "b")
+	if _, err := m.load(context.Background(), v); err != nil {
+		t.Fatal(err)
+	}
+	common := func(gen, share int64, unmoved bool) *clientv3.Event {
+		t.Helper()
+		c := schema.ShareRecord{Version: 1, Provider: "api", Instance: schema.CommonInstance, Generation: gen, EffectiveFrom: from,
+			Window: schema.Duration(w), Total: 100, Share: share, Granted: share, Unmoved: unmoved}
+		resp, err := cli.Put(context.Background(), keys.CommonShare("api"), mustEncode(t, c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(keys.CommonShare("api")), Value: []byte(mustEncode(t, c)), ModRevision: resp.Header.Revision}}
+	}
+	// Generation 2 says unmoved; etcd holds generation 3 by the time its
+	// event is folded in: read, a would take 60.
+	ev := common(2, 50, true)
+	common(3, 60, false)
+	if _, err := m.shareEvent(context.Background(), v, ev); err != nil {
+		t.Fatal(err)
+	}
+	if v.share == nil || v.share.Share != 50 || v.share.Generation != 2 || !v.pointer {
+		t.Fatalf("after generation 2's event: %+v (pointer %v), want the event's 50", v.share, v.pointer)
+	}
+	// a's own record, then a common record that does not say unmoved:
+	// delivered first, it is read with the own record.
+	put(t, cli, keys.Share("api", "a"), mustEncode(t, schema.ShareRecord{Version: 1, Provider: "api", Instance: "a", Generation: 4,
+		EffectiveFrom: from, Window: schema.Duration(w), Total: 100, Share: 10, Granted: 60}))
+	if _, err := m.shareEvent(context.Background(), v, common(4, 90, false)); err != nil {
+		t.Fatal(err)
+	}
+	if v.share == nil || v.share.Share != 10 || v.pointer {
+		t.Fatalf("after generation 4's event: %+v (pointer %v), want a's own record's 10, not the common 90", v.share, v.pointer)
+	}
+}

@@ -39,13 +39,19 @@ type view struct {
 	shareRev  int64               // the etcd revision this instance's own key was written at
 	// pointer says this instance's own record says Common: it follows the
 	// provider's common record, which it reads with its own in one
-	// snapshot (readShare). shareSeen is the revision of the last such
-	// read: the watches' events up to it are in it.
+	// snapshot (readShare), or takes from the watch event alone when the
+	// record says Unmoved (shareEvent). shareSeen is the revision of the
+	// last such read: the watches' events up to it are in it. own is this
+	// instance's own record as last read or received (nil: none).
 	pointer   bool
 	shareSeen int64
-	leaders   map[string]bool
-	even      follow.Even
-	problems  map[string]string // key → why its record was ignored
+	own       *mvccpb.KeyValue
+	// followed is the revision of the last common record taken from its
+	// watch event (Unmoved): a read may not answer from before it.
+	followed int64
+	leaders  map[string]bool
+	even     follow.Even
+	problems map[string]string // key → why its record was ignored
 	// refused is this instance's last share record refused for its
 	// config (nil: none), and refusedRev its revision: the config it was
 	// computed under may not have arrived yet (another watch), so it is
@@ -397,6 +403,19 @@ func (m *Member) shareEvent(ctx context.Context, v *view, ev *clientv3.Event) (b
 		if !v.pointer {
 			return false, nil // the common record, which this instance does not follow
 		}
+		if c, err := schema.DecodeShareRecord(ev.Kv.Value); err == nil && ev.Type == clientv3.EventTypePut && c.Unmoved && v.own != nil {
+			// configd wrote no record but pointers since the common record
+			// before this one, which this instance resolved its own with
+			// (the common watch delivers every write of the key in order,
+			// from the snapshot it read on): its own record at this
+			// revision is the one it has, or a pointer its own watch has
+			// yet to bring (which it then reads). One read per instance
+			// per retune, all at once, took 2,000 instances on 2 cores
+			// past the retune's boundary (BENCHMARKS.md, section 12).
+			m.observeShare(v, []*mvccpb.KeyValue{v.own}, []*mvccpb.KeyValue{ev.Kv}, 0)
+			v.followed = max(v.followed, ev.Kv.ModRevision)
+			return true, nil
+		}
 		return true, m.readShare(ctx, v, ev.Kv.ModRevision)
 	case ev.Type == clientv3.EventTypeDelete:
 		m.observeShare(v, nil, nil, 0)
@@ -502,7 +521,7 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 	}
 	// What this read saw is all there is: an etcd restored from a backup
 	// counts revisions from lower down.
-	v.config, v.share, v.refused, v.pointer, v.shareSeen = nil, nil, nil, false, 0
+	v.config, v.share, v.refused, v.pointer, v.shareSeen, v.own, v.followed = nil, nil, nil, false, 0, nil, 0
 	clear(v.leaders)
 	// Every record is read again: a key deleted while etcd was out of
 	// reach takes its problem with it.
@@ -539,6 +558,7 @@ func (m *Member) load(ctx context.Context, v *view) (int64, error) {
 // event, is read again from the leader: the instance must not go back
 // to records older than it followed.
 func (m *Member) readShare(ctx context.Context, v *view, at int64) error {
+	at = max(at, v.followed) // never from before a common record followed
 	for _, opts := range [][]clientv3.OpOption{{clientv3.WithSerializable()}, nil} {
 		octx, cancel := m.opCtx(ctx)
 		resp, err := m.cli.Txn(octx).Then(
@@ -845,11 +865,13 @@ func (m *Member) observeShare(v *view, own, common []*mvccpb.KeyValue, seen int6
 	defer m.listProblems(v)
 	v.shareSeen = max(v.shareSeen, seen)
 	v.refused = nil // a newer write replaces it
+	v.own = nil
 	if len(own) == 0 {
 		v.share, v.pointer = nil, false
 		delete(v.problems, key)
 		return
 	}
+	v.own = own[0]
 	r, err := schema.DecodeShareRecord(own[0].Value)
 	if err == nil && (r.Provider != m.provider || r.Instance != m.id) {
 		err = fmt.Errorf("share record names provider %q, instance %q", r.Provider, r.Instance)
@@ -1141,6 +1163,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		Enforced:          ap.Quota,
 		ClockUncertainty:  schema.Duration(st.ClockUncertainty),
 		ReadsCommon:       true,
+		ReadsUnmoved:      true,
 	}
 	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) {
 		return nil
