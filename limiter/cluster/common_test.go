@@ -26,6 +26,44 @@ func commonRecords(t *testing.T, cli *clientv3.Client, w time.Duration, gen, sha
 	}
 }
 
+// followingA returns Member a of provider "api" (limit 100 per second),
+// which reads through mcli, loaded into the view it returns after
+// configd's common record of share (generation 1, from the boundary it
+// returns, two windows ahead) for a and b. Tests drive the view with
+// shareEvent, in the order a watch would deliver.
+func followingA(t *testing.T, cli, mcli *clientv3.Client, share int64) (*Member, *view, int64) {
+	t.Helper()
+	w := time.Second
+	lim, err := limiter.New(0, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler), cli: mcli}
+	v := newView()
+	from := (time.Now().UnixNano()/int64(w) + 2) * int64(w)
+	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(w)})
+	commonRecords(t, cli, w, 1, share, from, "a", "b")
+	if _, err := m.load(context.Background(), v); err != nil {
+		t.Fatal(err)
+	}
+	return m, v, from
+}
+
+// putCommon writes the common record (share, generation gen, from the
+// boundary from, saying unmoved as told) and returns its watch event.
+func putCommon(t *testing.T, cli *clientv3.Client, gen, share, from int64, unmoved bool) *clientv3.Event {
+	t.Helper()
+	c := schema.ShareRecord{Version: 1, Provider: "api", Instance: schema.CommonInstance, Generation: gen, EffectiveFrom: from,
+		Window: schema.Duration(time.Second), Total: 100, Share: share, Granted: share, Unmoved: unmoved}
+	val := mustEncode(t, c)
+	resp, err := cli.Put(context.Background(), keys.CommonShare("api"), val)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(keys.CommonShare("api")), Value: []byte(val), ModRevision: resp.Header.Revision}}
+}
+
 // TestMembersFollowTheCommonRecord: instances whose records say Common
 // enforce the common record, move with it when it alone is rewritten,
 // and leave it for a record of their own.
@@ -75,19 +113,7 @@ func TestCommonRecordReadWithTheOwnInOneSnapshot(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	w := time.Second
-	lim, err := limiter.New(0, w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lim.Close()
-	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler), cli: cli}
-	v := newView()
-	from := (time.Now().UnixNano()/int64(w) + 2) * int64(w)
-	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(w)})
-	commonRecords(t, cli, w, 1, 40, from, "a", "b")
-	if _, err := m.load(context.Background(), v); err != nil {
-		t.Fatal(err)
-	}
+	m, v, from := followingA(t, cli, cli, 40)
 	if v.share == nil || v.share.Share != 40 || !v.pointer {
 		t.Fatalf("after the load: %+v (pointer %v), want the common record's 40", v.share, v.pointer)
 	}
@@ -128,28 +154,9 @@ func TestUnmovedCommonRecordTakenFromTheEvent(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	w := time.Second
-	lim, err := limiter.New(0, w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lim.Close()
-	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler), cli: cli}
-	v := newView()
-	from := (time.Now().UnixNano()/int64(w) + 2) * int64(w)
-	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(w)})
-	commonRecords(t, cli, w, 1, 40, from, "a", "b")
-	if _, err := m.load(context.Background(), v); err != nil {
-		t.Fatal(err)
-	}
+	m, v, from := followingA(t, cli, cli, 40)
 	common := func(gen, share int64, unmoved bool) *clientv3.Event {
-		t.Helper()
-		c := schema.ShareRecord{Version: 1, Provider: "api", Instance: schema.CommonInstance, Generation: gen, EffectiveFrom: from,
-			Window: schema.Duration(w), Total: 100, Share: share, Granted: share, Unmoved: unmoved}
-		resp, err := cli.Put(context.Background(), keys.CommonShare("api"), mustEncode(t, c))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(keys.CommonShare("api")), Value: []byte(mustEncode(t, c)), ModRevision: resp.Header.Revision}}
+		return putCommon(t, cli, gen, share, from, unmoved)
 	}
 	// Generation 2 says unmoved; etcd holds generation 3 by the time its
 	// event is folded in: read, a would take 60.

@@ -2,16 +2,13 @@ package cluster
 
 import (
 	"context"
-	"log/slog"
 	"testing"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/schema"
-	"github.com/sluice-go/sluice/limiter"
 )
 
 // laggingKV serves serializable reads as an etcd member that has applied
@@ -74,30 +71,8 @@ func TestUnmovedThenLateOwnPointerGoesBack(t *testing.T) {
 	rcli := srv.Client(t)
 	var lag int64
 	rcli.KV = laggingKV{KV: rcli.KV, lag: &lag}
-	w := time.Second
-	lim, err := limiter.New(0, w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lim.Close()
-	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler), cli: rcli}
-	v := newView()
-	from := (time.Now().UnixNano()/int64(w) + 2) * int64(w)
-	putConfig(t, cli, schema.ProviderConfig{Name: "api", Limit: 100, Window: schema.Duration(w)})
-	commonRecords(t, cli, w, 1, 50, from, "a", "b")
-	if _, err := m.load(context.Background(), v); err != nil {
-		t.Fatal(err)
-	}
-	common := func(gen, share int64) *clientv3.Event {
-		t.Helper()
-		c := schema.ShareRecord{Version: 1, Provider: "api", Instance: schema.CommonInstance, Generation: gen, EffectiveFrom: from,
-			Window: schema.Duration(w), Total: 100, Share: share, Granted: share, Unmoved: true}
-		resp, err := cli.Put(context.Background(), keys.CommonShare("api"), mustEncode(t, c))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(keys.CommonShare("api")), Value: []byte(mustEncode(t, c)), ModRevision: resp.Header.Revision}}
-	}
+	m, v, from := followingA(t, cli, rcli, 50)
+	common := func(gen, share int64) *clientv3.Event { return putCommon(t, cli, gen, share, from, true) }
 	// configd: publish 2 writes the common record (unmoved: only
 	// pointers since generation 1's) and then a pointer for a (a joined
 	// again under its ID: its record is written again); publish 3 the
