@@ -91,9 +91,11 @@
 //
 // What a Member reads does not grow with the fleet: the provider's config,
 // its own share record (Keys.Share; configd's leader writes one per
-// instance, only when it changes), and the election prefix, watched from
-// the revision of one transaction that read them; nothing of the other
-// instances. With no configd alive it also reads two counts, each a
+// instance, only when it changes), the provider's common record, which
+// its own may say it follows (Keys.CommonShare: read with its own in one
+// snapshot when it changes, or taken from the watch event when it says
+// unmoved), and the election prefix, watched from the revision of one
+// transaction that read them; nothing of the other instances. With no configd alive it also reads two counts, each a
 // count-only request, every report interval: the keys under the
 // provider's instances/ prefix (each attached to an instance's lease:
 // whatever its record holds, the key says the instance is alive) and the
