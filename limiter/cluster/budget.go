@@ -294,6 +294,9 @@ func (s etcdBudget) put(ctx context.Context, start int64, v budgetView, taken in
 		clientv3.Compare(clientv3.ModRevision(key), "=", v.rev),
 	).Then(ops...).Commit()
 	if err != nil {
+		if taken > v.taken {
+			m.budgetUnknown.Add(taken - v.taken)
+		}
 		return false, err
 	}
 	return tr.Succeeded, nil

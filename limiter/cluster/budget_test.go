@@ -135,8 +135,18 @@ func TestBudgetNeverPassesItsLimit(t *testing.T) {
 	px.Heal()
 
 	spent := func() int64 { return sa.granted.Load() + bGot + sb2.granted.Load() + sc.granted.Load() }
+	// A take on its way when c was cut off may land with its answer lost:
+	// taken for all, spent by none (under the full suite on 2 cores one
+	// did, 49 of 600).
+	unknown := func() int64 {
+		var n int64
+		for _, g := range []*Group{a, b, b2, c} {
+			n += g.Members()[1].budgetUnknown.Load()
+		}
+		return n
+	}
 	deadline := time.Now().Add(20 * time.Second)
-	for spent() < 600-3*4 { // each may hold a few
+	for spent() < 600-3*4-unknown() { // each may hold a few
 		if time.Now().After(deadline) {
 			t.Fatalf("spent %d of 600 (a %d, b %d, b2 %d, c %d); counter %d; a %+v; b2 %+v; c %+v", spent(), sa.granted.Load(), bGot, sb2.granted.Load(), sc.granted.Load(),
 				counter(t, cli, day), a.Members()[1].Status(), b2.Members()[1].Status(), c.Members()[1].Status())
@@ -150,20 +160,21 @@ func TestBudgetNeverPassesItsLimit(t *testing.T) {
 	// instances spend what they took.
 	budgetProvider(t, cli, 1)
 	taken := counter(t, cli, day)
-	waitFor(t, "the instances to spend what they took", func() bool { return spent() >= taken })
+	waitFor(t, "the instances to spend what they took", func() bool { return spent() >= taken-unknown() })
 	total := sa.halt() + bGot + sb2.halt() + sc.halt()
 	if now := a.Members()[1].Limiter().Stats().WindowStart; !now.Equal(day) {
 		t.Skipf("the day ended during the test (%v, then %v): its counts are of two windows", day, now)
 	}
-	if total != taken || taken > 600 || counter(t, cli, day) != taken {
-		t.Fatalf("admitted %d, counter %d when the limit was lowered, %d now, limit 600", total, taken, counter(t, cli, day))
+	lost := unknown()
+	if total > taken || total+lost < taken || taken > 600 || counter(t, cli, day) != taken {
+		t.Fatalf("admitted %d, counter %d when the limit was lowered (%d taken with an unknown outcome), %d now, limit 600", total, taken, lost, counter(t, cli, day))
 	}
 	// Every instance leaves: nothing to give back.
 	for _, g := range []*Group{a, b2, c} {
 		g.Close()
 	}
-	if got := counter(t, cli, day); got != total {
-		t.Errorf("counter %d after every instance left, want the %d admitted", got, total)
+	if got := counter(t, cli, day); got < total || got > total+lost {
+		t.Errorf("counter %d after every instance left, want the %d admitted (and up to %d taken with an unknown outcome)", got, total, lost)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -75,6 +76,10 @@ type Member struct {
 	// budget is a budget lane's state (options.budget), owned by the run
 	// goroutine; nil for a Member of shares.
 	budget *budget
+	// budgetUnknown counts the permits of takes from the budget whose
+	// outcome is unknown (etcd did not answer): taken for all if they
+	// landed, spent by none.
+	budgetUnknown atomic.Int64
 }
 
 // Status is a snapshot of what a Member knows and applies.
