@@ -245,27 +245,19 @@ func (t *ambiguousTxn) Commit() (*clientv3.TxnResponse, error) {
 	return resp, err
 }
 
-// TestPointerWriteOfUnknownOutcome: a transaction of step 3 that etcd
-// applied but whose answer was lost leaves a record that says Common in
-// etcd and the instance's old own record in the books. The next publish
-// (decided before the echo comes back: the watch of a loaded etcd lags
-// like its answers) leaves the instance's "unchanged" own record alone,
-// and writes a new common record for the others — which the instance
-// then follows. The books say 10; it admits 30.
-func TestPointerWriteOfUnknownOutcome(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	amb := &ambiguousKV{KV: cli.KV}
-	cli.KV = amb
-	name := "ambiguous"
-	_, cfgRev := putLimit(t, cli, name, 100)
+// leadABCX makes a leader of provider name (its config at cfgRev) with
+// live instances a, b, c and x, each with rec as its record, and returns
+// the provider's state and a function that publishes shares as
+// generation gen through writeRecords ("refused": the config changed).
+func leadABCX(t *testing.T, cli *clientv3.Client, name string, cfgRev int64, rec schema.InstanceRecord) (*providerState, func(gen int64, shares map[string]int64) error) {
+	t.Helper()
 	p := newLeader(t, cli, name, "r1")
 	st := p.state(name)
 	cfg, _ := schema.DecodeProviderConfig(mustGet(t, cli, keys.Config(name)).Value)
 	st.cfg, st.cfgRev, st.keyRev = &cfg, cfgRev, cfgRev
-	ids := []string{"a", "b", "c", "x"}
-	for _, id := range ids {
-		st.instances[id] = schema.InstanceRecord{ID: id, ReadsCommon: true}
+	for _, id := range []string{"a", "b", "c", "x"} {
+		rec.ID = id
+		st.instances[id] = rec
 	}
 	f := p.fences[name]
 	cond := clientv3.Compare(clientv3.ModRevision(keys.Config(name)), "=", cfgRev)
@@ -280,6 +272,24 @@ func TestPointerWriteOfUnknownOutcome(t *testing.T) {
 		}
 		return err
 	}
+	return st, publish
+}
+
+// TestPointerWriteOfUnknownOutcome: a transaction of step 3 that etcd
+// applied but whose answer was lost leaves a record that says Common in
+// etcd and the instance's old own record in the books. The next publish
+// (decided before the echo comes back: the watch of a loaded etcd lags
+// like its answers) leaves the instance's "unchanged" own record alone,
+// and writes a new common record for the others — which the instance
+// then follows. The books say 10; it admits 30.
+func TestPointerWriteOfUnknownOutcome(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	amb := &ambiguousKV{KV: cli.KV}
+	cli.KV = amb
+	name := "ambiguous"
+	_, cfgRev := putLimit(t, cli, name, 100)
+	st, publish := leadABCX(t, cli, name, cfgRev, schema.InstanceRecord{ReadsCommon: true})
 	// Generation 1: a, b, c follow a common record of 30; x has 10 of its own.
 	if err := publish(1, map[string]int64{"a": 30, "b": 30, "c": 30, "x": 10}); err != nil {
 		t.Fatal(err)
@@ -299,7 +309,7 @@ func TestPointerWriteOfUnknownOutcome(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sum int64
-	for _, id := range ids {
+	for _, id := range []string{"a", "b", "c", "x"} {
 		got := after.resolved[id].rec
 		sum += got.Share
 		if books := st.shares.records[id].rec; got.Share != books.Share {

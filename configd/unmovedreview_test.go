@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 
@@ -66,27 +65,7 @@ func TestUnmovedAfterALateOwnWrite(t *testing.T) {
 	cli.KV = dkv
 	name := "late"
 	_, cfgRev := putLimit(t, cli, name, 100)
-	p := newLeader(t, cli, name, "r1")
-	st := p.state(name)
-	cfg, _ := schema.DecodeProviderConfig(mustGet(t, cli, keys.Config(name)).Value)
-	st.cfg, st.cfgRev, st.keyRev = &cfg, cfgRev, cfgRev
-	ids := []string{"a", "b", "c", "x"}
-	for _, id := range ids {
-		st.instances[id] = schema.InstanceRecord{ID: id, ReadsCommon: true, ReadsUnmoved: true}
-	}
-	f := p.fences[name]
-	cond := clientv3.Compare(clientv3.ModRevision(keys.Config(name)), "=", cfgRev)
-	publish := func(gen int64, shares map[string]int64) error {
-		want := map[string]schema.ShareRecord{}
-		for id, sh := range shares {
-			want[id] = shareOf(name, id, gen, sh, cfgRev)
-		}
-		_, _, ok, err := p.writeRecords(ctxT(t), f, name, st, cond, want)
-		if err == nil && !ok {
-			err = errors.New("refused")
-		}
-		return err
-	}
+	_, publish := leadABCX(t, cli, name, cfgRev, schema.InstanceRecord{ReadsCommon: true, ReadsUnmoved: true})
 	if err := publish(1, map[string]int64{"a": 30, "b": 30, "c": 30, "x": 30}); err != nil {
 		t.Fatal(err)
 	}

@@ -232,8 +232,8 @@ func (p Planner) Decide(in Input) Decision {
 		// old grants only hold growth back, and the next publish drops them
 		// (transition). Publishing it woke every instance for nothing and
 		// cost a write per instance to acknowledge, which at 2,000
-		// instances delayed the next retune's publish by up to 1.2 s
-		// (bench/scale).
+		// instances held the next retune's one-key publish up for 492 ms
+		// (BENCHMARKS.md, section 12).
 		return d
 	default:
 		d.Damped, d.Due = reason, retry
