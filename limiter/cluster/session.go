@@ -15,8 +15,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/schema"
@@ -1192,16 +1190,6 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		}
 	}
 	if err != nil {
-		if rep.haveWrite && onlyProgress(rep.written, rec) && slow(err) {
-			// An acknowledgement or a demand that did not land in time is
-			// one that comes late, which configd allows for: written again
-			// at the next report (follow.Due still sees the difference).
-			// Ending the session made every instance re-register at once
-			// when etcd was slow: 2,000 instances acknowledging a retune
-			// together on 2 cores timed 1,400 of them out (bench/scale).
-			m.log.Warn("instance record not written in time; writing it again at the next report", "err", err)
-			return nil
-		}
 		return fmt.Errorf("write instance record: %w", err)
 	}
 	if m.registered == 0 {
@@ -1259,25 +1247,6 @@ func (m *Member) warnNoMarks() {
 }
 
 // written is what of rec decides whether it is written again.
-// onlyProgress reports whether rec, the instance record to write, differs
-// from prev, the last one written, only in what says how far the instance
-// got (its demand, admissions, the generation it applied, from when, what
-// it enforces): nothing configd bounds a grant or a hold by (the source,
-// fail_static, the clock).
-func onlyProgress(prev, rec schema.InstanceRecord) bool {
-	prev.Updated, prev.Demand, prev.Admitted, prev.AppliedGeneration, prev.AppliedFrom, prev.Enforced =
-		rec.Updated, rec.Demand, rec.Admitted, rec.AppliedGeneration, rec.AppliedFrom, rec.Enforced
-	return prev == rec
-}
-
-// slow reports whether err is etcd not answering in time (the request may
-// yet land): not a refusal, nor etcd out of reach (the session ends then,
-// and the Member says it is disconnected).
-func slow(err error) bool {
-	return status.Code(err) == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, rpctypes.ErrTimeoutDueToLeaderFail)
-}
-
 func written(rec schema.InstanceRecord) follow.Record {
 	return follow.Record{
 		Demand:      rec.Demand,
