@@ -65,6 +65,7 @@ type options struct {
 	retunes   int
 	every     time.Duration
 	sample    time.Duration
+	verbose   bool // print each retune: its time, and the member that settled last
 }
 
 // result is one N's row.
@@ -93,6 +94,7 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (etcd's data, configd's log)")
 	flag.StringVar(&o.configd, "configd", "", "extra flags for configd serve, space-separated (as -configd='--propagation-margin 300ms')")
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile (members, etcd, the harness) to this file")
+	flag.BoolVar(&o.verbose, "v", false, "print each retune's time and the member that settled last")
 	memberLog := flag.String("memberlog", "", "append the members' warnings and errors to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -204,7 +206,7 @@ func measure(o options, n int, dir, configdBin string) (result, error) {
 		return res, err
 	}
 	t0 := time.Now()
-	if err := settle(ctx, f, o.limit); err != nil {
+	if _, err := settle(ctx, f, o.limit); err != nil {
 		return res, fmt.Errorf("after the joins: %w", err)
 	}
 	res.join = time.Since(t0)
@@ -230,10 +232,15 @@ func measure(o options, n int, dir, configdBin string) (result, error) {
 		// From set returning, the config written: what the coordination
 		// takes, not the start of the CLI's process.
 		start := time.Now()
-		if err := settle(ctx, f, next); err != nil {
+		last, err := settle(ctx, f, next)
+		if err != nil {
 			return res, fmt.Errorf("retune %d to %d: %w", i, next, err)
 		}
 		lat = append(lat, time.Since(start))
+		if o.verbose {
+			fmt.Printf("N=%d retune %d to %d: set returned %s, settled after %v; last to settle: %s\n",
+				len(f.members), i, next, start.UTC().Format("15:04:05.000"), lat[len(lat)-1].Round(time.Millisecond), last)
+		}
 		rec.retuned(begun, time.Now(), limits[(i+1)%2], next)
 		if rest := o.every - time.Since(begun); rest > 0 {
 			time.Sleep(rest) // the pace of the retunes, not a synchronisation
@@ -316,7 +323,9 @@ func cmpErr(a, b error) error {
 // settle waits until every member enforces its share of limit (the even
 // split of configd: limit/N, the remainder to the first), from configd's
 // shares, with the share in force in its limiter.
-func settle(ctx context.Context, f *fleet, limit int64) error {
+// It returns the state of the member that was found not to enforce its
+// share last, in the last poll before they all did.
+func settle(ctx context.Context, f *fleet, limit int64) (last string, err error) {
 	deadline := time.Now().Add(2 * time.Minute)
 	n := int64(len(f.members))
 	for {
@@ -331,17 +340,20 @@ func settle(ctx context.Context, f *fleet, limit int64) error {
 			sum += st.Share
 		}
 		if ok && sum == limit {
-			return nil
+			return last, nil
+		}
+		if why != "" {
+			last = time.Now().UTC().Format("15:04:05.000 ") + why
 		}
 		if time.Now().After(deadline) {
 			if why == "" {
 				why = fmt.Sprintf("the shares add up to %d", sum)
 			}
-			return fmt.Errorf("the members did not all enforce their share of %d within 2m: %s", limit, why)
+			return "", fmt.Errorf("the members did not all enforce their share of %d within 2m: %s", limit, why)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return "", ctx.Err()
 		case <-time.After(20 * time.Millisecond): // polling Status: a Member offers no event
 		}
 	}
