@@ -15,6 +15,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/schema"
@@ -22,6 +24,10 @@ import (
 )
 
 var errLeaseLost = errors.New("cluster: lease keep-alive ended")
+
+// errLate: a write of the instance record that changed only how far the
+// instance got (report) was not answered in time.
+var errLate = errors.New("cluster: instance record not written in time")
 
 // errLeaseTooLong: a key under configd's election prefix on a lease no
 // configd replica's session has.
@@ -320,7 +326,7 @@ func (s *following) follow(ctx context.Context) error {
 	if !s.applyView() {
 		return nil
 	}
-	return s.m.report(ctx, s.lease, s.ap, s.rep, true)
+	return s.report(ctx, true)
 }
 
 // applyView applies the view and moves the limiter's expiry with it, and
@@ -329,6 +335,39 @@ func (s *following) applyView() bool {
 	acked := s.m.apply(s.v, s.ap)
 	s.rep.failStatic = s.m.arm(s.v, s.ap, s.leaseEnd)
 	return acked
+}
+
+// report writes the instance record (Member.report). A write that
+// changed only how far the instance got and that etcd did not answer in
+// time ends the session only if etcd does not renew the lease either:
+// configd allows for an acknowledgement or a demand that comes late, and
+// the next report writes it again (follow.Due still sees the
+// difference). Ending the session made every instance register again on
+// a new lease and read everything anew at once when etcd was slow for all
+// of them: at a retune of 2,000 instances on 2 cores, 1,406 timed out
+// together (BENCHMARKS.md, section 12). With etcd gone the renewal fails
+// too, by the lease's end at the latest, and the Member says at once that
+// it is disconnected.
+func (s *following) report(ctx context.Context, force bool) error {
+	err := s.m.report(ctx, s.lease, s.ap, s.rep, force)
+	if !errors.Is(err, errLate) || !s.renews(ctx) {
+		return err
+	}
+	s.m.log.Warn("instance record not written in time; etcd renews the lease, so writing it again at the next report", "err", err)
+	return nil
+}
+
+// renews reports whether etcd renews the session's lease now, before its
+// end.
+func (s *following) renews(ctx context.Context) bool {
+	sent := time.Now() // monotonic, as leaseEnd is
+	if !sent.Before(s.leaseEnd) {
+		return false
+	}
+	octx, cancel := context.WithTimeout(ctx, min(s.m.cfg.opTimeout, s.leaseEnd.Sub(sent)))
+	defer cancel()
+	resp, err := s.m.cli.KeepAliveOnce(octx, s.lease)
+	return err == nil && resp.TTL > 0
 }
 
 // connected says the session is up: in the status, once in the log, and
@@ -360,7 +399,7 @@ func (s *following) keyEvents(ctx context.Context, wr clientv3.WatchResponse, ok
 		return err
 	}
 	if acked {
-		return s.m.report(ctx, s.lease, s.ap, s.rep, true)
+		return s.report(ctx, true)
 	}
 	return nil
 }
@@ -386,7 +425,7 @@ func (s *following) shareEvents(ctx context.Context, wr clientv3.WatchResponse, 
 		}
 	}
 	if acked {
-		return s.m.report(ctx, s.lease, s.ap, s.rep, true)
+		return s.report(ctx, true)
 	}
 	return nil
 }
@@ -460,7 +499,7 @@ func (s *following) tick(ctx context.Context) error {
 		return err
 	}
 	s.applyView()
-	return s.m.report(ctx, s.lease, s.ap, s.rep, false)
+	return s.report(ctx, false)
 }
 
 // ended reports whether wr ended its watch; where reading the keys again
@@ -1190,6 +1229,9 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		}
 	}
 	if err != nil {
+		if rep.haveWrite && onlyProgress(rep.written, rec) && slow(err) {
+			return fmt.Errorf("write instance record: %w: %w", errLate, err)
+		}
 		return fmt.Errorf("write instance record: %w", err)
 	}
 	if m.registered == 0 {
@@ -1247,6 +1289,24 @@ func (m *Member) warnNoMarks() {
 }
 
 // written is what of rec decides whether it is written again.
+// onlyProgress reports whether rec, the instance record to write, differs
+// from prev, the last one written, only in what says how far the instance
+// got (its demand, admissions, the generation it applied, from when, what
+// it enforces): nothing configd bounds a grant or a hold by (the source,
+// fail_static, the clock).
+func onlyProgress(prev, rec schema.InstanceRecord) bool {
+	prev.Updated, prev.Demand, prev.Admitted, prev.AppliedGeneration, prev.AppliedFrom, prev.Enforced =
+		rec.Updated, rec.Demand, rec.Admitted, rec.AppliedGeneration, rec.AppliedFrom, rec.Enforced
+	return prev == rec
+}
+
+// slow reports whether err is etcd not answering in time (the request may
+// yet land): not a refusal, nor etcd out of reach.
+func slow(err error) bool {
+	return status.Code(err) == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, rpctypes.ErrTimeoutDueToLeaderFail)
+}
+
 func written(rec schema.InstanceRecord) follow.Record {
 	return follow.Record{
 		Demand:      rec.Demand,
