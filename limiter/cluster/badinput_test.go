@@ -285,8 +285,19 @@ func TestShareRecordBeforeItsConfig(t *testing.T) {
 	if v.share.Share != 900 {
 		t.Fatalf("a record over the limit known was followed: share %d", v.share.Share)
 	}
+	// Nothing is wrong with it: at a retune of 2,000 instances, 100
+	// logged it as malformed and listed it among their problems.
+	if len(v.problems) != 0 {
+		t.Errorf("a record ahead of its config listed as a problem: %v", v.problems)
+	}
 	m.observe(v, keys.Config("api"), cfg(1000), false, 7)
 	if v.share.Share != 1000 || v.share.Generation != 2 || len(v.problems) != 0 {
 		t.Fatalf("after its config arrived: share %d of generation %d, problems %v; want the record of generation 2 followed", v.share.Share, v.share.Generation, v.problems)
+	}
+	// One that names a config written after itself was not computed by
+	// configd: refused and listed.
+	m.observe(v, keys.Share("api", "a"), rec(3, 1000, 1000, 12), false, 10)
+	if v.share.Generation != 2 || len(v.problems) != 1 {
+		t.Fatalf("a record naming a later config (12) than its own revision (10): generation %d followed, problems %v; want generation 2 kept and the record listed", v.share.Generation, v.problems)
 	}
 }

@@ -962,6 +962,15 @@ func (m *Member) acceptShare(v *view, r schema.ShareRecord, rev int64) {
 			v.refused, v.refusedRev = &r, rev
 		}
 	}
+	if err != nil && ahead(r, v.configRev, rev) {
+		// The config it was computed under was written before it, and
+		// this instance's watch of the config has yet to bring it: the
+		// two watches deliver independently. Nothing wrong: applied when
+		// the config comes (at a retune of 2,000 instances, 100 of them
+		// logged an error here).
+		m.log.Debug("share record ahead of the config; waiting for the config", "key", key, "err", err)
+		return
+	}
 	if err != nil {
 		if v.problems[key] != err.Error() {
 			m.log.Error("ignoring malformed record; keeping the last good value", "key", key, "err", err)
@@ -979,6 +988,15 @@ func (m *Member) acceptShare(v *view, r schema.ShareRecord, rev int64) {
 	}
 	delete(v.problems, key)
 	v.share, v.shareRev = &r, rev
+}
+
+// ahead reports whether r, a share record written at revision rev, was
+// computed under a config newer than the one this instance has (at
+// configRev), written before r: one its watch has yet to bring. A record
+// that names a config revision not before its own was not written by
+// configd, which computes it from a config it read.
+func ahead(r schema.ShareRecord, configRev, rev int64) bool {
+	return r.ConfigRevision > configRev && r.ConfigRevision < rev
 }
 
 // limitsProblem is the key of Status.Problems under which the first
