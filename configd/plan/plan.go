@@ -153,9 +153,11 @@ type Transition struct {
 	Window  time.Duration
 	Since   int64 // 0 in a Decision that starts it: the publisher's next generation
 	Granted map[string]int64
-	// Total is the old regime's limit per window of Window; 0 when not
-	// known, as for a change made before the last one finished (two old
-	// regimes kept as one).
+	// Total is the old regime's limit per window of Window; when a change
+	// made before the last one finished keeps two old regimes as one, the
+	// lower of their limits (a window that holds either holds at least
+	// that); 0 when not known (two old regimes, or the new one, of
+	// another length).
 	Total int64
 }
 
@@ -357,6 +359,18 @@ func (p Planner) move(cur *Published, in Input, target, held map[string]int64) (
 		allowance = max(allowance, share.In(before.Total, ow, w))
 	}
 	granted = make(map[string]int64, len(target)+len(held))
+	if cand := capped(shares, alone, oldRoom, w, ow); before.Since == 0 && fits(cur, in, cb, cand) {
+		// A change made before the last one finished: every window is
+		// judged by the regime with the highest limit in it (fits), not
+		// by the new limit alone beside the grants of both old regimes,
+		// which left every share at 0 after a raise whose
+		// acknowledgements had not all come (the simulator: a lowering
+		// 2 s after a raise with one acknowledgement lost gave every
+		// instance 0 for a window, and for as long as the straggler
+		// stays silent).
+		maps.Copy(granted, cand)
+		return cand, granted, before
+	}
 	for id, v := range shares {
 		v = min(v, alone[id], share.Within(oldRoom[id], w, ow))
 		if v > fresh[id] {
@@ -379,6 +393,57 @@ func (p Planner) move(cur *Published, in Input, target, held map[string]int64) (
 		}
 	}
 	return shares, granted, before
+}
+
+// capped returns the shares a transition may give before the growth
+// check of move: each no more than alone and what fits in windows of the
+// old length (oldRoom).
+func capped(shares, alone, oldRoom map[string]int64, w, ow time.Duration) map[string]int64 {
+	c := make(map[string]int64, len(shares))
+	for id, v := range shares {
+		c[id] = min(v, alone[id], share.Within(oldRoom[id], w, ow))
+	}
+	return c
+}
+
+// fits reports whether s, the shares of a change of limit made while the
+// change before it (cur.Before) is still under way, keeps every window
+// within what it may hold, one window length throughout. Each instance
+// admits in a window at most the most of what it may enforce under the
+// new regime (s), cur's (bounds, per window of cur) and the old one
+// (cur.Before's grant, while it may still enforce it). A window holds at
+// most the highest limit of the regimes enforced in it, so it is enough
+// that:
+//
+//   - with only the new regime in it, the shares fit the new limit;
+//   - with cur's regime in it, the most of all three fits the higher of
+//     the new limit and cur's;
+//   - with the old regime but not cur's in it, the most of the new and
+//     the old fits the higher of the new limit and the old one (the
+//     lowest of the limits it keeps when it keeps two: Transition.Total).
+//
+// move otherwise checks each growth beside the others' grants of either
+// old regime within the new limit alone, which leaves no room when the
+// higher limit of cur's regime is the one that let those grants be.
+func fits(cur *Published, in Input, bounds, s map[string]int64) bool {
+	b := cur.Before
+	if b == nil || b.Total <= 0 || cur.Window != in.Window || b.Window != in.Window || !mayBeOnOld(cur, in) {
+		return false
+	}
+	ids := maps.Clone(bounds)
+	maps.Copy(ids, s)
+	maps.Copy(ids, b.Granted)
+	var onNew, withCur, withOld int64
+	for id := range ids {
+		var old int64
+		if onOld(b, cur, in, id) {
+			old = b.Granted[id]
+		}
+		onNew += s[id]
+		withCur += max(s[id], bounds[id], old)
+		withOld += max(s[id], old)
+	}
+	return onNew <= in.Total && withCur <= max(in.Total, cur.Total) && withOld <= max(in.Total, b.Total)
 }
 
 // frozen returns target with no share above what it has (per the same
@@ -434,7 +499,13 @@ func transition(cur *Published, in Input, bounds map[string]int64) *Transition {
 	}
 	t := &Transition{Window: cur.Window, Granted: maps.Clone(bounds), Total: cur.Total}
 	if b != nil {
+		// Two old regimes kept as one: a window that holds either holds
+		// at least the lower of their limits, all of one length (of
+		// more, not known).
 		t.Window, t.Total = max(b.Window, cur.Window), 0
+		if b.Window == cur.Window && cur.Window == in.Window && b.Total > 0 {
+			t.Total = min(b.Total, cur.Total)
+		}
 		for id, v := range bounds {
 			t.Granted[id] = share.In(v, cur.Window, t.Window)
 		}

@@ -543,3 +543,56 @@ func TestDecideEndOfAChangeIsNotPublishedAlone(t *testing.T) {
 		t.Fatalf("a join: %+v (before: %+v); want a publish without the old grants", d, d.Before)
 	}
 }
+
+// A lowering made while the raise before it is still under way, one
+// instance's acknowledgement of the raise missing: every instance takes
+// its share of the lower limit at once. Before, every share was checked
+// beside the grants of both old regimes within the new limit alone, and
+// all of them were 0 until the straggler acknowledged (the simulator: a
+// lowering 2 s after a raise with one acknowledgement lost emptied every
+// share for a window, and for as long as the straggler stays silent).
+func TestDecideLoweringBeforeTheRaiseEnded(t *testing.T) {
+	ids := []string{"a", "b", "c", "d"}
+	each := func(v int64) map[string]int64 {
+		m := map[string]int64{}
+		for _, id := range ids {
+			m[id] = v
+		}
+		return m
+	}
+	s := func(sec int64) time.Time { return time.Unix(sec, 0) }
+	// Generation 2 lowered 400 to 360 from 11 s, and every instance
+	// acknowledged it; generation 3 raised it back to 400 from 13 s,
+	// before d's acknowledgement of 2 had come: the two old regimes are
+	// kept as one, the lower of their limits, 360.
+	cur := &Published{Generation: 3, EffectiveFrom: s(13), Window: time.Second, Total: 400, ConfigRevision: 3,
+		Shares: each(100), Granted: each(100),
+		Before: &Transition{Window: time.Second, Since: 3, Granted: each(90), Total: 360}, At: s(12)}
+	acked := map[string]Ack{}
+	for _, id := range ids[:3] {
+		acked[id] = Ack{Generation: 3, From: s(13).UnixNano()}
+	}
+	acked["d"] = Ack{Generation: 2, From: s(11).UnixNano()}
+	in := Input{Total: 360, Window: time.Second, ConfigRevision: 4, Margin: 200 * time.Millisecond,
+		Target: each(90), Acked: acked, Cur: cur, Now: s(14)}
+	d := Decide(in)
+	if !d.Publish || !maps.Equal(d.Shares, each(90)) {
+		t.Fatalf("lowering to 360 with d's acknowledgement of the raise missing: %+v; want every share 90 at once", d)
+	}
+	if d.Before == nil || d.Before.Total != 360 || !maps.Equal(d.Before.Granted, each(100)) {
+		t.Errorf("old regimes kept: %+v; want the grants of 100 kept, with the lower limit 360", d.Before)
+	}
+	// Every window stays within its bound whoever is on which regime: d
+	// on the lowering of 360 (90) beside the others on 360 (90 each), or
+	// anyone on the raise (100) beside the rest at 90.
+	if sum := 3*d.Shares["a"] + 90; sum > 360 {
+		t.Errorf("d on the first lowering beside the others on the new shares: %d, over 360", sum)
+	}
+	// With the old limit unknown, as records of two old regimes of two
+	// lengths leave it, each share fits beside the others' grants within
+	// the new limit alone: 360 - 3*100 = 60.
+	cur.Before.Total = 0
+	if d := Decide(in); !maps.Equal(d.Shares, each(60)) {
+		t.Errorf("old limit unknown: shares %v; want 60 each, beside the others' grants of 100 within 360", d.Shares)
+	}
+}

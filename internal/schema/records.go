@@ -495,8 +495,9 @@ type ShareTransition struct {
 	Window  Duration `json:"window"`
 	Since   int64    `json:"since"`
 	Granted int64    `json:"granted"`
-	// Total is the old regime's limit per window of Window, omitted when
-	// not known (two old regimes kept as one).
+	// Total is the old regime's limit per window of Window; of two old
+	// regimes kept as one, the lower of their limits when they and the
+	// new one have one window length, else omitted (not known).
 	Total int64 `json:"total,omitempty"`
 }
 
