@@ -435,6 +435,13 @@ func fits(cur *Published, in Input, bounds, s map[string]int64) bool {
 	maps.Copy(ids, b.Granted)
 	var onNew, withCur, withOld int64
 	for id := range ids {
+		if cur.generationOf(id) < b.Since {
+			// Its record is of a regime before cur's (a publish cut
+			// short, or a takeover of such records): what it enforces
+			// under it is among cur's bounds, and an older regime's limit
+			// is in no Total (found by review: 750 in a window of 500).
+			return false
+		}
 		var old int64
 		if onOld(b, cur, in, id) {
 			old = b.Granted[id]

@@ -4,6 +4,8 @@ import (
 	"maps"
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/schema"
 )
 
 func TestHysteresis(t *testing.T) {
@@ -594,5 +596,104 @@ func TestDecideLoweringBeforeTheRaiseEnded(t *testing.T) {
 	cur.Before.Total = 0
 	if d := Decide(in); !maps.Equal(d.Shares, each(60)) {
 		t.Errorf("old limit unknown: shares %v; want 60 each, beside the others' grants of 100 within 360", d.Shares)
+	}
+}
+
+// recordsOf writes decision d as configd's publisher.records does: one
+// record per instance it grants, with the transition's grant and limit.
+func recordsOf(d Decision, gen, total int64, w time.Duration) map[string]schema.ShareRecord {
+	out := map[string]schema.ShareRecord{}
+	ids := map[string]bool{}
+	for id := range d.Granted {
+		ids[id] = true
+	}
+	if d.Before != nil {
+		for id, g := range d.Before.Granted {
+			if g > 0 {
+				ids[id] = true
+			}
+		}
+	}
+	for id := range ids {
+		sh, named := d.Shares[id]
+		r := schema.ShareRecord{Version: schema.Version, Provider: "p", Instance: id, Generation: gen,
+			EffectiveFrom: d.EffectiveFrom.UnixNano(), Window: schema.Duration(w), Total: total,
+			Share: sh, Granted: max(d.Granted[id], sh), Held: !named, ConfigRevision: gen}
+		if b := d.Before; b != nil {
+			since := b.Since
+			if since == 0 {
+				since = gen
+			}
+			r.Before = &schema.ShareTransition{Window: schema.Duration(b.Window), Since: since, Granted: b.Granted[id], Total: b.Total}
+		}
+		out[id] = r
+	}
+	return out
+}
+
+// publishedOf is configd's shareState.published over the records etcd holds.
+func publishedOf(recs []schema.ShareRecord, at time.Time) *Published {
+	v := schema.AssembleShares("p", recs)
+	var before *Transition
+	if b := v.Before; b != nil {
+		before = &Transition{Window: b.Window.D(), Since: b.Since, Granted: b.Granted, Total: b.Total}
+	}
+	return &Published{Generation: v.Generation, EffectiveFrom: v.EffectiveTime(), Total: v.Total, Window: v.Window.D(),
+		ConfigRevision: v.ConfigRevision, Shares: v.Shares, Granted: v.Granted, Before: before,
+		Generations: v.Generations, From: v.From, At: at}
+}
+
+// A raise whose publish was cut short (the config changed again while its
+// records were being written: some transactions landed, the rest failed
+// their revision compare), then a lowering. The instance whose record did
+// not land still enforces the first regime's share, which the assembled
+// view keeps in Shares (as if of cur's regime), not in Before.Granted:
+// fits judged the lowering's shares as if it could not, and a window held
+// 750 of 500 (found by review).
+func TestDecideCompoundAfterACutShortPublish(t *testing.T) {
+	const w = time.Second
+	s := func(ms int64) time.Time { return time.Unix(0, ms*int64(time.Millisecond)) }
+	margin := 200 * time.Millisecond
+
+	// Generation 1: 400 per second, u 300, a 100; settled.
+	d1 := Decide(Input{Total: 400, Window: w, ConfigRevision: 1, Margin: margin,
+		Target: map[string]int64{"u": 300, "a": 100}, Now: s(1000)})
+	if !d1.Publish {
+		t.Fatal("gen 1 not published")
+	}
+	r1 := recordsOf(d1, 1, 400, w)
+	cur1 := publishedOf([]schema.ShareRecord{r1["u"], r1["a"]}, s(1000))
+	f1 := d1.EffectiveFrom.UnixNano()
+	acked := map[string]Ack{"u": {Generation: 1, From: f1}, "a": {Generation: 1, From: f1}}
+
+	// Generation 2: raised to 1000 at 10 s; a's demand grew.
+	d2 := Decide(Input{Total: 1000, Window: w, ConfigRevision: 2, Margin: margin,
+		Target: map[string]int64{"u": 300, "a": 700}, Acked: acked, Cur: cur1, Now: s(10000)})
+	if !d2.Publish || d2.Before == nil {
+		t.Fatalf("gen 2: %+v", d2)
+	}
+	t.Logf("gen 2: shares %v granted %v before %+v from %v", d2.Shares, d2.Granted, *d2.Before, d2.EffectiveFrom)
+	r2 := recordsOf(d2, 2, 1000, w)
+
+	// The limit is changed to 500 while gen 2 is being written: a's record
+	// landed, u's transaction failed its compare on the config revision.
+	// configd decides again from the records etcd holds.
+	cur2 := publishedOf([]schema.ShareRecord{r2["a"], r1["u"]}, s(10000))
+	t.Logf("view: total %d shares %v granted %v before %+v gens %v", cur2.Total, cur2.Shares, cur2.Granted, *cur2.Before, cur2.Generations)
+	d3 := Decide(Input{Total: 500, Window: w, ConfigRevision: 3, Margin: margin,
+		Target: map[string]int64{"u": 50, "a": 450}, Acked: acked, Cur: cur2, Now: s(10050)})
+	if !d3.Publish {
+		t.Fatalf("gen 3 not published: %+v", d3)
+	}
+	t.Logf("gen 3: shares %v granted %v before %+v from %v", d3.Shares, d3.Granted, *d3.Before, d3.EffectiveFrom)
+
+	// A window from gen 3's boundary on in which a enforces gen 3 (it had
+	// the record in time) and u still gen 1 (its record of gen 3 reaches it
+	// after the boundary: it admits its 300 before it cuts to 50). The
+	// configs enforced in it: 400 (u's gen 1) and 500 (gen 3), so it may
+	// hold 500.
+	if sum := d3.Shares["a"] + r1["u"].Share; sum > 500 {
+		t.Errorf("a on gen 3 (%d) beside u still on gen 1 (%d): %d in a window that may hold max(400, 500) = 500",
+			d3.Shares["a"], r1["u"].Share, sum)
 	}
 }
