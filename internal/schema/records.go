@@ -632,6 +632,16 @@ func AssembleShares(provider string, recs []ShareRecord) Shares {
 			sh, gr = share.In(r.Share, rw, w), share.In(max(r.Share, r.Granted), rw, w)
 			old[r.Instance] = append(old[r.Instance], oldGrant{max(r.Share, r.Granted), rw})
 			s.before(r.Window, 0, 0)
+		} else if r.Total != newest.Total {
+			// A record of another limit (a publish cut short): its
+			// instance may enforce that regime, whose limit no Total
+			// of the newest records says. It is an old regime, with its
+			// own limit, so that no later transition counts its grant
+			// under the newest limit (found by review: 240 in a window
+			// of 200, a lowering beside a record of the limit before a
+			// raise cut short).
+			old[r.Instance] = append(old[r.Instance], oldGrant{max(r.Share, r.Granted), rw})
+			s.before(r.Window, 0, r.Total)
 		}
 		if !r.Held {
 			s.Shares[r.Instance] = sh

@@ -664,6 +664,32 @@ func TestAssembleSharesCountsRecordsOfAnotherWindow(t *testing.T) {
 	}
 }
 
+// A record of the newest length but another limit, left by a publish cut
+// short, is an old regime: its grant kept in Before with its own limit,
+// so that nothing counts it under the newest one (found by review: 240
+// in a window of 200).
+func TestAssembleSharesKeepsARecordOfAnotherLimitAsOld(t *testing.T) {
+	rec := func(id string, gen, total, share int64, b *ShareTransition) ShareRecord {
+		return ShareRecord{Version: Version, Provider: "p", Instance: id, Generation: gen, EffectiveFrom: 1e18,
+			Window: Duration(time.Second), Total: total, Share: share, Granted: share, Before: b}
+	}
+	s := AssembleShares("p", []ShareRecord{
+		rec("a", 2, 1000, 950, &ShareTransition{Window: Duration(time.Second), Since: 2, Granted: 50, Total: 100}),
+		rec("u", 1, 100, 50, nil), // not rewritten
+	})
+	if b := s.Before; b == nil || b.Since != 2 || b.Total != 100 || b.Granted["u"] != 50 || b.Granted["a"] != 50 {
+		t.Errorf("before %+v; want since 2, the old limit 100, u's 50 and a's 50 kept", s.Before)
+	}
+	// With no transition in the newest record, the stale one's alone.
+	s = AssembleShares("p", []ShareRecord{
+		rec("a", 3, 1000, 950, nil),
+		rec("u", 1, 100, 50, nil),
+	})
+	if b := s.Before; b == nil || b.Total != 100 || b.Granted["u"] != 50 {
+		t.Errorf("before %+v; want u's 50 kept, with its limit: 100", s.Before)
+	}
+}
+
 // A record of an old length that keeps an older regime's grant too: the
 // larger of the two, each counted into Before's length, not the one that
 // is larger in the record's own length (10 per 1 s puts 20 into a 2 s
