@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim accuracy multi soak scale shards faults demo clean
+.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim sim-scale accuracy multi soak scale shards faults demo clean
 
 all: build test
 
@@ -140,6 +140,11 @@ bench:
 sim:
 	$(GO) test -count=1 ./internal/sim
 	$(GO) run ./bench/sim $(SCENARIO)
+
+## sim-scale: the simulator at 10,000 and 100,000 instances, retunes with
+## lost acknowledgements (bench/sim/scale; about 6 minutes).
+sim-scale:
+	$(GO) run ./bench/sim -v bench/sim/scale/10000.json bench/sim/scale/100000.json
 
 ## accuracy: 8 instance processes, configd, embedded etcd and a provider stub:
 ## fair vs even, and +200ms clock skew without/with NTP (about 5 minutes).

@@ -13,7 +13,8 @@ import (
 // The leader: configd's publisher for the one provider.
 
 // leaderBatch is how long the leader takes to gather a batch of watch
-// events before it publishes: etcd hands a watcher many events at once.
+// events before it publishes, unless the scenario says (LeaderBatch):
+// etcd hands a watcher many events at once.
 const leaderBatch = int64(5 * time.Millisecond)
 
 func (e *engine) notifyLeader() {
@@ -22,7 +23,11 @@ func (e *engine) notifyLeader() {
 	}
 	e.batchArmed = true
 	ep := e.epoch
-	e.at(e.now+leaderBatch, func() {
+	batch := leaderBatch
+	if b := int64(e.sc.LeaderBatch); b > 0 {
+		batch = b
+	}
+	e.at(e.now+batch, func() {
 		if ep != e.epoch {
 			return
 		}

@@ -126,7 +126,12 @@ type Scenario struct {
 
 	ReportInterval Duration `json:"report_interval"` // instances' demand report period
 	Margin         Duration `json:"margin"`          // configd's propagation margin
-	LeaseTTL       Duration `json:"lease_ttl"`       // instance lease TTL
+	// LeaderBatch is how long the leader gathers watch events before it
+	// decides (0: 5 ms). configd decides at least every 20 ms, and a
+	// decision over 100,000 instances takes it about 1.6 s
+	// (BENCHMARKS.md, section 12): a large fleet's scenario sets it so.
+	LeaderBatch Duration `json:"leader_batch,omitempty"`
+	LeaseTTL    Duration `json:"lease_ttl"` // instance lease TTL
 	// FailStatic is the provider's fail_static (0: the default, 10 s):
 	// the even split's hold counts it.
 	FailStatic Duration `json:"fail_static,omitempty"`
@@ -215,6 +220,8 @@ func (sc *Scenario) Validate() error {
 		return bad("report_interval", sc.ReportInterval.D(), "must be > 0")
 	case sc.Margin < 0:
 		return bad("margin", sc.Margin.D(), "must be ≥ 0")
+	case sc.LeaderBatch < 0 || sc.LeaderBatch.D() > time.Minute:
+		return bad("leader_batch", sc.LeaderBatch.D(), "must be from 0 to 1m")
 	case sc.LeaseTTL <= 0:
 		return bad("lease_ttl", sc.LeaseTTL.D(), "must be > 0")
 	case sc.AckLoss < 0 || sc.AckLoss >= 1:
