@@ -64,6 +64,7 @@ type view struct {
 	// checked again when the config changes.
 	refused    *schema.ShareRecord
 	refusedRev int64
+	refusedAt  int64      // the revision its content was written at (acceptShare)
 	replaced   []replaced // see evenHold
 	// polledAt is when (monotonic) the last count read that succeeded
 	// was sent; zero: none since configd was last seen alive. On the
@@ -879,7 +880,7 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		v.config, v.configRev = &c, rev
 		if r := v.refused; r != nil {
 			v.refused = nil
-			m.acceptShare(v, *r, v.refusedRev)
+			m.acceptShare(v, *r, v.refusedRev, v.refusedAt)
 		}
 	case schema.KindShares:
 		// This instance's own record, alone: one that says Common is read
@@ -926,7 +927,11 @@ func (m *Member) observeShare(v *view, own, common []*mvccpb.KeyValue, seen int6
 		v.problems[key] = err.Error()
 		return
 	}
-	m.acceptShare(v, r, own[0].ModRevision)
+	at := own[0].ModRevision
+	if v.pointer && len(common) > 0 {
+		at = max(at, common[0].ModRevision) // its content is the common record's
+	}
+	m.acceptShare(v, r, own[0].ModRevision, at)
 }
 
 // commonRecord decodes the common record read (none or one key), listing
@@ -947,8 +952,9 @@ func (m *Member) commonRecord(v *view, kvs []*mvccpb.KeyValue) *schema.ShareReco
 
 // acceptShare makes r, this instance's record (resolved) written at rev,
 // the view's, unless it is inconsistent with the config known: then it
-// waits for the next config (refused).
-func (m *Member) acceptShare(v *view, r schema.ShareRecord, rev int64) {
+// waits for the next config (refused). at is the revision r's content was
+// written at: the common record's for one that follows it.
+func (m *Member) acceptShare(v *view, r schema.ShareRecord, rev, at int64) {
 	key := m.keys.Share(m.provider, m.id)
 	defer m.listProblems(v)
 	var err error
@@ -959,10 +965,10 @@ func (m *Member) acceptShare(v *view, r schema.ShareRecord, rev int64) {
 		// computed under a config still on its way here: kept, and
 		// checked again when the config changes.
 		if err = r.CheckAgainst(*v.config, v.configRev); err != nil {
-			v.refused, v.refusedRev = &r, rev
+			v.refused, v.refusedRev, v.refusedAt = &r, rev, at
 		}
 	}
-	if err != nil && ahead(r, v.configRev, rev) {
+	if err != nil && ahead(r, v.configRev, at) {
 		// The config it was computed under was written before it, and
 		// this instance's watch of the config has yet to bring it: the
 		// two watches deliver independently. Nothing wrong: applied when
