@@ -698,38 +698,44 @@ func TestDecideCompoundAfterACutShortPublish(t *testing.T) {
 	}
 }
 
-// A record left behind by a publish cut short (u's
-// generation-1 record, of the 100-permit regime) survives while the
-// records that landed finish their transition; the next change of limit
-// (a raise to 2000) rewrites every record and labels u's old grant as of
-// the 1000 regime (Transition.Total = cur.Total); a lowering to 200 made
-// before u acknowledged the raise is then judged by fits with the old
-// limit 1000, and a window holds a's new share beside u's 50 of the
-// 100-permit regime: 240 of max(100, 200) (found by review).
+// staleRecord is the history both stale-record tests start from: 100
+// per second, u 50 and a 50, settled (generation 1); then a raise to 1000
+// (generation 2) cut short: a's record landed, u's did not, and a has
+// acknowledged it. It returns the view from the records etcd holds, u's
+// record of generation 1 and the acknowledgements.
+func staleRecord(t *testing.T, margin time.Duration, at func(ms int64) time.Time) (*Published, schema.ShareRecord, map[string]Ack) {
+	t.Helper()
+	const w = time.Second
+	d1 := Decide(Input{Total: 100, Window: w, ConfigRevision: 1, Margin: margin,
+		Target: map[string]int64{"u": 50, "a": 50}, Now: at(1000)})
+	r1 := recordsOf(d1, 1, 100, w)
+	f1 := d1.EffectiveFrom.UnixNano()
+	cur1 := publishedOf([]schema.ShareRecord{r1["u"], r1["a"]}, at(1000))
+	acked := map[string]Ack{"u": {Generation: 1, From: f1}, "a": {Generation: 1, From: f1}}
+	// u's demand is what it has (target 50).
+	d2 := Decide(Input{Total: 1000, Window: w, ConfigRevision: 2, Margin: margin,
+		Target: map[string]int64{"u": 50, "a": 950}, Acked: acked, Cur: cur1, Now: at(10000)})
+	if !d2.Publish || d2.Before == nil {
+		t.Fatalf("generation 2: %+v", d2)
+	}
+	r2 := recordsOf(d2, 2, 1000, w)
+	acked["a"] = Ack{Generation: 2, From: d2.EffectiveFrom.UnixNano()}
+	return publishedOf([]schema.ShareRecord{r2["a"], r1["u"]}, at(10000)), r1["u"], acked
+}
+
+// A record left behind by a publish cut short (u's generation-1 record,
+// of the 100-permit regime) survives while the records that landed
+// finish their transition; the next change of limit (a raise to 2000)
+// rewrote every record and labelled u's old grant as of the 1000 regime
+// (Transition.Total = cur.Total); a lowering to 200 made before u
+// acknowledged the raise was then judged by fits with the old limit
+// 1000, and a window held a's new share beside u's 50 of the 100-permit
+// regime: 240 of max(100, 200) (found by review).
 func TestDecideStaleRecordThenTwoChanges(t *testing.T) {
 	const w = time.Second
 	ms := func(v int64) time.Time { return time.Unix(0, v*int64(time.Millisecond)) }
 	margin := 200 * time.Millisecond
-
-	// gen 1: 100 per second, u 50, a 50, settled.
-	d1 := Decide(Input{Total: 100, Window: w, ConfigRevision: 1, Margin: margin,
-		Target: map[string]int64{"u": 50, "a": 50}, Now: ms(1000)})
-	r1 := recordsOf(d1, 1, 100, w)
-	f1 := d1.EffectiveFrom.UnixNano()
-	cur1 := publishedOf([]schema.ShareRecord{r1["u"], r1["a"]}, ms(1000))
-
-	// gen 2: raised to 1000; u's demand is what it has (target 50).
-	acked := map[string]Ack{"u": {Generation: 1, From: f1}, "a": {Generation: 1, From: f1}}
-	d2 := Decide(Input{Total: 1000, Window: w, ConfigRevision: 2, Margin: margin,
-		Target: map[string]int64{"u": 50, "a": 950}, Acked: acked, Cur: cur1, Now: ms(10000)})
-	if !d2.Publish || d2.Before == nil {
-		t.Fatalf("gen 2: %+v", d2)
-	}
-	r2 := recordsOf(d2, 2, 1000, w)
-	f2 := d2.EffectiveFrom.UnixNano()
-	// Cut short: a's record landed, u's did not (u keeps generation 1).
-	cur2 := publishedOf([]schema.ShareRecord{r2["a"], r1["u"]}, ms(10000))
-	acked["a"] = Ack{Generation: 2, From: f2}
+	cur2, u1, acked := staleRecord(t, margin, ms)
 
 	// Nothing moves: no publish (a transition that is over is not
 	// published on its own), so u's record of generation 1 stays.
@@ -745,11 +751,9 @@ func TestDecideStaleRecordThenTwoChanges(t *testing.T) {
 	if !d3.Publish || d3.Before == nil {
 		t.Fatalf("gen 3: %+v", d3)
 	}
-	t.Logf("gen 3: shares %v before %+v", d3.Shares, *d3.Before)
 	r3 := recordsOf(d3, 3, 2000, w)
-	f3 := d3.EffectiveFrom.UnixNano()
 	cur3 := publishedOf([]schema.ShareRecord{r3["a"], r3["u"]}, ms(20000))
-	acked["a"] = Ack{Generation: 3, From: f3} // u's acknowledgement is lost; u never got gen 2
+	acked["a"] = Ack{Generation: 3, From: d3.EffectiveFrom.UnixNano()} // u's acknowledgement is lost; u never got gen 2
 
 	// gen 4: lowered to 200 before u acknowledged gen 3; u's demand fell.
 	d4 := Decide(Input{Total: 200, Window: w, ConfigRevision: 4, Margin: margin,
@@ -757,13 +761,12 @@ func TestDecideStaleRecordThenTwoChanges(t *testing.T) {
 	if !d4.Publish {
 		t.Fatalf("gen 4 not published: %+v", d4)
 	}
-	t.Logf("gen 4: shares %v granted %v before %+v", d4.Shares, d4.Granted, *d4.Before)
 	// A window from gen 4's boundary in which a enforces gen 4 and u, whose
 	// gen 3 and gen 4 records reach it late, still its generation-1 share
 	// of the 100-permit regime: the configs enforced in it are 100 and 200.
-	if sum := d4.Shares["a"] + r1["u"].Share; sum > 200 {
+	if sum := d4.Shares["a"] + u1.Share; sum > 200 {
 		t.Errorf("a on gen 4 (%d) beside u still on gen 1 (%d): %d in a window that may hold max(100, 200) = 200",
-			d4.Shares["a"], r1["u"].Share, sum)
+			d4.Shares["a"], u1.Share, sum)
 	}
 }
 
@@ -771,27 +774,15 @@ func TestDecideStaleRecordThenTwoChanges(t *testing.T) {
 // Transition.Total = cur.Total (1000) let a keep 190 beside u's 50 of the
 // 100-permit regime, before 805a86c too (found by review).
 func TestDecideStaleRecordThenOneChange(t *testing.T) {
-	const w = time.Second
 	ms := func(v int64) time.Time { return time.Unix(0, v*int64(time.Millisecond)) }
 	margin := 200 * time.Millisecond
-	d1 := Decide(Input{Total: 100, Window: w, ConfigRevision: 1, Margin: margin,
-		Target: map[string]int64{"u": 50, "a": 50}, Now: ms(1000)})
-	r1 := recordsOf(d1, 1, 100, w)
-	f1 := d1.EffectiveFrom.UnixNano()
-	cur1 := publishedOf([]schema.ShareRecord{r1["u"], r1["a"]}, ms(1000))
-	acked := map[string]Ack{"u": {Generation: 1, From: f1}, "a": {Generation: 1, From: f1}}
-	d2 := Decide(Input{Total: 1000, Window: w, ConfigRevision: 2, Margin: margin,
-		Target: map[string]int64{"u": 50, "a": 950}, Acked: acked, Cur: cur1, Now: ms(10000)})
-	r2 := recordsOf(d2, 2, 1000, w)
-	cur2 := publishedOf([]schema.ShareRecord{r2["a"], r1["u"]}, ms(10000))
-	acked["a"] = Ack{Generation: 2, From: d2.EffectiveFrom.UnixNano()}
-	d3 := Decide(Input{Total: 200, Window: w, ConfigRevision: 3, Margin: margin,
+	cur2, u1, acked := staleRecord(t, margin, ms)
+	d3 := Decide(Input{Total: 200, Window: time.Second, ConfigRevision: 3, Margin: margin,
 		Target: map[string]int64{"u": 10, "a": 190}, Acked: acked, Cur: cur2, Now: ms(20000)})
 	if !d3.Publish {
 		t.Fatalf("gen 3 not published: %+v", d3)
 	}
-	t.Logf("gen 3: shares %v before %+v", d3.Shares, *d3.Before)
-	if sum := d3.Shares["a"] + r1["u"].Share; sum > 200 {
-		t.Errorf("a on gen 3 (%d) beside u still on gen 1 (%d): %d of max(100, 200) = 200", d3.Shares["a"], r1["u"].Share, sum)
+	if sum := d3.Shares["a"] + u1.Share; sum > 200 {
+		t.Errorf("a on gen 3 (%d) beside u still on gen 1 (%d): %d of max(100, 200) = 200", d3.Shares["a"], u1.Share, sum)
 	}
 }
