@@ -1312,7 +1312,6 @@ func (m *Member) warnNoMarks() {
 	})
 }
 
-// written is what of rec decides whether it is written again.
 // onlyProgress reports whether rec, the instance record to write, differs
 // from prev, the last one written, only in what says how far the instance
 // got (its demand, admissions, the generation it applied, from when, what
@@ -1331,6 +1330,7 @@ func slow(err error) bool {
 		errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, rpctypes.ErrTimeoutDueToLeaderFail)
 }
 
+// written is what of rec decides whether it is written again.
 func written(rec schema.InstanceRecord) follow.Record {
 	return follow.Record{
 		Demand:      rec.Demand,
