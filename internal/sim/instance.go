@@ -282,10 +282,14 @@ func (in *instance) onConfig(e *engine, c *config, rev int64) {
 	if rev < in.cfgRev {
 		return
 	}
+	// A deletion keeps the shares record, as the member does: configd
+	// keeps the records while their instances may enforce them, for a
+	// provider created again to start from, and a record of before the
+	// deletion that arrives late must still not undo a newer one. The
+	// simulator dropped it, and a publish of generation 1 delayed past a
+	// deletion and a creation gave 1,094 beside others' 877 of 2,631
+	// (found by the protocol search, seed 929665938495620497).
 	in.cfg, in.cfgRev = c, rev
-	if c == nil {
-		in.shares = nil
-	}
 	in.apply(e)
 }
 
