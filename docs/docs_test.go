@@ -67,6 +67,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -1453,15 +1454,15 @@ func TestCommandsRun(t *testing.T) {
 	ds := loadDocs(t)
 	work := t.TempDir()
 
-	// Free ports for the documented addresses.
+	// Free ports for the documented addresses, below the kernel's
+	// ephemeral range: a port taken from that range (listening on :0) and
+	// closed again until the walk-through's process used it seconds later
+	// went meanwhile to a test of another package run in parallel, which
+	// then answered on inst-b's metrics port while inst-b had exited
+	// (seen once in .ci/run).
 	addrs := map[string]string{}
 	for _, a := range documentedAddrs {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrs[a] = ln.Addr().String()
-		ln.Close()
+		addrs[a] = lowFreeAddr(t, addrs)
 	}
 	var pairs []string
 	for _, a := range documentedAddrs {
@@ -1847,4 +1848,29 @@ func TestDurationsAgree(t *testing.T) {
 			t.Errorf("make faults takes %s minutes by %s, %s by the Makefile", d, f, said["Makefile"])
 		}
 	}
+}
+
+// lowFreeAddr returns a 127.0.0.1 address on a port from 20000 to 32767,
+// below Linux's default ephemeral range (32768-60999), free when asked
+// and none of taken's.
+func lowFreeAddr(t *testing.T, taken map[string]string) string {
+	t.Helper()
+	used := map[string]bool{}
+	for _, a := range taken {
+		used[a] = true
+	}
+	for range 1000 {
+		a := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12768))
+		if used[a] {
+			continue
+		}
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return a
+	}
+	t.Fatal("no free port from 20000 to 32767")
+	return ""
 }
