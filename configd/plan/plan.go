@@ -359,7 +359,8 @@ func (p Planner) move(cur *Published, in Input, target, held map[string]int64) (
 		allowance = max(allowance, share.In(before.Total, ow, w))
 	}
 	granted = make(map[string]int64, len(target)+len(held))
-	if cand := capped(shares, alone, oldRoom, w, ow); before.Since == 0 && fits(cur, in, cb, cand) {
+	cand := capped(shares, alone, oldRoom, w, ow)
+	if before.Since == 0 && fits(cur, in, cb, cand) {
 		// A change made before the last one finished: every window is
 		// judged by the regime with the highest limit in it (fits), not
 		// by the new limit alone beside the grants of both old regimes,
@@ -371,8 +372,7 @@ func (p Planner) move(cur *Published, in Input, target, held map[string]int64) (
 		maps.Copy(granted, cand)
 		return cand, granted, before
 	}
-	for id, v := range shares {
-		v = min(v, alone[id], share.Within(oldRoom[id], w, ow))
+	for id, v := range cand {
 		if v > fresh[id] {
 			// Its share of the new regime grows: it must fit beside what
 			// every other instance may enforce under either regime, within
