@@ -25,8 +25,17 @@
 //     -sample, added up to more than the total of the shares in force for
 //     that window (the newest publish whose boundary it has reached).
 //
-//     go run ./bench/scale
-//     go run ./bench/scale -n 100,1000 -retunes 10
+// One process holds N members' etcd clients and an etcd, where a
+// deployment runs one member per process: its heap is N clients', and so
+// is the garbage collector's work on every cycle, taken from the 2 cores
+// the members share. -gogc (default 400, debug.SetGCPercent) makes the
+// collector run less often; with Go's default of 100, N = 2,000 spent 23%
+// of this process's CPU in it (assists and marking, in a -cpuprofile of a
+// whole run) and a retune's record reached the last members after its
+// boundary (BENCHMARKS.md, section 12).
+//
+//	go run ./bench/scale
+//	go run ./bench/scale -n 100,1000 -retunes 10
 package main
 
 import (
@@ -36,6 +45,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -66,6 +76,7 @@ type options struct {
 	every     time.Duration
 	sample    time.Duration
 	verbose   bool // print each retune: its time, and the member that settled last
+	gogc      int  // debug.SetGCPercent for this process
 }
 
 // result is one N's row.
@@ -95,6 +106,7 @@ func main() {
 	flag.StringVar(&o.configd, "configd", "", "extra flags for configd serve, space-separated (as -configd='--propagation-margin 300ms')")
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile (members, etcd, the harness) to this file")
 	flag.BoolVar(&o.verbose, "v", false, "print each retune's time and the member that settled last")
+	flag.IntVar(&o.gogc, "gogc", 400, "the garbage collector's target percentage for this process, which holds every member (debug.SetGCPercent)")
 	memberLog := flag.String("memberlog", "", "append the members' warnings and errors to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -125,6 +137,7 @@ func main() {
 		}
 		o.sizes = append(o.sizes, n)
 	}
+	debug.SetGCPercent(o.gogc)
 	if err := run(o); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "scale:", err)
@@ -139,8 +152,8 @@ func run(o options) error {
 		return err
 	}
 	defer cleanup()
-	fmt.Printf("limit %d per %v, report interval %v, %d retunes %v apart per size; one process holds every member\n\n",
-		o.limit, o.window, o.report, o.retunes, o.every)
+	fmt.Printf("limit %d per %v, report interval %v, %d retunes %v apart per size; one process holds every member, GOGC %d\n\n",
+		o.limit, o.window, o.report, o.retunes, o.every, o.gogc)
 	var rows []result
 	for _, n := range o.sizes {
 		r, err := measure(o, n, filepath.Join(dir, strconv.Itoa(n)), bins[0])
