@@ -13,9 +13,13 @@ import (
 // publish takes effect, and whether an instance's boundary has passed. No
 // decision that lets a share grow depends on its accuracy: a growth is
 // published from a boundary after now, so after every boundary the leader
-// waited for, whatever its clock says, and an instance applies a record
-// that reaches it late only from its next boundary (follow.Schedule). A
-// clock that is off only makes publishes late (behind) or slow (ahead). So
+// waited for, whatever its clock says. What it frees on its own clock (a
+// higher limit, a gone instance's grant after its hold) an instance that
+// receives it late grows into at once only where its own clock shows the
+// room free for the whole window under way, and configd holds a gone
+// instance's grant a window longer for it (follow.Schedule,
+// schema.ProviderConfig.Settle). A clock that is off only makes publishes
+// late (behind) or slow (ahead). So
 // serve measures it with NTP, as the instances do (--ntp-server), and
 // corrects it: publishes then reach the instances before their boundary.
 

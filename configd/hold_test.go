@@ -56,6 +56,8 @@ func TestHoldFor(t *testing.T) {
 			[]*schema.ProviderConfig{cfg(40 * time.Second), cfg(5 * time.Second), cfg(time.Second)}, nil, time.Time{}, 40*time.Second + bound},
 		{"the config deleted: the default, and the replaced value",
 			[]*schema.ProviderConfig{cfg(40 * time.Second), nil}, nil, time.Time{}, 40*time.Second + bound},
+		{"an instance that said it was leaving: Settle alone",
+			[]*schema.ProviderConfig{cfg(40 * time.Second)}, &schema.InstanceRecord{Version: 1, ID: "a", Updated: t0, FailStatic: schema.Duration(40 * time.Second), Leaving: true}, time.Time{}, 0},
 		{"max_clock_offset is the bound",
 			[]*schema.ProviderConfig{{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(3 * time.Second), MaxClockOffset: schema.Duration(100 * time.Millisecond)}},
 			nil, time.Time{}, 3*time.Second + 100*time.Millisecond},
@@ -72,8 +74,10 @@ func TestHoldFor(t *testing.T) {
 			if tt.rec != nil && written.IsZero() {
 				written = tt.rec.Updated
 			}
-			if got := st.holdFor("i", tt.rec, written); got != tt.want {
-				t.Errorf("holdFor = %v, want %v (replaced %v)", got, tt.want, st.replaced)
+			// Every hold lasts Settle more: a window and twice the bound.
+			want := tt.want + st.config().Settle()
+			if got := st.holdFor("i", tt.rec, written); got != want {
+				t.Errorf("holdFor = %v, want %v (replaced %v)", got, want, st.replaced)
 			}
 		})
 	}
@@ -96,7 +100,7 @@ func TestReplacedFailStaticForgotten(t *testing.T) {
 		t.Fatalf("forgotten at exactly failStaticMemory: %v", st.replaced)
 	}
 	st.noteFailStatic(&cur, t0.Add(failStaticMemory+time.Second))
-	if got, want := st.holdFor("i", nil, time.Time{}), time.Second+20*time.Millisecond; got != want || len(st.replaced) != 0 {
+	if got, want := st.holdFor("i", nil, time.Time{}), time.Second+20*time.Millisecond+cur.Settle(); got != want || len(st.replaced) != 0 {
 		t.Errorf("after failStaticMemory: hold %v (replaced %v), want %v", got, st.replaced, want)
 	}
 }
@@ -143,9 +147,9 @@ func TestLoweredFailStaticHoldsByTheRecord(t *testing.T) {
 			ev(mvccpb.PUT, keys.Config("pay"), cfg)
 			now = now.Add(5 * time.Second)
 			ev(mvccpb.DELETE, keys.Instance("pay", "a"), nil)
-			want := now.Add(40*time.Second + 20*time.Millisecond)
+			want := now.Add(40*time.Second + 20*time.Millisecond + cfg.Settle())
 			if got := p.providers["pay"].held["a"]; !got.Equal(want) {
-				t.Errorf("held until %v, want %v (the record's 40 s plus the clock bound)", got, want)
+				t.Errorf("held until %v, want %v (the record's 40 s plus the clock bound, plus Settle)", got, want)
 			}
 		})
 	}

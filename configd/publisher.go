@@ -195,9 +195,11 @@ type providerState struct {
 	maxGen    int64            // highest generation known for this provider
 	due       time.Time        // a damped change to look at again then; zero: none
 	target    map[string]int64 // the split a handover is moving toward; nil: none chosen yet
-	// held is, per instance whose lease expired (it did not say it was
-	// leaving), until when its grant stays reserved: it may only be cut off
-	// from etcd, and then keeps its share for the provider's fail_static.
+	// held is, per instance whose key went, until when its grant stays
+	// reserved (holdFor): one whose lease expired may only be cut off from
+	// etcd, and then keeps its share for the provider's fail_static; and
+	// what any stopped instance admitted must lie in windows before those
+	// the others grow a late record into at once (follow.Schedule).
 	held map[string]time.Time
 	// written is, per live instance, when its record was written at the
 	// latest: its own time, or when this replica saw it if that is earlier
@@ -290,8 +292,14 @@ func (st *providerState) replacedFrom(kvs []*mvccpb.KeyValue, now time.Time) {
 // written; nil when unknown) says, and any this replica knows was replaced
 // since that record was written, which it may have read after (with no
 // record: any remembered) — plus the clock bound, plus how long it may
-// admit past its horizon (lingers).
+// admit past its horizon (lingers), plus Settle. An instance that said it
+// was leaving stopped admitting before its key went: Settle alone, past
+// any linger.
 func (st *providerState) holdFor(id string, rec *schema.InstanceRecord, written time.Time) time.Duration {
+	settle := st.config().Settle() + st.lingers(id)
+	if rec != nil && rec.Leaving {
+		return settle
+	}
 	var d time.Duration
 	if rec != nil {
 		d = rec.FailStatic.D()
@@ -301,7 +309,7 @@ func (st *providerState) holdFor(id string, rec *schema.InstanceRecord, written 
 			d = max(d, r.d)
 		}
 	}
-	return st.config().HoldAfter(d) + st.lingers(id)
+	return st.config().HoldAfter(d) + settle
 }
 
 // windowChanged lengthens the holds set before the config's window changed
@@ -821,12 +829,17 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 			delete(st.written, k.Instance)
 			delete(st.shares.registered, k.Instance)
 			delete(st.shares.leases, k.Instance)
-			if was && !rec.Leaving && st.holdable(k.Instance) {
+			if was && st.holdable(k.Instance) {
 				hold := st.holdFor(k.Instance, &rec, written)
 				until := p.now().Add(hold)
 				st.held[k.Instance] = until
-				p.log.Info("instance lease expired; its share stays reserved as long as it may enforce it (the fail_static it may count with, plus the clock bound)",
-					"provider", k.Provider, "instance", k.Instance, "hold", hold, "until", until.UTC())
+				if rec.Leaving {
+					p.log.Debug("instance left; its share stays reserved for a window and twice the clock bound",
+						"provider", k.Provider, "instance", k.Instance, "hold", hold, "until", until.UTC())
+				} else {
+					p.log.Info("instance lease expired; its share stays reserved as long as it may enforce it (the fail_static it may count with, plus the clock bound, plus a window and twice the clock bound)",
+						"provider", k.Provider, "instance", k.Instance, "hold", hold, "until", until.UTC())
+				}
 			}
 			break
 		}

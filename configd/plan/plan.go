@@ -114,7 +114,9 @@ type Input struct {
 	// WriteTime is how long writing the publish's records is expected to
 	// take; it is added to Margin, so that a large publish reaches its
 	// instances before its boundary rather than after it (an instance
-	// that receives a record late applies it a window later).
+	// that receives a growth late applies it in the window under way only
+	// where follow.Schedule shows its room free for all of it, else a
+	// window later).
 	WriteTime time.Duration
 
 	// Target is the allocation just computed over the live instances:

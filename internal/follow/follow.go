@@ -34,6 +34,14 @@ type Applied struct {
 	// said when the generation was first applied: what the instance
 	// acknowledges, as its record's AppliedFrom.
 	InForce int64
+	// ClockCut says Quota is below the record's share, cut for the
+	// uncertainty of the instance's clock (skew.EnforcedShare).
+	ClockCut bool
+	// Settled (Unix ns, the instance's clock; 0: unknown) is an instant by
+	// which whatever a share of configd's grows into had stopped being
+	// admitted by anyone else, as far as the instance can tell: see
+	// growsAtOnce.
+	Settled int64
 	// Switched (Unix ns; 0: none) is the boundary from which the last
 	// switch of source governs: before it, other instances may still be
 	// on the old source, so no growth applies before it. It is carried on
@@ -150,14 +158,11 @@ type InForce struct {
 // review: 7,770 in a minute of 6,000). Interim is per window of the
 // length in force.
 //
-// A quota that arrives after its boundary applies at once only if it
-// shrinks the quota in force in the window under way, in the same length:
-// a growth never applies to that window, since another instance may have
-// spent in it the larger share it gave up for this one before it learned of
-// the publish (the record was late for both) — and so may a previous
-// process of this instance's own id, which a restarted member cannot know.
-// It applies from the next boundary instead. A shrink applies at once; the
-// window under way keeps what it admitted. What counts is the quota in
+// A quota that arrives after its boundary applies at once if it shrinks
+// the quota in force in the window under way, in the same length; the
+// window under way keeps what it admitted. A growth applies to that window
+// only where growsAtOnce says the room it grows into was free for all of
+// it, and from the next boundary otherwise. What counts is the quota in
 // force now, not the last one applied: that may be larger, scheduled for a
 // boundary ahead.
 func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Duration) Step {
@@ -192,13 +197,63 @@ func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Durati
 		// switch's boundary (found by review).
 		st.From = max(st.From, prev.At, prev.Switched)
 	}
-	if st.From <= now && (next.Quota > cur.Quota || next.Window != cur.Window) {
+	if st.From <= now && (next.Quota > cur.Quota || next.Window != cur.Window) && !growsAtOnce(prev, next, cur, now) {
 		st.From = NextBoundary(now+1, int64(next.Window))
 	}
 	if prev.Source != next.Source && prev.Source != "" {
 		st.Switched = st.From
 	}
 	return st
+}
+
+// growsAtOnce reports whether next, a record of configd's that grows the
+// quota in force and whose boundary has passed, may apply in the window
+// under way rather than from the next boundary.
+//
+// configd hands out room from a boundary on only if it is free in every
+// window from there on while each instance enforces any record it has not
+// acknowledged as in force (share.Bound); the window under way is one of
+// them, and this instance admits no more than its new share in it. What
+// configd frees by the boundary's number alone (an acknowledged shrink
+// governs from the boundary the instance said) is free in that window too.
+// What it frees on its own clock is not: a configd whose clock is behind
+// publishes boundaries that have already passed on the instances' clocks,
+// and the room it freed may have been spent in the window under way. That
+// room comes from three places, and each must have stopped being spent
+// before the window under way began:
+//
+//   - a previous limit: the config the record was computed under was
+//     written before the instance saw it;
+//   - a previous process of this instance's id (a restart): it stopped
+//     before this one registered (found by the protocol search: a
+//     restarted process applied its late share on top of what the process
+//     before it had spent);
+//   - an instance that left or whose lease expired: configd holds its
+//     grant for at least a window and twice the clock bound after its key
+//     went, or after it may have stopped admitting
+//     (schema.ProviderConfig.HoldAfter), so a publish that hands it on was
+//     sent more than a window after it stopped, and a late record arrives
+//     less than a window into the window under way.
+//
+// Settled is the later of the first two, plus twice the clock bound, on
+// the instance's clock. Only within one source of shares, at one length,
+// for a record newer than the last: a switch of source waits for the
+// others to switch (the margin), and a new length for a boundary of both.
+// Nor when the clock cut changed: the cut keeps the permits of a window
+// inside its aligned window only if it held the whole window.
+//
+// Growing late records at once lets a retune reach a large fleet in the
+// window it was published for, when delivering it takes longer than the
+// margin: at 2,000 instances on 2 cores, some of them received it after
+// its boundary and grew a window later (BENCHMARKS.md, section 12).
+func growsAtOnce(prev, next Applied, cur InForce, now int64) bool {
+	w := int64(next.Window)
+	start := NextBoundary(now+1, w) - w // of the window under way
+	return prev.Source == SourceShares && next.Source == SourceShares &&
+		prev.Window == next.Window && cur.Window == next.Window &&
+		next.Generation != 0 && next.Generation != prev.Generation &&
+		!prev.ClockCut && !next.ClockCut &&
+		next.Settled != 0 && next.Settled <= start
 }
 
 // Returned is st, a step from the even split back to configd's shares,

@@ -106,6 +106,32 @@ func TestSchedule(t *testing.T) {
 	if st = Schedule(ap, Applied{Source: "shares", Quota: 1000, Window: time.Second, At: 9 * w}, InForce{Quota: 400, Window: time.Second}, 9*w, now, margin); st.From != 12*w {
 		t.Errorf("the cut lifted right after a switch: %+v, want from the switch's boundary 12 s", st)
 	}
+	// A late growth applies in the window under way only when what it
+	// grows into was free for all of it (growsAtOnce).
+	settled := func(q, gen, settled int64) Applied {
+		return Applied{Source: "shares", Quota: q, Window: time.Second, Generation: gen, Settled: settled}
+	}
+	in10 := InForce{Quota: 10, Window: time.Second}
+	for _, c := range []struct {
+		name       string
+		prev, next Applied
+		want       int64
+	}{
+		{"settled before the window under way", settled(10, 1, 0), settled(20, 2, 9*w), 10 * w},
+		{"settled at its very start", settled(10, 1, 0), settled(20, 2, 10*w), 10 * w},
+		{"settled within it (a config, or a registration, seen late)", settled(10, 1, 0), settled(20, 2, 10*w+1), 11 * w},
+		{"not known", settled(10, 1, 0), settled(20, 2, 0), 11 * w},
+		{"the same generation (a clock cut lifted)", settled(10, 2, 0), settled(20, 2, 9*w), 11 * w},
+		{"cut for the clock", settled(10, 1, 0), Applied{Source: "shares", Quota: 20, Window: time.Second, Generation: 2, Settled: 9 * w, ClockCut: true}, 11 * w},
+		{"after a clock cut", Applied{Source: "shares", Quota: 10, Window: time.Second, Generation: 1, ClockCut: true}, settled(20, 2, 9*w), 11 * w},
+		{"from the even split", even(10), settled(20, 2, 9*w), 12 * w},
+		{"a record of another length", settled(10, 1, 0), Applied{Source: "shares", Quota: 40, Window: 2 * time.Second, Generation: 2, Settled: 9 * w}, 12 * w},
+	} {
+		st := Schedule(c.prev, c.next, in10, 10*w, now, margin)
+		if st.From != c.want {
+			t.Errorf("late growth, %s: from %v, want %v", c.name, time.Duration(st.From), time.Duration(c.want))
+		}
+	}
 	if got := Schedule(shares(498), even(400), cur, 0, now, margin); got.Interim != 3 {
 		t.Errorf("a switch of source with 3 in force and 498 scheduled: interim %d, want 3", got.Interim)
 	}

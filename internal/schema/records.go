@@ -171,6 +171,21 @@ func (c ProviderConfig) HoldAfter(failStatic time.Duration) time.Duration {
 	return max(c.FailStaticOrDefault(), failStatic) + c.ClockBound()
 }
 
+// Settle returns how long configd keeps the grant of an instance that
+// stopped admitting (it left, or its hold after its lease went ended) from
+// the others beyond that instant: a window and twice ClockBound. An
+// instance that receives a growth after its boundary applies it in the
+// window under way (follow.Schedule) less than a window after the publish
+// was sent, so a window that began after the stopped instance's last one,
+// on either clock.
+func (c ProviderConfig) Settle() time.Duration {
+	w := c.Window.D()
+	if w <= 0 {
+		w = DefaultWindow
+	}
+	return w + 2*c.ClockBound()
+}
+
 // WithDefaults returns c with empty fields set to their defaults: the
 // current Version, a 1s window, enforce mode and the even algorithm.
 func (c ProviderConfig) WithDefaults() ProviderConfig {

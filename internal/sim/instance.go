@@ -36,6 +36,7 @@ type instance struct {
 	// The session's view.
 	cfg        *config
 	cfgRev     int64 // the config key's revision cfg is as of
+	cfgAt      int64 // when (true time) this process first saw cfgRev
 	shares     *sharesRec
 	leaderSeen bool
 	ap         follow.Applied
@@ -93,7 +94,7 @@ func (e *engine) join(in *instance) {
 	// loads the provider and applies.
 	e.m.startEnforcing(e, in, nil)
 	in.report(e, true)
-	in.shares, in.leaderSeen, in.cfg, in.cfgRev = e.rec, e.keys, e.cfg, e.cfgRev
+	in.shares, in.leaderSeen, in.cfg, in.cfgRev, in.cfgAt = e.rec, e.keys, e.cfg, e.cfgRev, e.now
 	in.even.Reset()
 	if !in.leaderSeen {
 		in.even.Observe(time.Unix(0, e.now), int64(e.keyed), int64(e.marks), e.hold())
@@ -163,6 +164,9 @@ func (e *engine) crash(in *instance) {
 			in.keyed = false
 			e.keyed--
 			delete(e.records, in.id)
+			if e.rec != nil && e.rec.enforcing(in.id) > 0 {
+				e.holdGrant(in.id)
+			}
 			e.notifyLeader()
 		}
 		if in.marked && in.markInc == inc {
@@ -289,6 +293,9 @@ func (in *instance) onConfig(e *engine, c *config, rev int64) {
 	// simulator dropped it, and a publish of generation 1 delayed past a
 	// deletion and a creation gave 1,094 beside others' 877 of 2,631
 	// (found by the protocol search, seed 929665938495620497).
+	if rev != in.cfgRev {
+		in.cfgAt = e.now
+	}
 	in.cfg, in.cfgRev = c, rev
 	in.apply(e)
 }
@@ -307,6 +314,20 @@ func (in *instance) onShares(e *engine, rec *sharesRec, deleted bool) {
 	if in.apply(e) {
 		in.report(e, true)
 	}
+}
+
+// settled is cluster.Member's settled: twice the clock bound past the
+// later of when this process registered and when it saw the config its
+// record was computed under, on its clock (0: either not known yet).
+func (in *instance) settled(e *engine) int64 {
+	if in.shares == nil || in.regAt == never || in.cfgRev < in.shares.cfgRev {
+		return 0
+	}
+	b := e.sc.ClockBound.D()
+	if b <= 0 {
+		b = skew.DefaultBound(in.shares.window)
+	}
+	return max(in.cfgAt, in.regAt) - in.skew + 2*int64(b)
 }
 
 // apply is session.apply: what is in force for this instance by the
@@ -350,7 +371,11 @@ func (in *instance) apply(e *engine) bool {
 	}
 	if e.sc.ClockCut && next.Source != follow.SourceFallback {
 		m := skew.Measurement{Known: true, Uncertainty: time.Duration(abs64(in.skew))}
-		next.Quota = skew.EnforcedShare(next.Quota, next.Window, m, e.sc.ClockBound.D())
+		cut := skew.EnforcedShare(next.Quota, next.Window, m, e.sc.ClockBound.D())
+		next.Quota, next.ClockCut = cut, cut < next.Quota
+	}
+	if next.Source == follow.SourceShares {
+		next.Settled = in.settled(e)
 	}
 	ap := in.ap
 	if next.Source == ap.Source && next.Quota == ap.Quota && next.Window == ap.Window && next.Generation == ap.Generation {

@@ -8,6 +8,8 @@ import (
 	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/follow"
+	"github.com/sluice-go/sluice/internal/share"
+	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 // The leader: configd's publisher for the one provider.
@@ -42,7 +44,54 @@ func (e *engine) leaderDown() {
 	e.batchArmed = false
 	e.due, e.dueTimer = never, never
 	e.target = nil // a new leader starts with no target, as configd's state does
+	e.held = map[string]int64{}
 	e.m.failovers++
+}
+
+// holdGrant keeps instance id's grant from the others for Settle from
+// now, as configd does when its key goes, and decides again then.
+func (e *engine) holdGrant(id string) {
+	if e.noHold {
+		return
+	}
+	until := e.now + int64(e.settle())
+	if until <= e.held[id] {
+		return
+	}
+	e.held[id] = until
+	e.at(until, e.notifyLeader)
+}
+
+// settle is schema.ProviderConfig.Settle of the provider's config.
+func (e *engine) settle() time.Duration {
+	w := e.sc.Window.D()
+	if e.cfg != nil {
+		w = e.cfg.window
+	}
+	b := e.sc.ClockBound.D()
+	if b <= 0 {
+		b = skew.DefaultBound(w)
+	}
+	return w + 2*b
+}
+
+// heldGrants returns what each held instance may still enforce by the
+// records, and forgets the holds that ended or whose instance is back.
+func (e *engine) heldGrants() map[string]int64 {
+	var held map[string]int64
+	for id, until := range e.held {
+		if _, live := e.records[id]; live || e.now >= until || e.rec == nil {
+			delete(e.held, id)
+			continue
+		}
+		if g := e.rec.enforcing(id); g > 0 {
+			if held == nil {
+				held = map[string]int64{}
+			}
+			held[id] = g
+		}
+	}
+	return held
 }
 
 // leaderClock is the leader's reading of its clock.
@@ -55,6 +104,13 @@ func (e *engine) leaderResume() {
 	if e.rec != nil {
 		e.published = min(e.rec.published, e.leaderClock())
 		e.maxGen = max(e.maxGen, e.rec.gen)
+		// It cannot know when the instances it has records of and no key
+		// for left: it holds them all (configd's holdMissing).
+		for id := range e.rec.granted {
+			if _, live := e.records[id]; !live {
+				e.holdGrant(id)
+			}
+		}
 	}
 	e.publish()
 }
@@ -146,6 +202,7 @@ func (e *engine) publish() {
 		Cur:            cur,
 		Rewrite:        rewrite,
 		Moving:         e.target,
+		Held:           e.heldGrants(),
 		Now:            time.Unix(0, now),
 	})
 	e.target = d.Target
@@ -198,6 +255,16 @@ func (e *engine) publish() {
 			e.deliver(in, func() { in.onShares(e, rec, false) })
 		}
 	}
+}
+
+// enforcing is schema.ShareRecord.Enforcing of id's record: the most it
+// may still enforce by it, per window of the record's length.
+func (r *sharesRec) enforcing(id string) int64 {
+	g := max(r.shares[id], r.granted[id])
+	if b := r.before; b != nil {
+		g = max(g, share.In(b.Granted[id], b.Window, r.window))
+	}
+	return g
 }
 
 // recordRegAt is when the process whose instance record etcd holds for id

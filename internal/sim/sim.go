@@ -80,6 +80,9 @@ type Sim struct {
 	// instance applies and every record that reaches etcd: what a replay
 	// reads to find out why a window went over.
 	Trace io.Writer
+	// noHold, for tests, frees a gone instance's grant as soon as its key
+	// goes, as the leader did before late records grew at once.
+	noHold bool
 }
 
 // Run runs sc with the real code.
@@ -170,6 +173,12 @@ type engine struct {
 	due        int64            // never: none
 	dueTimer   int64            // time of the armed timer; never: none
 	batchArmed bool
+	// held is, per instance whose key went, until when (true time) the
+	// leader keeps its grant from the others: configd's hold, of which
+	// only Settle matters here (schema.ProviderConfig.Settle), since a
+	// simulated process stops at once, its key going a lease TTL later.
+	held   map[string]int64
+	noHold bool // Sim.noHold
 
 	m metrics
 }
@@ -193,6 +202,8 @@ func (s *Sim) Run() (Report, error) {
 		rng:      rand.New(rand.NewPCG(sc.Seed, sc.Seed^0x5eed51)),
 		groups:   map[string][]*instance{},
 		records:  map[string]*record{},
+		held:     map[string]int64{},
+		noHold:   s.noHold,
 		keys:     true,
 		leaderUp: true,
 		clock:    int64(sc.ConfigdClock),

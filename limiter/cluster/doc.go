@@ -14,7 +14,7 @@
 //	if err != nil {
 //		return err
 //	}
-//	defer m.Close() // revokes the lease: the others' shares grow at once
+//	defer m.Close() // revokes the lease: the others' shares grow a window later
 //
 //	lim := m.Limiter()
 //	if err := lim.Acquire(ctx, 200*time.Millisecond); err != nil {
@@ -75,7 +75,9 @@
 // machine: the limiter reads the monotonic clock, which stops during a
 // suspend, so its time lags by the suspension until the next clock
 // correction. Close stops admitting and writes a leaving mark before
-// revoking the lease, so configd hands the share on at once; a session
+// revoking the lease, so configd hands the share on a window and twice
+// the clock bound later (schema.ProviderConfig.Settle), without waiting
+// for fail_static; a session
 // that ends on an error leaves its lease to expire, never revoking it
 // early. When a new lease comes after the horizon has passed, the member
 // starts from nothing, as a joining instance does.

@@ -240,7 +240,8 @@ func (m *Member) Status() Status {
 }
 
 // Close leaves the provider: it stops the Member's goroutine, revokes its
-// lease (so the others' shares grow at once) and closes its limiter; a
+// lease (so the others' shares grow a window later, not a fail_static
+// later) and closes its limiter; a
 // budget's Member then gives back to the window's counter what it took
 // and did not spend. Close is idempotent.
 func (m *Member) Close() error {

@@ -41,6 +41,7 @@ var errLeaseTooLong = fmt.Errorf("cluster: configd election key's lease was gran
 type view struct {
 	config    *schema.ProviderConfig
 	configRev int64               // the etcd revision config was written at
+	configAt  time.Time           // when (monotonic) this Member first saw configRev
 	share     *schema.ShareRecord // this instance's record, resolved; nil: none
 	shareRev  int64               // the etcd revision this instance's own key was written at
 	// pointer says this instance's own record says Common: it follows the
@@ -877,6 +878,9 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 			prev = v.lastConfig
 		}
 		v.noteReplaced(prev, &c, time.Now(), m.cfg.leaseTTL)
+		if rev != v.configRev || v.configAt.IsZero() {
+			v.configAt = time.Now()
+		}
 		v.config, v.configRev = &c, rev
 		if r := v.refused; r != nil {
 			v.refused = nil
@@ -1123,7 +1127,12 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	if c := v.config; c != nil {
 		lim.SetShadow(c.Mode == schema.ModeShadow)
 		lim.SetPacing(c.Pacing)
+		share := next.Quota
 		next.Quota = m.clockCut(next.Quota, next.Window, c.ClockBound())
+		next.ClockCut = next.Quota < share
+		if next.Source == follow.SourceShares {
+			next.Settled = m.settled(v, c)
+		}
 	}
 	if next.Source == ap.Source && next.Quota == ap.Quota && next.Window == ap.Window && next.Generation == ap.Generation {
 		return false
@@ -1178,6 +1187,22 @@ func (m *Member) apply(v *view, ap *applied) bool {
 		}
 	})
 	return newGen && next.Generation != 0
+}
+
+// settled is follow.Applied.Settled for the share record in v, on the
+// limiter's clock: twice the clock bound past the later of when this
+// process registered and when it saw the config the record was computed
+// under (0: either is not known yet).
+func (m *Member) settled(v *view, c *schema.ProviderConfig) int64 {
+	r := v.share
+	if r == nil || m.registered == 0 || v.configAt.IsZero() || v.configRev < r.ConfigRevision {
+		return 0
+	}
+	seen := v.configAt
+	if m.registeredAt.After(seen) {
+		seen = m.registeredAt
+	}
+	return m.lim.Now().Add(-time.Since(seen) + 2*c.ClockBound()).UnixNano()
 }
 
 // report writes the instance record when something changed meaningfully —
