@@ -211,27 +211,6 @@ type providerState struct {
 	replaced []replacedFailStatic
 }
 
-// replacedFailStatic is a fail_static (the default applied) that was in
-// force until until.
-type replacedFailStatic struct {
-	d     time.Duration
-	until time.Time
-}
-
-// failStaticMemory is how long a replaced fail_static is remembered. An
-// instance writes its record within a report interval of reading a new
-// value, and its key goes a lease TTL after its last renewal: both far
-// shorter.
-const failStaticMemory = 2 * time.Hour
-
-// recordSkew is the slack allowed when an instance's record time is
-// compared with this replica's.
-const recordSkew = time.Minute
-
-// replacedScan is how many of a provider's newest history entries a
-// replica that loads reads for the fail_static values they replaced.
-const replacedScan = 64
-
 // readsCommon reports whether instance id follows a share record that
 // says Common, as its record says.
 func (st *providerState) readsCommon(id string) bool { return st.instances[id].ReadsCommon }
@@ -258,144 +237,6 @@ func (st *providerState) config() schema.ProviderConfig {
 		return schema.ProviderConfig{}
 	}
 	return *st.cfg
-}
-
-// noteFailStatic remembers the fail_static prev had if the config now has
-// another; now is when the change was seen.
-func (st *providerState) noteFailStatic(prev *schema.ProviderConfig, now time.Time) {
-	if d := st.config().FailStaticOrDefault(); prev != nil && prev.FailStaticOrDefault() != d {
-		st.replaced = append(st.replaced, replacedFailStatic{d: prev.FailStaticOrDefault(), until: now})
-	}
-	st.replaced = slices.DeleteFunc(st.replaced, func(r replacedFailStatic) bool {
-		return now.Sub(r.until) > failStaticMemory
-	})
-}
-
-// replacedFrom remembers the fail_static values the history entries kvs
-// record replaced in the last failStaticMemory: a replica that starts
-// knows of changes made before it did. Malformed entries are skipped.
-func (st *providerState) replacedFrom(kvs []*mvccpb.KeyValue, now time.Time) {
-	for _, kv := range kvs {
-		h, err := schema.DecodeHistoryEntry(kv.Value)
-		if err != nil || h.Old == nil || now.Sub(h.When) > failStaticMemory {
-			continue
-		}
-		if d := h.Old.FailStaticOrDefault(); h.New == nil || h.New.FailStaticOrDefault() != d {
-			st.replaced = append(st.replaced, replacedFailStatic{d: d, until: h.When})
-		}
-	}
-}
-
-// holdFor is how long after instance id's key went its grant is held
-// (schema.ProviderConfig.HoldAfter): for the longest fail_static it may be
-// counting with — the provider's, the one its last record (rec, written at
-// written; nil when unknown) says, and any this replica knows was replaced
-// since that record was written, which it may have read after (with no
-// record: any remembered) — plus the clock bound, plus how long it may
-// admit past its horizon (lingers), plus Settle. An instance that said it
-// was leaving stopped admitting before its key went: Settle alone, past
-// any linger.
-func (st *providerState) holdFor(id string, rec *schema.InstanceRecord, written time.Time) time.Duration {
-	settle := st.config().Settle() + st.lingers(id)
-	if rec != nil && rec.Leaving {
-		return settle
-	}
-	var d time.Duration
-	if rec != nil {
-		d = rec.FailStatic.D()
-	}
-	for _, r := range st.replaced {
-		if rec == nil || !r.until.Before(written.Add(-recordSkew)) {
-			d = max(d, r.d)
-		}
-	}
-	return st.config().HoldAfter(d) + settle
-}
-
-// windowChanged lengthens the holds set before the config's window changed
-// from prev's by how long each held instance may admit past its horizon in
-// a window of its record's length, which was not counted then (lingers;
-// found by review: a hold set while the window was 10 s ended inside the
-// held instance's 10 s window after it became 1 s, 90 in a 1 s window
-// of 60).
-func (st *providerState) windowChanged(prev *schema.ProviderConfig) {
-	if prev == nil || st.cfg == nil || prev.Window == st.cfg.Window {
-		return
-	}
-	for id, until := range st.held {
-		st.held[id] = until.Add(st.lingers(id))
-	}
-}
-
-// lingers is how long past its fail-static horizon instance id may still
-// admit by its share record: a window that began before its expiry keeps
-// its quota to its end (limiter.SetExpiry). In the config's window length
-// that end is at or before the boundary the others grow at after the
-// hold; in another length (the window changed while it was cut off) it
-// can be later, by up to that length. An adversarial review found a
-// 10 s window running 8 s past a hold that ended when the window had
-// become 1 s: 90 in a 1 s window of 60.
-func (st *providerState) lingers(id string) time.Duration {
-	e, ok := st.shares.records[id]
-	if !ok {
-		return 0
-	}
-	w := st.config().Window.D()
-	lengths := []time.Duration{e.rec.Window.D()}
-	if b := e.rec.Before; b != nil {
-		lengths = append(lengths, b.Window.D())
-	}
-	var d time.Duration
-	for _, x := range lengths {
-		if x != w {
-			d = max(d, x)
-		}
-	}
-	return d
-}
-
-// enforcing returns the most id's share record leaves it enforcing
-// (schema.ShareRecord.Enforcing); 0 without one.
-func (st *providerState) enforcing(id string) int64 { return st.shares.enforcing(id) }
-
-// holdable reports whether the published shares leave id permits it may
-// still be enforcing.
-func (st *providerState) holdable(id string) bool { return st.enforcing(id) > 0 }
-
-// holdMissing holds, for holdFor without a record, every instance the published
-// shares leave permits to that is neither live nor held already: a leader
-// that starts (or reloads) cannot know when they left, nor whether they
-// left gracefully.
-func (st *providerState) holdMissing(now time.Time) {
-	for _, id := range slices.Sorted(maps.Keys(st.shares.records)) {
-		if _, live := st.instances[id]; live || !st.holdable(id) {
-			continue
-		}
-		if _, ok := st.held[id]; !ok {
-			st.held[id] = now.Add(st.holdFor(id, nil, time.Time{}))
-		}
-	}
-}
-
-// heldGrants returns what each held instance may still be enforcing, and
-// forgets the holds that ended by now; next is when the first remaining
-// one ends (zero: none).
-func (st *providerState) heldGrants(now time.Time) (held map[string]int64, next time.Time) {
-	for id, until := range st.held {
-		_, live := st.instances[id]
-		if live || !now.Before(until) || !st.holdable(id) {
-			delete(st.held, id)
-			continue
-		}
-		if held == nil {
-			held = map[string]int64{}
-		}
-		held[id] = st.enforcing(id)
-		if next.IsZero() || until.Before(next) {
-			next = until
-		}
-	}
-	return held, next
 }
 
 // run leads providers on session lease until ctx ends or the lease is
@@ -465,12 +306,7 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 				st.maxGen = o.maxGen
 			}
 			st.shares.own = o.shares.own // this term's own writes stay its own
-			for _, r := range o.replaced {
-				if !slices.Contains(st.replaced, r) { // read again from history
-					st.replaced = append(st.replaced, r)
-				}
-			}
-			st.noteFailStatic(o.cfg, p.wall())
+			st.keepHolds(o, p.wall())
 			if st.shares.bad() {
 				// The last good records of the ones now malformed: their
 				// grants still bound what the instances may enforce.
@@ -482,11 +318,6 @@ func (p *publisher) load(ctx context.Context) (int64, error) {
 			}
 			if o.published.After(st.published) {
 				st.published = o.published
-			}
-			for id, until := range o.held {
-				if _, live := st.instances[id]; !live {
-					st.held[id] = until
-				}
 			}
 		}
 		st.holdMissing(p.now())
@@ -823,23 +654,16 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 		st.windowChanged(prev)
 	case schema.KindInstance:
 		if !put {
-			rec, was := st.instances[k.Instance]
-			written := st.written[k.Instance]
-			delete(st.instances, k.Instance)
-			delete(st.written, k.Instance)
 			delete(st.shares.registered, k.Instance)
 			delete(st.shares.leases, k.Instance)
-			if was && st.holdable(k.Instance) {
-				hold := st.holdFor(k.Instance, &rec, written)
-				until := p.now().Add(hold)
-				st.held[k.Instance] = until
-				if rec.Leaving {
-					p.log.Debug("instance left; its share stays reserved for a window and twice the clock bound",
-						"provider", k.Provider, "instance", k.Instance, "hold", hold, "until", until.UTC())
-				} else {
-					p.log.Info("instance lease expired; its share stays reserved as long as it may enforce it (the fail_static it may count with, plus the clock bound, plus a window and twice the clock bound)",
-						"provider", k.Provider, "instance", k.Instance, "hold", hold, "until", until.UTC())
-				}
+			now := p.now()
+			switch until, leaving, held := st.gone(k.Instance, now); {
+			case held && leaving:
+				p.log.Debug("instance left; its share stays reserved for a window and twice the clock bound",
+					"provider", k.Provider, "instance", k.Instance, "hold", until.Sub(now), "until", until.UTC())
+			case held:
+				p.log.Info("instance lease expired; its share stays reserved as long as it may enforce it (the fail_static it may count with, plus the clock bound, plus a window and twice the clock bound)",
+					"provider", k.Provider, "instance", k.Instance, "hold", until.Sub(now), "until", until.UTC())
 			}
 			break
 		}
