@@ -1,7 +1,13 @@
 package cluster
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/schema"
@@ -67,4 +73,63 @@ func (v *view) evenHold(now time.Time) time.Duration {
 	}
 	v.replaced = keep
 	return h + follow.CountsValid + extra
+}
+
+// pollEven reads the counts of the even split while no configd leader is
+// alive: two count-only requests, whatever the fleet's size.
+func (m *Member) pollEven(ctx context.Context, v *view) error {
+	if len(v.leaders) > 0 {
+		return nil
+	}
+	sent := time.Now()
+	octx, cancel := m.opCtx(ctx)
+	defer cancel()
+	resp, err := m.cli.Txn(octx).Then(
+		clientv3.OpGet(m.keys.Instances(m.provider), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(m.keys.Even(m.provider), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+	).Commit()
+	if err != nil {
+		return fmt.Errorf("count instances of %s: %w", m.provider, err)
+	}
+	rs := resp.Responses
+	v.even.Observe(time.Now(), rs[0].GetResponseRange().Count, rs[1].GetResponseRange().Count, v.evenHold(time.Now()))
+	v.polledAt = sent
+	return nil
+}
+
+// confirmEven writes this instance's even-split confirmation, on its
+// lease, while no configd leader is alive, and deletes it once one is:
+// the others count it (follow.Even).
+func (m *Member) confirmEven(ctx context.Context, v *view, lease clientv3.LeaseID) error {
+	want := len(v.leaders) == 0 && v.config != nil
+	if want == m.evenMarked {
+		return nil
+	}
+	octx, cancel := m.opCtx(ctx)
+	defer cancel()
+	key := m.keys.EvenMark(m.provider, m.id)
+	var err error
+	if want {
+		_, err = m.cli.Put(octx, key, "", clientv3.WithLease(lease))
+	} else {
+		_, err = m.cli.Delete(octx, key)
+	}
+	if errors.Is(err, rpctypes.ErrPermissionDenied) {
+		m.warnNoMarks()
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("even split confirmation: %w", err)
+	}
+	m.evenMarked = want
+	return nil
+}
+
+// warnNoMarks says, once, that this instance may not write its even-split
+// confirmation.
+func (m *Member) warnNoMarks() {
+	m.noMarks.Do(func() {
+		m.log.Warn("may not write the even-split confirmation (permission denied): grant the instance's role read-write on the provider's even/ prefix; until then, with configd gone, the instances stay at their grants",
+			"key", m.keys.EvenMark(m.provider, m.id))
+	})
 }
