@@ -91,18 +91,38 @@ func (st *providerState) holdFor(id string, rec *schema.InstanceRecord, written 
 	return st.config().HoldAfter(d) + settle
 }
 
-// windowChanged lengthens the holds set before the config's window changed
-// from prev's by how long each held instance may admit past its horizon in
-// a window of its record's length, which was not counted then (lingers;
-// found by review: a hold set while the window was 10 s ended inside the
-// held instance's 10 s window after it became 1 s, 90 in a 1 s window
-// of 60).
-func (st *providerState) windowChanged(prev *schema.ProviderConfig) {
-	if prev == nil || st.cfg == nil || prev.Window == st.cfg.Window {
+// configChanged lengthens the holds set before the config changed from
+// prev's (nil: the provider was deleted meanwhile, or is new):
+//
+//   - by how long each held instance may admit past its horizon in a
+//     window of its record's length, if the window changed (lingers; found
+//     by review: a hold set while the window was 10 s ended inside the
+//     held instance's 10 s window after it became 1 s, 90 in a 1 s window
+//     of 60);
+//   - by what Settle grew, with a longer window or a larger clock bound: a
+//     late record of the new config grows at once up to a window of its
+//     own length after its publish (found by review: a hold whose Settle
+//     counted the 1 s window ended a second after the held instance
+//     stopped, inside the others' new 60 s window, 6,363 of 6,000). A
+//     provider created again is compared with the defaults, which errs
+//     toward holding longer.
+func (st *providerState) configChanged(prev *schema.ProviderConfig) {
+	if st.cfg == nil {
 		return
 	}
-	for id, until := range st.held {
-		st.held[id] = until.Add(st.lingers(id))
+	if prev != nil && prev.Window != st.cfg.Window {
+		for id, until := range st.held {
+			st.held[id] = until.Add(st.lingers(id))
+		}
+	}
+	was := schema.ProviderConfig{}.Settle()
+	if prev != nil {
+		was = prev.Settle()
+	}
+	if d := st.cfg.Settle() - was; d > 0 {
+		for id, until := range st.held {
+			st.held[id] = until.Add(d)
+		}
 	}
 }
 

@@ -253,15 +253,51 @@ func TestHoldGrowsWhenTheWindowChanges(t *testing.T) {
 	old := &schema.ProviderConfig{Version: 1, Name: "pay", Limit: 60, Window: schema.Duration(10 * time.Second), FailStatic: schema.Duration(3 * time.Second)}
 	st := &providerState{cfg: old, shares: newShareState(), held: map[string]time.Time{"a": t0}}
 	st.shares.records["a"] = shareEntry{rec: schema.ShareRecord{Window: schema.Duration(10 * time.Second), Share: 30}}
-	st.windowChanged(old)
+	st.configChanged(old)
 	if got := st.held["a"]; !got.Equal(t0) {
 		t.Errorf("no change of window: hold until %v, want %v", got, t0)
 	}
 	cur := *old
 	cur.Window = schema.Duration(time.Second)
 	st.cfg = &cur
-	st.windowChanged(old)
+	st.configChanged(old)
 	if got, want := st.held["a"], t0.Add(10*time.Second); !got.Equal(want) {
 		t.Errorf("window 10s became 1s: hold until %v, want %v", got, want)
+	}
+}
+
+// TestHoldGrowsWithSettle: a hold counts Settle, a window and twice the
+// clock bound past the held instance's horizon, so that the others grow a
+// late record into a window it admitted nothing in (follow.Schedule). A
+// config of a longer window or a larger bound lengthens the holds set
+// before it by what Settle grew. Found by review: held for a 1 s Settle,
+// an instance cut off on its fail_static stopped a second before the
+// others, who had switched to 60 s windows, grew a late record at once in
+// the window it had admitted in: 6,363 of 6,000.
+func TestHoldGrowsWithSettle(t *testing.T) {
+	t0 := time.Date(2026, 11, 29, 6, 0, 0, 0, time.UTC)
+	second := &schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(30 * time.Second)}
+	minute := *second
+	minute.Limit, minute.Window = 6000, schema.Duration(time.Minute)
+	bounded := minute
+	bounded.MaxClockOffset = schema.Duration(5 * time.Second)
+	for _, c := range []struct {
+		name  string
+		prev  *schema.ProviderConfig
+		cur   schema.ProviderConfig
+		grows time.Duration
+	}{
+		{"1 s to 60 s", second, minute, minute.Settle() - second.Settle()},
+		{"60 s to 1 s", &minute, *second, 0},
+		{"a larger clock bound", &minute, bounded, bounded.Settle() - minute.Settle()},
+		{"created again, of 60 s", nil, minute, minute.Settle() - schema.ProviderConfig{}.Settle()},
+		{"created again, of 1 s", nil, *second, 0},
+	} {
+		st := &providerState{cfg: &c.cur, shares: newShareState(), held: map[string]time.Time{"x": t0}}
+		st.shares.records["x"] = shareEntry{rec: schema.ShareRecord{Window: c.cur.Window, Share: 33, Granted: 33}}
+		st.configChanged(c.prev)
+		if got, want := st.held["x"], t0.Add(c.grows); !got.Equal(want) {
+			t.Errorf("%s: hold until %v, want %v (Settle grew by %v)", c.name, got, want, c.grows)
+		}
 	}
 }

@@ -651,7 +651,7 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 		prev := st.cfg
 		st.cfg, st.cfgRev = &cfg, kv.ModRevision
 		st.noteFailStatic(prev, p.wall())
-		st.windowChanged(prev)
+		st.configChanged(prev)
 	case schema.KindInstance:
 		if !put {
 			delete(st.shares.registered, k.Instance)

@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/follow"
+	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/internal/share"
 	"github.com/sluice-go/sluice/limiter/skew"
 )
@@ -54,7 +55,7 @@ func (e *engine) holdGrant(id string) {
 	if e.noHold {
 		return
 	}
-	until := e.now + int64(e.settle())
+	until := e.now + int64(e.settle(e.cfg))
 	if until <= e.held[id] {
 		return
 	}
@@ -62,17 +63,31 @@ func (e *engine) holdGrant(id string) {
 	e.at(until, e.notifyLeader)
 }
 
-// settle is schema.ProviderConfig.Settle of the provider's config.
-func (e *engine) settle() time.Duration {
-	w := e.sc.Window.D()
-	if e.cfg != nil {
-		w = e.cfg.window
+// settle is schema.ProviderConfig.Settle of config c (nil: a deleted
+// provider's, the defaults').
+func (e *engine) settle(c *config) time.Duration {
+	w := schema.DefaultWindow
+	if c != nil {
+		w = c.window
 	}
 	b := e.sc.ClockBound.D()
 	if b <= 0 {
 		b = skew.DefaultBound(w)
 	}
 	return w + 2*b
+}
+
+// settleChanged lengthens the holds by what Settle grew from was, as
+// configd's configChanged does.
+func (e *engine) settleChanged(was time.Duration) {
+	d := e.settle(e.cfg) - was
+	if d <= 0 {
+		return
+	}
+	for id, until := range e.held {
+		e.held[id] = until + int64(d)
+		e.at(until+int64(d), e.notifyLeader)
+	}
 }
 
 // heldGrants returns what each held instance may still enforce by the

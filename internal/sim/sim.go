@@ -262,9 +262,11 @@ func (e *engine) tracef(format string, args ...any) {
 // setConfig is the operator writing the provider's config (create or
 // change): a new revision and a new regime for the oracle.
 func (e *engine) setConfig(limit int64, window time.Duration) {
+	was := e.settle(e.cfg)
 	e.cfgRev++
 	e.cfg = &config{limit: limit, window: window, rev: e.cfgRev, idx: len(e.limits)}
 	e.limits = append(e.limits, regime{limit: limit, window: window})
+	e.settleChanged(was)
 }
 
 func (e *engine) setup() {
