@@ -18,6 +18,11 @@
 //
 //   - configd: CPU seconds per second (/proc);
 //
+//   - publish: from `configd set` returning to a watch of the share
+//     records alone (a client of its own in this process) seeing the first
+//     record of the publish it caused (p50/p99; an upper bound, the
+//     watch's delivery included);
+//
 //   - retune: from `configd set` returning to every member having applied
 //     its new share (p50/p99);
 //
@@ -89,6 +94,7 @@ type result struct {
 	etcdReqs                  float64 // per second, all clients
 	dbGrowth                  float64 // bytes per second
 	configdCPU                float64 // CPU seconds per second
+	publishP50, publishP99    time.Duration
 	retuneP50, retuneP99      time.Duration
 	windows, over, retunesRan int
 }
@@ -169,11 +175,11 @@ func run(o options) error {
 
 func printRows(rows []result) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "N\tjoin→all\tevents/member/s\t(max)\tbytes/member/s\t(max)\tevents/member/retune\tbytes/member/retune\tetcd req/s\tdb growth KiB/s\tconfigd CPU\tretune p50\tp99\twindows\tover\t")
+	fmt.Fprintln(tw, "N\tjoin→all\tevents/member/s\t(max)\tbytes/member/s\t(max)\tevents/member/retune\tbytes/member/retune\tetcd req/s\tdb growth KiB/s\tconfigd CPU\tpublish p50\tp99\tretune p50\tp99\twindows\tover\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%v\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.1f\t%.0f%%\t%v\t%v\t%d\t%d\t\n", r.n, r.join.Round(time.Millisecond),
+		fmt.Fprintf(tw, "%d\t%v\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.1f\t%.0f%%\t%v\t%v\t%v\t%v\t%d\t%d\t\n", r.n, r.join.Round(time.Millisecond),
 			r.eventsMean, r.eventsMax, r.bytesMean, r.bytesMax, r.eventsRetune, r.bytesRetune, r.etcdReqs, r.dbGrowth/1024, 100*r.configdCPU,
-			r.retuneP50, r.retuneP99, r.windows, r.over)
+			r.publishP50, r.publishP99, r.retuneP50, r.retuneP99, r.windows, r.over)
 	}
 	tw.Flush()
 }
@@ -229,13 +235,18 @@ func measure(o options, n int, dir, configdBin string) (result, error) {
 		return res, err
 	}
 	defer watchCli.Close()
-	rec := newRecorder(ctx, watchCli, f.members, o.sample)
+	pubCli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return res, err
+	}
+	defer pubCli.Close()
+	rec := newRecorder(ctx, watchCli, pubCli, f.members, o.sample)
 	defer rec.stop()
 
 	// The steady phase: retunes every o.every, counted from here.
 	before := snapshot(ctx, f, watchCli, url, cd.Cmd.Process.Pid)
 	limits := []int64{o.limit * 9 / 10, o.limit}
-	var lat []time.Duration
+	var lat, pub []time.Duration
 	for i := range o.retunes {
 		next := limits[i%2]
 		begun := time.Now()
@@ -250,6 +261,9 @@ func measure(o options, n int, dir, configdBin string) (result, error) {
 			return res, fmt.Errorf("retune %d to %d: %w", i, next, err)
 		}
 		lat = append(lat, time.Since(start))
+		if d, ok := rec.published(ctx, start, next); ok {
+			pub = append(pub, d)
+		}
 		if o.verbose {
 			fmt.Printf("N=%d retune %d to %d: set returned %s, settled after %v; last to settle: %s\n",
 				len(f.members), i, next, start.UTC().Format("15:04:05.000"), lat[len(lat)-1].Round(time.Millisecond), last)
@@ -274,6 +288,9 @@ func measure(o options, n int, dir, configdBin string) (result, error) {
 	res.dbGrowth = float64(after.db-before.db) / secs
 	res.configdCPU = (after.configdCPU - before.configdCPU) / secs
 	res.retuneP50, res.retuneP99, res.retunesRan = harness.Pct(lat, 50), harness.Pct(lat, 99), len(lat)
+	if len(pub) > 0 {
+		res.publishP50, res.publishP99 = harness.Pct(pub, 50), harness.Pct(pub, 99)
+	}
 	rec.stop()
 	res.windows, res.over = rec.check(o.window)
 	return res, nil
@@ -416,6 +433,7 @@ type recorder struct {
 	mu      sync.Mutex
 	quotas  map[int64]map[int]int64 // window start → member → most enforced
 	views   []schema.Shares         // every view of the share records, in order
+	pubs    []seenTotal             // every share record of a total, as first seen
 	retunes []retune
 	cli     *clientv3.Client
 	// The sampler stops first; the follower only once it has seen the
@@ -426,10 +444,55 @@ type recorder struct {
 	once                        sync.Once
 }
 
-func newRecorder(ctx context.Context, cli *clientv3.Client, members []*cluster.Member, every time.Duration) *recorder {
+// seenTotal is a share record of total, seen at at.
+type seenTotal struct {
+	at    time.Time
+	total int64
+}
+
+// watchPublishes notes when each share record of the provider is seen,
+// with its total, until ctx ends. The share records alone, on a client of
+// their own: the follower, which reads every instance record too, lags
+// behind a busy etcd by seconds.
+func (r *recorder) watchPublishes(ctx context.Context, cli *clientv3.Client) {
+	for wr := range cli.Watch(ctx, schema.DefaultKeys().Shares(provider), clientv3.WithPrefix()) {
+		at := time.Now()
+		for _, ev := range wr.Events {
+			if rec, err := schema.DecodeShareRecord(ev.Kv.Value); err == nil && ev.Type == clientv3.EventTypePut && rec.Total > 0 {
+				r.mu.Lock()
+				r.pubs = append(r.pubs, seenTotal{at: at, total: rec.Total})
+				r.mu.Unlock()
+			}
+		}
+	}
+}
+
+// published returns how long after start a share record of total was
+// first seen, waiting a few seconds for it: false if it was not.
+func (r *recorder) published(ctx context.Context, start time.Time, total int64) (time.Duration, bool) {
+	for wait := 0; wait < 100; wait++ {
+		r.mu.Lock()
+		for _, p := range r.pubs {
+			if p.total == total && !p.at.Before(start) {
+				r.mu.Unlock()
+				return p.at.Sub(start), true
+			}
+		}
+		r.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return 0, false
+		case <-time.After(20 * time.Millisecond): // polling the follower, which offers no event
+		}
+	}
+	return 0, false
+}
+
+func newRecorder(ctx context.Context, cli, pubCli *clientv3.Client, members []*cluster.Member, every time.Duration) *recorder {
 	fctx, stopFollowing := context.WithCancel(ctx)
 	ctx, stopSampling := context.WithCancel(ctx)
 	r := &recorder{quotas: map[int64]map[int]int64{}, cli: cli, stopSampling: stopSampling, stopFollowing: stopFollowing}
+	r.following.Go(func() { r.watchPublishes(fctx, pubCli) })
 	r.following.Go(func() {
 		harness.FollowShares(fctx, cli, provider, func(v schema.Shares) {
 			r.mu.Lock()
