@@ -13,6 +13,15 @@ import (
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
+// The Member's side of the even split, which it follows while no configd
+// replica is alive (the rules and why they suffice: internal/follow,
+// even.go). Per report interval it polls two counts (pollEven); it writes
+// its confirmation on its lease while it follows the split, and deletes it
+// once configd is back (confirmEven); its hold covers the fail_static and
+// window of a config replaced within the last two hours (noteReplaced,
+// evenHold). What the split lets it enforce is worked out in apply, with
+// configd's shares.
+
 // replaced is what a config said before a change this Member saw — its
 // fail_static and window length — kept until an instance cut off from etcd
 // just before the change, counting with it, has stopped.
@@ -44,7 +53,9 @@ func (v *view) noteReplaced(prev, c *schema.ProviderConfig, now time.Time, ttl t
 const replacedMemory = 2 * time.Hour
 
 // evenHold is the hold of the even split (follow.Even), at now: as long
-// as configd holds a lapsed share — the longest fail_static an instance
+// as configd holds a lapsed share to cover the horizon of the instance
+// that had it (its Settle beyond that is for late records of configd's,
+// which the split does not grow at once) — the longest fail_static an instance
 // cut off from etcd may count with (the provider's, or one this Member saw
 // replaced), plus the clock bound — plus the longest interval between
 // two polls of any instance and the time a cut-off one admits past its
