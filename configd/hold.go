@@ -18,6 +18,25 @@ import (
 // late record into at once (schema.ProviderConfig.Settle,
 // follow.Schedule).
 
+// hold is how long a gone instance's grant stays reserved: until until,
+// as holdFor counted it under the config under (its fail_static, window
+// and Settle). One whose lease expired may only be cut off from etcd, and
+// then keeps its share for its fail_static; and what any stopped instance
+// admitted must lie in windows before those the others grow a late record
+// into at once (follow.Schedule). A later config lengthens the hold from
+// under (configChanged): through a deletion of the provider and across a
+// reload, the config before the change is not at hand.
+type hold struct {
+	until time.Time
+	under schema.ProviderConfig
+}
+
+// holdUntil holds instance id's grant until until, counted under the
+// config now.
+func (st *providerState) holdUntil(id string, until time.Time) {
+	st.held[id] = hold{until: until, under: st.config()}
+}
+
 // replacedFailStatic is a fail_static (the default applied) that was in
 // force until until.
 type replacedFailStatic struct {
@@ -91,10 +110,10 @@ func (st *providerState) holdFor(id string, rec *schema.InstanceRecord, written 
 	return st.config().HoldAfter(d) + settle
 }
 
-// configChanged lengthens the holds set before the config changed from
-// prev's (nil: the provider was deleted meanwhile, or is new):
+// configChanged lengthens each hold set under a config other than the
+// one now:
 //
-//   - by how long each held instance may admit past its horizon in a
+//   - by how long the held instance may admit past its horizon in a
 //     window of its record's length, if the window changed (lingers; found
 //     by review: a hold set while the window was 10 s ended inside the
 //     held instance's 10 s window after it became 1 s, 90 in a 1 s window
@@ -103,26 +122,26 @@ func (st *providerState) holdFor(id string, rec *schema.InstanceRecord, written 
 //     late record of the new config grows at once up to a window of its
 //     own length after its publish (found by review: a hold whose Settle
 //     counted the 1 s window ended a second after the held instance
-//     stopped, inside the others' new 60 s window, 6,363 of 6,000). A
-//     provider created again is compared with the defaults, which errs
-//     toward holding longer.
-func (st *providerState) configChanged(prev *schema.ProviderConfig) {
+//     stopped, inside the others' new 60 s window, 6,363 of 6,000).
+//
+// Each hold is compared with the config it was counted under, not with
+// the one just replaced: a second review found the change compared with
+// the defaults after the provider was deleted and created again, and not
+// made at all when the config changed while the watch was broken (a
+// reload), each a hold that ended before the others' new window began.
+func (st *providerState) configChanged() {
 	if st.cfg == nil {
 		return
 	}
-	if prev != nil && prev.Window != st.cfg.Window {
-		for id, until := range st.held {
-			st.held[id] = until.Add(st.lingers(id))
+	for id, h := range st.held {
+		if h.under.Window != st.cfg.Window {
+			h.until = h.until.Add(st.lingers(id))
 		}
-	}
-	was := schema.ProviderConfig{}.Settle()
-	if prev != nil {
-		was = prev.Settle()
-	}
-	if d := st.cfg.Settle() - was; d > 0 {
-		for id, until := range st.held {
-			st.held[id] = until.Add(d)
+		if d := st.cfg.Settle() - h.under.Settle(); d > 0 {
+			h.until = h.until.Add(d)
 		}
+		h.under = *st.cfg
+		st.held[id] = h
 	}
 }
 
@@ -171,7 +190,7 @@ func (st *providerState) holdMissing(now time.Time) {
 			continue
 		}
 		if _, ok := st.held[id]; !ok {
-			st.held[id] = now.Add(st.holdFor(id, nil, time.Time{}))
+			st.holdUntil(id, now.Add(st.holdFor(id, nil, time.Time{})))
 		}
 	}
 }
@@ -180,9 +199,9 @@ func (st *providerState) holdMissing(now time.Time) {
 // forgets the holds that ended by now; next is when the first remaining
 // one ends (zero: none).
 func (st *providerState) heldGrants(now time.Time) (held map[string]int64, next time.Time) {
-	for id, until := range st.held {
+	for id, h := range st.held {
 		_, live := st.instances[id]
-		if live || !now.Before(until) || !st.holdable(id) {
+		if live || !now.Before(h.until) || !st.holdable(id) {
 			delete(st.held, id)
 			continue
 		}
@@ -190,8 +209,8 @@ func (st *providerState) heldGrants(now time.Time) (held map[string]int64, next 
 			held = map[string]int64{}
 		}
 		held[id] = st.enforcing(id)
-		if next.IsZero() || until.Before(next) {
-			next = until
+		if next.IsZero() || h.until.Before(next) {
+			next = h.until
 		}
 	}
 	return held, next
@@ -210,13 +229,14 @@ func (st *providerState) gone(id string, now time.Time) (until time.Time, leavin
 		return time.Time{}, rec.Leaving, false
 	}
 	until = now.Add(st.holdFor(id, &rec, written))
-	st.held[id] = until
+	st.holdUntil(id, until)
 	return until, rec.Leaving, true
 }
 
 // keepHolds carries into st, read again, what o (the state before the
 // reload) knew of the holds: the fail_static values it saw replaced, and
-// the holds of instances that are still gone.
+// the holds of instances that are still gone, lengthened for a config
+// that changed while the watch was broken.
 func (st *providerState) keepHolds(o *providerState, now time.Time) {
 	for _, r := range o.replaced {
 		if !slices.Contains(st.replaced, r) { // read again from history
@@ -224,9 +244,10 @@ func (st *providerState) keepHolds(o *providerState, now time.Time) {
 		}
 	}
 	st.noteFailStatic(o.cfg, now)
-	for id, until := range o.held {
+	for id, h := range o.held {
 		if _, live := st.instances[id]; !live {
-			st.held[id] = until
+			st.held[id] = h
 		}
 	}
+	st.configChanged()
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
+	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -148,7 +149,7 @@ func TestLoweredFailStaticHoldsByTheRecord(t *testing.T) {
 			now = now.Add(5 * time.Second)
 			ev(mvccpb.DELETE, keys.Instance("pay", "a"), nil)
 			want := now.Add(40*time.Second + 20*time.Millisecond + cfg.Settle())
-			if got := p.providers["pay"].held["a"]; !got.Equal(want) {
+			if got := p.providers["pay"].held["a"].until; !got.Equal(want) {
 				t.Errorf("held until %v, want %v (the record's 40 s plus the clock bound, plus Settle)", got, want)
 			}
 		})
@@ -251,17 +252,17 @@ func TestHoldCoversAWindowOfAnotherLength(t *testing.T) {
 func TestHoldGrowsWhenTheWindowChanges(t *testing.T) {
 	t0 := time.Date(2026, 11, 28, 6, 0, 0, 0, time.UTC)
 	old := &schema.ProviderConfig{Version: 1, Name: "pay", Limit: 60, Window: schema.Duration(10 * time.Second), FailStatic: schema.Duration(3 * time.Second)}
-	st := &providerState{cfg: old, shares: newShareState(), held: map[string]time.Time{"a": t0}}
+	st := &providerState{cfg: old, shares: newShareState(), held: map[string]hold{"a": {until: t0, under: *old}}}
 	st.shares.records["a"] = shareEntry{rec: schema.ShareRecord{Window: schema.Duration(10 * time.Second), Share: 30}}
-	st.configChanged(old)
-	if got := st.held["a"]; !got.Equal(t0) {
+	st.configChanged()
+	if got := st.held["a"].until; !got.Equal(t0) {
 		t.Errorf("no change of window: hold until %v, want %v", got, t0)
 	}
 	cur := *old
 	cur.Window = schema.Duration(time.Second)
 	st.cfg = &cur
-	st.configChanged(old)
-	if got, want := st.held["a"], t0.Add(10*time.Second); !got.Equal(want) {
+	st.configChanged()
+	if got, want := st.held["a"].until, t0.Add(10*time.Second); !got.Equal(want) {
 		t.Errorf("window 10s became 1s: hold until %v, want %v", got, want)
 	}
 }
@@ -269,35 +270,161 @@ func TestHoldGrowsWhenTheWindowChanges(t *testing.T) {
 // TestHoldGrowsWithSettle: a hold counts Settle, a window and twice the
 // clock bound past the held instance's horizon, so that the others grow a
 // late record into a window it admitted nothing in (follow.Schedule). A
-// config of a longer window or a larger bound lengthens the holds set
-// before it by what Settle grew. Found by review: held for a 1 s Settle,
-// an instance cut off on its fail_static stopped a second before the
-// others, who had switched to 60 s windows, grew a late record at once in
-// the window it had admitted in: 6,363 of 6,000.
+// config of a longer window or a larger bound lengthens the hold by what
+// Settle grew since the config it was counted under. Found by review:
+// held for a 1 s Settle, an instance cut off on its fail_static stopped a
+// second before the others, who had switched to 60 s windows, grew a late
+// record at once in the window it had admitted in: 6,363 of 6,000. Then,
+// by a second review, the same compared with the defaults after the
+// provider was deleted and created again, and not made when the config
+// changed while the watch was broken (TestHoldAcrossAReload).
 func TestHoldGrowsWithSettle(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 6, 0, 0, 0, time.UTC)
-	second := &schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(30 * time.Second)}
-	minute := *second
+	second := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(30 * time.Second)}
+	minute := second
 	minute.Limit, minute.Window = 6000, schema.Duration(time.Minute)
 	bounded := minute
 	bounded.MaxClockOffset = schema.Duration(5 * time.Second)
+	tenth := second
+	tenth.Limit, tenth.Window = 10, schema.Duration(100*time.Millisecond)
 	for _, c := range []struct {
-		name  string
-		prev  *schema.ProviderConfig
-		cur   schema.ProviderConfig
-		grows time.Duration
+		name       string
+		under, cur schema.ProviderConfig
+		grows      time.Duration
 	}{
 		{"1 s to 60 s", second, minute, minute.Settle() - second.Settle()},
-		{"60 s to 1 s", &minute, *second, 0},
-		{"a larger clock bound", &minute, bounded, bounded.Settle() - minute.Settle()},
-		{"created again, of 60 s", nil, minute, minute.Settle() - schema.ProviderConfig{}.Settle()},
-		{"created again, of 1 s", nil, *second, 0},
+		{"60 s to 1 s", minute, second, 0},
+		{"a larger clock bound", minute, bounded, bounded.Settle() - minute.Settle()},
+		{"held while the provider was deleted, created again of 60 s", schema.ProviderConfig{}, minute, minute.Settle() - schema.ProviderConfig{}.Settle()},
+		{"held under 100 ms, deleted, created again of 1 s", tenth, second, second.Settle() - tenth.Settle()},
+		{"the same config", minute, minute, 0},
 	} {
-		st := &providerState{cfg: &c.cur, shares: newShareState(), held: map[string]time.Time{"x": t0}}
-		st.shares.records["x"] = shareEntry{rec: schema.ShareRecord{Window: c.cur.Window, Share: 33, Granted: 33}}
-		st.configChanged(c.prev)
-		if got, want := st.held["x"], t0.Add(c.grows); !got.Equal(want) {
+		st := &providerState{cfg: &c.cur, shares: newShareState(), held: map[string]hold{"x": {until: t0, under: c.under}}}
+		st.shares.records["x"] = shareEntry{rec: schema.ShareRecord{Window: c.cur.Window, Share: 10, Granted: 10}}
+		st.configChanged()
+		if got, want := st.held["x"].until, t0.Add(c.grows); !got.Equal(want) {
 			t.Errorf("%s: hold until %v, want %v (Settle grew by %v)", c.name, got, want, c.grows)
 		}
+		st.configChanged() // once counted, not again
+		if got, want := st.held["x"].until, t0.Add(c.grows); !got.Equal(want) {
+			t.Errorf("%s, the change seen twice: hold until %v, want %v", c.name, got, want)
+		}
+	}
+}
+
+// holdPublisher is a publisher with no etcd, on the clock *now.
+func holdPublisher(now *time.Time) *publisher {
+	return &publisher{
+		keys: schema.DefaultKeys(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry()),
+		now: func() time.Time { return *now }, providers: map[string]*providerState{}, malformed: map[string]string{}, dirty: map[string]bool{},
+		history: map[string]int64{},
+	}
+}
+
+// TestHoldAcrossDeleteAndCreate: the provider deleted and created again
+// while an instance is held, of 100 ms windows before and 1 s after. The
+// hold grows by the linger of the held instance's 100 ms record and by
+// what Settle grew since the config it was counted under. Found by
+// review: compared with the defaults' Settle, which is the new one's,
+// nothing was added, and the others grew a late record at once in a 1 s
+// window the held instance still admitted in (worked out: about 290 of
+// 200).
+func TestHoldAcrossDeleteAndCreate(t *testing.T) {
+	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	p := holdPublisher(&now)
+	rev := int64(10)
+	ev := func(typ mvccpb.Event_EventType, key string, v any) {
+		t.Helper()
+		rev++
+		kv := &mvccpb.KeyValue{Key: []byte(key), ModRevision: rev, CreateRevision: rev, Lease: 1}
+		if v != nil {
+			b, err := schema.Encode(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kv.Value = b
+		}
+		p.apply(typ, kv)
+	}
+	k := p.keys
+	old := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 20, Window: schema.Duration(100 * time.Millisecond), FailStatic: schema.Duration(10 * time.Second)}.WithDefaults()
+	ev(mvccpb.PUT, k.Config("pay"), old)
+	ev(mvccpb.PUT, k.Instance("pay", "x"), schema.InstanceRecord{Version: 1, ID: "x", Updated: now, FailStatic: schema.Duration(10 * time.Second), AppliedGeneration: 1})
+	ev(mvccpb.PUT, k.Share("pay", "x"), schema.ShareRecord{Version: 1, Provider: "pay", Instance: "x", Generation: 1, Window: old.Window, Total: 20, Share: 10, Granted: 10, ConfigRevision: 11})
+	// x is cut off: its key goes; it may admit until 10 s later (its
+	// fail_static), plus the clock bound, on its 100 ms windows.
+	ev(mvccpb.DELETE, k.Instance("pay", "x"), nil)
+	stop := now.Add(old.HoldAfter(10 * time.Second)) // the latest x may still admit (its horizon, on any clock)
+	st := p.providers["pay"]
+	t.Logf("held until stop + %v (Settle of 100 ms: %v)", st.held["x"].until.Sub(stop), old.Settle())
+	// The operator deletes the provider and creates it again, 200 per 1 s.
+	now = now.Add(time.Second)
+	ev(mvccpb.DELETE, k.Config("pay"), nil)
+	now = now.Add(time.Second)
+	cur := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 200, Window: schema.Duration(time.Second), FailStatic: schema.Duration(10 * time.Second)}.WithDefaults()
+	ev(mvccpb.PUT, k.Config("pay"), cur)
+	st = p.providers["pay"]
+	// x's last 100 ms window may run 100 ms past stop (lingers), and the
+	// others grow a late record of 1 s windows at once up to a window and
+	// twice the bound after its publish.
+	need := stop.Add(100*time.Millisecond + cur.Settle())
+	got := st.held["x"].until
+	t.Logf("held until stop + %v; needed stop + %v", got.Sub(stop), need.Sub(stop))
+	if got.Before(need) {
+		t.Errorf("hold ends %v before x's last 100 ms window plus Settle of the 1 s config", need.Sub(got))
+	}
+}
+
+// TestHoldAcrossAReload: the config changed while the publisher's watch
+// was broken. load reads the new config into a fresh state, and the holds
+// it keeps grow as the watch would have grown them. Found by review:
+// copied unchanged, a hold of a 1 s Settle ended a minute before the
+// others' new 60 s window began.
+func TestHoldAcrossAReload(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ctx := ctxT(t)
+	put := func(key string, v any) {
+		t.Helper()
+		b, err := schema.Encode(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, key, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(30 * time.Second)}.WithDefaults()
+	put(keys.Config("pay"), old)
+	put(keys.Instance("pay", "x"), schema.InstanceRecord{Version: 1, ID: "x", Updated: time.Now(), FailStatic: schema.Duration(30 * time.Second), AppliedGeneration: 1})
+	put(keys.Share("pay", "x"), schema.ShareRecord{Version: 1, Provider: "pay", Instance: "x", Generation: 1, Window: old.Window, Total: 100, Share: 50, Granted: 50, ConfigRevision: 1})
+	now := time.Now()
+	p := holdPublisher(&now)
+	p.cli = cli
+	if _, err := p.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The watch brings x's key going.
+	del, err := cli.Delete(ctx, keys.Instance("pay", "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.apply(mvccpb.DELETE, &mvccpb.KeyValue{Key: []byte(keys.Instance("pay", "x")), ModRevision: del.Header.Revision})
+	before := p.providers["pay"].held["x"].until
+	stop := now.Add(old.HoldAfter(30 * time.Second))
+	// The watch breaks; meanwhile the operator sets 6,000 per 60 s; the
+	// publisher reloads.
+	now = now.Add(time.Second)
+	cur := old
+	cur.Limit, cur.Window = 6000, schema.Duration(time.Minute)
+	put(keys.Config("pay"), cur)
+	if _, err := p.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := p.providers["pay"].held["x"].until
+	need := stop.Add(time.Second + cur.Settle()) // x's 1 s window past its horizon, and Settle of 60 s
+	t.Logf("held until stop + %v (was stop + %v); needed stop + %v", got.Sub(stop), before.Sub(stop), need.Sub(stop))
+	if got.Before(need) {
+		t.Errorf("after a reload, hold ends %v before x's last window plus Settle of the new config (the watch would have grown it)", need.Sub(got))
 	}
 }

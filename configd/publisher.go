@@ -196,11 +196,8 @@ type providerState struct {
 	due       time.Time        // a damped change to look at again then; zero: none
 	target    map[string]int64 // the split a handover is moving toward; nil: none chosen yet
 	// held is, per instance whose key went, until when its grant stays
-	// reserved (holdFor): one whose lease expired may only be cut off from
-	// etcd, and then keeps its share for the provider's fail_static; and
-	// what any stopped instance admitted must lie in windows before those
-	// the others grow a late record into at once (follow.Schedule).
-	held map[string]time.Time
+	// reserved (hold.go).
+	held map[string]hold
 	// written is, per live instance, when its record was written at the
 	// latest: its own time, or when this replica saw it if that is earlier
 	// (the instance's clock may be ahead).
@@ -580,7 +577,7 @@ func (p *publisher) nextDue() (time.Time, bool) {
 func (p *publisher) state(name string) *providerState {
 	st := p.providers[name]
 	if st == nil {
-		st = &providerState{instances: map[string]schema.InstanceRecord{}, held: map[string]time.Time{}, written: map[string]time.Time{},
+		st = &providerState{instances: map[string]schema.InstanceRecord{}, held: map[string]hold{}, written: map[string]time.Time{},
 			shares: newShareState()}
 		p.providers[name] = st
 	}
@@ -651,7 +648,7 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 		prev := st.cfg
 		st.cfg, st.cfgRev = &cfg, kv.ModRevision
 		st.noteFailStatic(prev, p.wall())
-		st.configChanged(prev)
+		st.configChanged()
 	case schema.KindInstance:
 		if !put {
 			delete(st.shares.registered, k.Instance)

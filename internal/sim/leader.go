@@ -45,8 +45,14 @@ func (e *engine) leaderDown() {
 	e.batchArmed = false
 	e.due, e.dueTimer = never, never
 	e.target = nil // a new leader starts with no target, as configd's state does
-	e.held = map[string]int64{}
+	e.held = map[string]simHold{}
 	e.m.failovers++
+}
+
+// simHold is configd's hold of a gone instance's grant.
+type simHold struct {
+	until  int64         // true time
+	settle time.Duration // the Settle it counted
 }
 
 // holdGrant keeps instance id's grant from the others for Settle from
@@ -55,11 +61,12 @@ func (e *engine) holdGrant(id string) {
 	if e.noHold {
 		return
 	}
-	until := e.now + int64(e.settle(e.cfg))
-	if until <= e.held[id] {
+	settle := e.settle(e.cfg)
+	until := e.now + int64(settle)
+	if until <= e.held[id].until {
 		return
 	}
-	e.held[id] = until
+	e.held[id] = simHold{until: until, settle: settle}
 	e.at(until, e.notifyLeader)
 }
 
@@ -77,16 +84,17 @@ func (e *engine) settle(c *config) time.Duration {
 	return w + 2*b
 }
 
-// settleChanged lengthens the holds by what Settle grew from was, as
-// configd's configChanged does.
-func (e *engine) settleChanged(was time.Duration) {
-	d := e.settle(e.cfg) - was
-	if d <= 0 {
-		return
-	}
-	for id, until := range e.held {
-		e.held[id] = until + int64(d)
-		e.at(until+int64(d), e.notifyLeader)
+// settleChanged lengthens each hold by what Settle grew since the one it
+// counted, as configd's configChanged does.
+func (e *engine) settleChanged() {
+	now := e.settle(e.cfg)
+	for id, h := range e.held {
+		if d := now - h.settle; d > 0 {
+			h.until += int64(d)
+			e.at(h.until, e.notifyLeader)
+		}
+		h.settle = now
+		e.held[id] = h
 	}
 }
 
@@ -94,8 +102,8 @@ func (e *engine) settleChanged(was time.Duration) {
 // records, and forgets the holds that ended or whose instance is back.
 func (e *engine) heldGrants() map[string]int64 {
 	var held map[string]int64
-	for id, until := range e.held {
-		if _, live := e.records[id]; live || e.now >= until || e.rec == nil {
+	for id, h := range e.held {
+		if _, live := e.records[id]; live || e.now >= h.until || e.rec == nil {
 			delete(e.held, id)
 			continue
 		}

@@ -174,10 +174,11 @@ type engine struct {
 	dueTimer   int64            // time of the armed timer; never: none
 	batchArmed bool
 	// held is, per instance whose key went, until when (true time) the
-	// leader keeps its grant from the others: configd's hold, of which
-	// only Settle matters here (schema.ProviderConfig.Settle), since a
-	// simulated process stops at once, its key going a lease TTL later.
-	held   map[string]int64
+	// leader keeps its grant from the others, and the Settle it counted:
+	// configd's hold, of which only Settle matters here
+	// (schema.ProviderConfig.Settle), since a simulated process stops at
+	// once, its key going a lease TTL later.
+	held   map[string]simHold
 	noHold bool // Sim.noHold
 
 	m metrics
@@ -202,7 +203,7 @@ func (s *Sim) Run() (Report, error) {
 		rng:      rand.New(rand.NewPCG(sc.Seed, sc.Seed^0x5eed51)),
 		groups:   map[string][]*instance{},
 		records:  map[string]*record{},
-		held:     map[string]int64{},
+		held:     map[string]simHold{},
 		noHold:   s.noHold,
 		keys:     true,
 		leaderUp: true,
@@ -262,11 +263,10 @@ func (e *engine) tracef(format string, args ...any) {
 // setConfig is the operator writing the provider's config (create or
 // change): a new revision and a new regime for the oracle.
 func (e *engine) setConfig(limit int64, window time.Duration) {
-	was := e.settle(e.cfg)
 	e.cfgRev++
 	e.cfg = &config{limit: limit, window: window, rev: e.cfgRev, idx: len(e.limits)}
 	e.limits = append(e.limits, regime{limit: limit, window: window})
-	e.settleChanged(was)
+	e.settleChanged()
 }
 
 func (e *engine) setup() {
