@@ -229,9 +229,10 @@ func Schedule(prev, next Applied, cur InForce, at, now int64, margin time.Durati
 //     restarted process applied its late share on top of what the process
 //     before it had spent);
 //   - an instance that left or whose lease expired: configd holds its
-//     grant for at least a window and twice the clock bound after its key
-//     went, or after it may have stopped admitting
-//     (schema.ProviderConfig.HoldAfter), so a publish that hands it on was
+//     grant for a window and twice the clock bound (schema's Settle) past
+//     the instant it may have stopped admitting (its key gone, or its
+//     fail_static hold after that), lengthened when a later config has a
+//     longer window or a larger bound; so a publish that hands it on was
 //     sent more than a window after it stopped, and a late record arrives
 //     less than a window into the window under way.
 //
