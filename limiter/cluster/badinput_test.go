@@ -320,3 +320,41 @@ func TestShareRecordBeforeItsConfig(t *testing.T) {
 		t.Fatalf("a record naming a later config (32) than its own revision (30): generation %d followed, problems %v; want generation 5 kept and the record listed", v.share.Generation, v.problems)
 	}
 }
+
+// TestConfigSeenAnew: the instant a config was first seen (view.configAt)
+// bounds when a late growth under it may apply at once (follow.Schedule):
+// the config was written before. Read again at the same revision (a
+// reload) it stays; at another revision, or at the same with other
+// content (an etcd restored from a backup counts revisions from lower
+// down again; found by review), it is seen anew.
+func TestConfigSeenAnew(t *testing.T) {
+	lim, err := limiter.New(0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler)}
+	v := newView()
+	cfg := func(limit int64) []byte {
+		return []byte(fmt.Sprintf(`{"version":1,"name":"api","limit":%d,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}`, limit))
+	}
+	m.observe(v, keys.Config("api"), cfg(900), false, 5)
+	first := v.configAt
+	for _, c := range []struct {
+		name  string
+		limit int64
+		rev   int64
+		anew  bool
+	}{
+		{"the same revision read again", 900, 5, false},
+		{"the same revision with another limit (a restored etcd)", 1000, 5, true},
+		{"another revision", 1000, 6, true},
+	} {
+		before := v.configAt
+		time.Sleep(time.Millisecond) // a monotonic reading later: not a synchronisation
+		m.observe(v, keys.Config("api"), cfg(c.limit), false, c.rev)
+		if anew := v.configAt.After(before); anew != c.anew {
+			t.Errorf("%s: seen anew %v, want %v (first seen %v, now %v)", c.name, anew, c.anew, first, v.configAt)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -828,7 +829,10 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 			prev = v.lastConfig
 		}
 		v.noteReplaced(prev, &c, time.Now(), m.cfg.leaseTTL)
-		if rev != v.configRev || v.configAt.IsZero() {
+		// A config seen anew: another revision, or the same with other
+		// content (an etcd restored from a backup counts revisions from
+		// lower down again; found by review).
+		if rev != v.configRev || v.configAt.IsZero() || v.config == nil || !reflect.DeepEqual(*v.config, c) {
 			v.configAt = time.Now()
 		}
 		v.config, v.configRev = &c, rev
