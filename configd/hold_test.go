@@ -116,23 +116,8 @@ func TestLoweredFailStaticHoldsByTheRecord(t *testing.T) {
 	for _, sawChange := range []bool{true, false} {
 		t.Run(fmt.Sprintf("leader saw the change %v", sawChange), func(t *testing.T) {
 			now := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
-			p := &publisher{
-				keys: schema.DefaultKeys(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry()),
-				now: func() time.Time { return now }, providers: map[string]*providerState{}, malformed: map[string]string{}, dirty: map[string]bool{},
-				history: map[string]int64{},
-			}
-			ev := func(typ mvccpb.Event_EventType, key string, v any) {
-				t.Helper()
-				kv := &mvccpb.KeyValue{Key: []byte(key), ModRevision: 1}
-				if v != nil {
-					b, err := schema.Encode(v)
-					if err != nil {
-						t.Fatal(err)
-					}
-					kv.Value = b
-				}
-				p.apply(typ, kv)
-			}
+			p := holdPublisher(&now)
+			ev := applyEvents(t, p)
 			keys := p.keys
 			cfg := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 100, Window: schema.Duration(time.Second), FailStatic: schema.Duration(40 * time.Second)}.WithDefaults()
 			if sawChange {
@@ -312,6 +297,25 @@ func TestHoldGrowsWithSettle(t *testing.T) {
 	}
 }
 
+// applyEvents returns a function that applies a watch event of key, with
+// v encoded as its value (nil: none), to p, each at the next revision.
+func applyEvents(t *testing.T, p *publisher) func(typ mvccpb.Event_EventType, key string, v any) {
+	rev := int64(10)
+	return func(typ mvccpb.Event_EventType, key string, v any) {
+		t.Helper()
+		rev++
+		kv := &mvccpb.KeyValue{Key: []byte(key), ModRevision: rev, CreateRevision: rev, Lease: 1}
+		if v != nil {
+			b, err := schema.Encode(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kv.Value = b
+		}
+		p.apply(typ, kv)
+	}
+}
+
 // holdPublisher is a publisher with no etcd, on the clock *now.
 func holdPublisher(now *time.Time) *publisher {
 	return &publisher{
@@ -332,20 +336,7 @@ func holdPublisher(now *time.Time) *publisher {
 func TestHoldAcrossDeleteAndCreate(t *testing.T) {
 	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 	p := holdPublisher(&now)
-	rev := int64(10)
-	ev := func(typ mvccpb.Event_EventType, key string, v any) {
-		t.Helper()
-		rev++
-		kv := &mvccpb.KeyValue{Key: []byte(key), ModRevision: rev, CreateRevision: rev, Lease: 1}
-		if v != nil {
-			b, err := schema.Encode(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			kv.Value = b
-		}
-		p.apply(typ, kv)
-	}
+	ev := applyEvents(t, p)
 	k := p.keys
 	old := schema.ProviderConfig{Version: 1, Name: "pay", Limit: 20, Window: schema.Duration(100 * time.Millisecond), FailStatic: schema.Duration(10 * time.Second)}.WithDefaults()
 	ev(mvccpb.PUT, k.Config("pay"), old)

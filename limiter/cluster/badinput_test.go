@@ -265,21 +265,12 @@ func TestProblemListedAtOnce(t *testing.T) {
 // refused then, and followed once the config arrives. Found by make scale:
 // a retune raising the limit left an instance on its old share for good.
 func TestShareRecordBeforeItsConfig(t *testing.T) {
-	lim, err := limiter.New(0, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lim.Close()
-	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler)}
-	v := newView()
-	cfg := func(limit int64) []byte {
-		return []byte(fmt.Sprintf(`{"version":1,"name":"api","limit":%d,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}`, limit))
-	}
+	m, v := observing(t)
 	rec := func(gen, total, share, cfgRev int64) []byte {
 		return []byte(mustEncode(t, schema.ShareRecord{Version: 1, Provider: "api", Instance: "a", Generation: gen, Window: schema.Duration(time.Second),
 			Total: total, Share: share, Granted: share, ConfigRevision: cfgRev}))
 	}
-	m.observe(v, keys.Config("api"), cfg(900), false, 5)
+	m.observe(v, keys.Config("api"), apiConfig(900), false, 5)
 	m.observe(v, keys.Share("api", "a"), rec(1, 900, 900, 5), false, 6)
 	// The limit is raised to 1000 at revision 7; the record computed under
 	// it (revision 8) comes first.
@@ -292,7 +283,7 @@ func TestShareRecordBeforeItsConfig(t *testing.T) {
 	if len(v.problems) != 0 {
 		t.Errorf("a record ahead of its config listed as a problem: %v", v.problems)
 	}
-	m.observe(v, keys.Config("api"), cfg(1000), false, 7)
+	m.observe(v, keys.Config("api"), apiConfig(1000), false, 7)
 	if v.share.Share != 1000 || v.share.Generation != 2 || len(v.problems) != 0 {
 		t.Fatalf("after its config arrived: share %d of generation %d, problems %v; want the record of generation 2 followed", v.share.Share, v.share.Generation, v.problems)
 	}
@@ -309,7 +300,7 @@ func TestShareRecordBeforeItsConfig(t *testing.T) {
 	if v.share.Generation != 2 || len(v.problems) != 0 {
 		t.Fatalf("a common record ahead of the config: generation %d followed, problems %v; want generation 2 kept, none listed", v.share.Generation, v.problems)
 	}
-	m.observe(v, keys.Config("api"), cfg(1200), false, 20)
+	m.observe(v, keys.Config("api"), apiConfig(1200), false, 20)
 	if v.share.Share != 600 || v.share.Generation != 5 {
 		t.Fatalf("after its config arrived: share %d of generation %d; want the common record's 600 of generation 5", v.share.Share, v.share.Generation)
 	}
@@ -328,17 +319,8 @@ func TestShareRecordBeforeItsConfig(t *testing.T) {
 // content (an etcd restored from a backup counts revisions from lower
 // down again; found by review), it is seen anew.
 func TestConfigSeenAnew(t *testing.T) {
-	lim, err := limiter.New(0, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lim.Close()
-	m := &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler)}
-	v := newView()
-	cfg := func(limit int64) []byte {
-		return []byte(fmt.Sprintf(`{"version":1,"name":"api","limit":%d,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}`, limit))
-	}
-	m.observe(v, keys.Config("api"), cfg(900), false, 5)
+	m, v := observing(t)
+	m.observe(v, keys.Config("api"), apiConfig(900), false, 5)
 	first := v.configAt
 	for _, c := range []struct {
 		name  string
@@ -352,9 +334,26 @@ func TestConfigSeenAnew(t *testing.T) {
 	} {
 		before := v.configAt
 		time.Sleep(time.Millisecond) // a monotonic reading later: not a synchronisation
-		m.observe(v, keys.Config("api"), cfg(c.limit), false, c.rev)
+		m.observe(v, keys.Config("api"), apiConfig(c.limit), false, c.rev)
 		if anew := v.configAt.After(before); anew != c.anew {
 			t.Errorf("%s: seen anew %v, want %v (first seen %v, now %v)", c.name, anew, c.anew, first, v.configAt)
 		}
 	}
+}
+
+// observing returns a Member of provider "api" with id "a", with no etcd,
+// and its view, to observe records into.
+func observing(t *testing.T) (*Member, *view) {
+	t.Helper()
+	lim, err := limiter.New(0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	return &Member{provider: "api", id: "a", keys: keys, cfg: defaultOptions(), lim: lim, log: slog.New(slog.DiscardHandler)}, newView()
+}
+
+// apiConfig is provider "api"'s config of limit per 1 s, encoded.
+func apiConfig(limit int64) []byte {
+	return []byte(fmt.Sprintf(`{"version":1,"name":"api","limit":%d,"window":"1s","mode":"enforce","algorithm":"even","pacing":false}`, limit))
 }
