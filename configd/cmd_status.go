@@ -117,11 +117,12 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 		fmt.Fprintln(w, "(no live instances)")
 	}
 	if s := v.Shares; s != nil {
-		// Grants of instances the shares no longer name: their leases
-		// expired and their shares stay reserved for the fail_static.
+		// Grants of instances the shares no longer name: their keys went
+		// and their shares stay reserved while they may still enforce
+		// them (a lease that expired: the fail_static) and a window more.
 		for _, id := range slices.Sorted(maps.Keys(s.Granted)) {
 			if _, named := s.Shares[id]; !named && s.Granted[id] > 0 {
-				fmt.Fprintf(w, "held:      %s %d (lease expired; reserved for the provider's fail_static)\n", id, s.Granted[id])
+				fmt.Fprintf(w, "held:      %s %d (gone; reserved for the provider's fail_static if its lease expired, and a window more)\n", id, s.Granted[id])
 			}
 		}
 	}

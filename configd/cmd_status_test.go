@@ -24,7 +24,7 @@ func TestPrintStatusListsHeldShares(t *testing.T) {
 		want   []string
 		absent []string
 	}{
-		{"held", sh, []string{"held:      c 100 (lease expired; reserved for the provider's fail_static)"}, []string{"held:      d", "held:      a"}},
+		{"held", sh, []string{"held:      c 100 (gone; reserved for the provider's fail_static if its lease expired, and a window more)"}, []string{"held:      d", "held:      a"}},
 		{"none held", &schema.Shares{Version: 1, Provider: "pay", Generation: 8, Window: schema.Duration(time.Second), Total: 300, Instances: 1,
 			Shares: map[string]int64{"a": 300}, Granted: map[string]int64{"a": 300}}, nil, []string{"held:"}},
 	} {

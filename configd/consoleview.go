@@ -546,20 +546,25 @@ func heldRows(st *consoleState, v statusView, live map[string]bool) []heldRow {
 		if seen && gone.rec != nil {
 			fs = gone.rec.FailStatic.D()
 		}
-		hold := cfg.HoldAfter(fs)
+		left := seen && gone.rec != nil && gone.rec.Leaving
+		hold := cfg.HoldAfter(fs) + cfg.Settle()
+		if left {
+			hold = cfg.Settle()
+		}
 		if seen {
 			row.Since = gone.at.UTC()
 			row.Until = gone.at.Add(hold).UTC()
 		}
 		switch {
-		case seen && gone.rec != nil && gone.rec.Leaving:
+		case left:
 			row.Source = "left"
-			row.Why = "it left gracefully; configd hands its share on at its next publish"
+			row.Why = fmt.Sprintf("it left gracefully: configd keeps its %d reserved for %v (a window and twice the clock bound) after its key went, so that no instance grows a late record into a window it admitted in",
+				g, hold.Round(time.Millisecond))
 		case seen:
-			row.Why = fmt.Sprintf("its lease expired (it did not leave): configd keeps its %d reserved for %v (fail_static %v, plus the clock bound %v) after its key went, in case it is only cut off from etcd and still enforcing it",
+			row.Why = fmt.Sprintf("its lease expired (it did not leave): configd keeps its %d reserved for %v (fail_static %v, plus the clock bound %v, plus a window and twice the bound) after its key went, in case it is only cut off from etcd and still enforcing it",
 				g, hold.Round(time.Millisecond), max(cfg.FailStaticOrDefault(), fs), cfg.ClockBound())
 		default:
-			row.Why = fmt.Sprintf("its key went before this console watched: configd keeps its %d reserved for up to %v after that (fail_static plus the clock bound), in case it still enforces it", g, hold.Round(time.Millisecond))
+			row.Why = fmt.Sprintf("its key went before this console watched: configd keeps its %d reserved for up to %v after that (fail_static plus the clock bound, plus a window and twice the bound), in case it still enforces it", g, hold.Round(time.Millisecond))
 		}
 		out = append(out, row)
 	}

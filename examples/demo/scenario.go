@@ -235,7 +235,7 @@ func (d *demo) kill() error {
 	in := d.get("load-3")
 	d.addEvent(&event{
 		name: "crash", what: fmt.Sprintf("$ kill -KILL %d   (load-3: no goodbye; its lease expires after %v)", in.p.Pid(), leaseTTL),
-		followWhat: fmt.Sprintf("configd handed load-3's share to the others, after holding it for the provider's fail_static (%v: an instance whose lease expired may only be cut off from etcd, and keeps enforcing its share that long)", failStatic),
+		followWhat: fmt.Sprintf("configd handed load-3's share to the others, after holding it for the provider's fail_static (%v: an instance whose lease expired may only be cut off from etcd, and keeps enforcing its share that long) and a window more (so that no instance grows a late record into a window it admitted in)", failStatic),
 		membership: true,
 		check: func(d *demo) bool {
 			sh := d.shares
