@@ -89,8 +89,8 @@ func (d *demo) scenario(ctx context.Context) error {
 	}{
 		{at(0.18), func() error { return d.moveLoad() }},
 		{at(0.34), func() error { return d.retune(ctx) }},
-		{at(0.50), func() error { return d.kill() }},
-		{at(0.62), func() error { return d.join(ctx) }},
+		{at(0.48), func() error { return d.kill() }},
+		{at(0.64), func() error { return d.join(ctx) }},
 		{at(0.76), func() error { return d.skewClock(ctx) }},
 	}
 	for _, s := range steps {
