@@ -592,6 +592,27 @@ func TestClockOffsetMovesBoundaries(t *testing.T) {
 	})
 }
 
+// TestBackwardOffsetOnANewLimiter: a limiter that has opened no window
+// admits at once on a clock set back; one that has keeps its window until
+// that window's end on the new clock.
+func TestBackwardOffsetOnANewLimiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fresh := mustNew(t, 1, time.Second)
+		used := mustNew(t, 2, time.Second)
+		if !used.TryAcquire() {
+			t.Fatal("used: the first permit refused")
+		}
+		fresh.SetClockOffset(-2 * time.Second)
+		used.SetClockOffset(-2 * time.Second)
+		if !fresh.TryAcquire() {
+			t.Errorf("fresh: refused after a backward offset; nothing had been admitted")
+		}
+		if used.TryAcquire() {
+			t.Errorf("used: admitted 2 s back, inside a window already counted")
+		}
+	})
+}
+
 func TestReserve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := mustNew(t, 1, time.Second)

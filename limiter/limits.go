@@ -193,10 +193,13 @@ func (l *Limiter) SetShadow(on bool) { l.shadow.Store(on) }
 
 // SetClockOffset sets the correction added to the clock: the limiter's time
 // becomes the clock's time plus d, which moves every window boundary by the
-// change. d is clamped to ±100 years, so corrected time stays in range. Call it with each new NTP measurement. Waiters are placed again on
-// the new time, in order, with their real deadlines kept. A correction that
-// moves time backwards does not reopen a window already closed: the current
-// window lasts until its end on the new clock.
+// change. d is clamped to ±100 years, so that corrected time stays within
+// what Unix nanoseconds in an int64 hold. Call it with each new NTP
+// measurement. Waiters are placed again on the new time, in order, with
+// their real deadlines kept. A correction that moves time backwards does
+// not reopen a window already closed: the current window lasts until its
+// end on the new clock. Before the first window opens there is none to
+// keep, so a new limiter admits on the new clock at once.
 func (l *Limiter) SetClockOffset(d time.Duration) {
 	l.lockChange()
 	defer l.unlockChange()
@@ -215,7 +218,10 @@ func (l *Limiter) setClockOffsetLocked(d time.Duration, anchor time.Time) {
 		l.setOffsetLocked(d, anchor)
 		return
 	}
-	l.advanceLocked(before)
+	if l.cur.end != math.MinInt64 {
+		// A window is open: it may have admitted, so it is kept.
+		l.advanceLocked(before)
+	}
 	rs := l.unplaceLocked(before)
 	l.setOffsetLocked(d, anchor)
 	now := l.now()
