@@ -46,47 +46,47 @@ func TestGarbageReplyTable(t *testing.T) {
 		mutate func([]byte) []byte
 		ok     bool
 		bad    bool // must be ErrBadResponse too
-		bug    string
 	}{
-		{"valid", 0, func(b []byte) []byte { return b }, true, false, ""},
-		{"poll -128", 0, set(2, 0x80), false, true, ""},
-		{"precision +127 (not used in the root distance)", 0, set(3, 0x7f), true, false, ""},
-		{"mode 3 (a client's)", 0, set(0, 4<<3|3), false, false, ""},
-		{"mode 5 (broadcast)", 0, set(0, 4<<3|5), false, false, ""},
-		{"mode 7 (private)", 0, set(0, 4<<3|7), false, false, ""},
+		{"valid", 0, func(b []byte) []byte { return b }, true, false},
+		{"poll -128", 0, set(2, 0x80), false, true},
+		{"precision +127 (not used in the root distance)", 0, set(3, 0x7f), true, false},
+		{"mode 3 (a client's)", 0, set(0, 4<<3|3), false, false},
+		{"mode 5 (broadcast)", 0, set(0, 4<<3|5), false, false},
+		{"mode 7 (private)", 0, set(0, 4<<3|7), false, false},
 		// beevik/ntp does not check the reply's version for v3/v4 queries.
-		{"version 0", 0, set(0, 0<<3|4), true, false, ""},
-		{"version 7", 0, set(0, 7<<3|4), true, false, ""},
-		{"stratum 17", 0, set(1, 17), false, true, ""},
-		{"stratum 255", 0, set(1, 255), false, true, ""},
-		{"root delay maximal", 0, put32(4, 0xffffffff), false, true, ""},
-		{"root dispersion 16s + 1", 0, put32(8, 16<<16+1), false, true, ""},
+		{"version 0", 0, set(0, 0<<3|4), true, false},
+		{"version 7", 0, set(0, 7<<3|4), true, false},
+		{"stratum 17", 0, set(1, 17), false, true},
+		{"stratum 255", 0, set(1, 255), false, true},
+		{"root delay maximal", 0, put32(4, 0xffffffff), false, true},
+		{"root dispersion 16s + 1", 0, put32(8, 16<<16+1), false, true},
 		{"reference 40h old", 0, func(b []byte) []byte {
 			binary.BigEndian.PutUint64(b[16:], binary.BigEndian.Uint64(b[40:])-40*3600<<32)
 			return b
-		}, false, true, ""},
-		{"receive time zero", 0, func(b []byte) []byte { clear(b[32:40]); return b }, false, false,
-			"a reply with receive time zero is accepted as a known offset of ~40369h ± 40369h (the span from the NTP era's start); the Member then applies that offset to its limiter"},
-		{"origin zero", 0, func(b []byte) []byte { clear(b[24:32]); return b }, false, false, ""},
+		}, false, true},
+		// A receive time of 0 reads as the NTP era's start (1900): an
+		// offset of decades, with as large a root distance.
+		{"receive time zero", 0, func(b []byte) []byte { clear(b[32:40]); return b }, false, true},
+		{"origin zero", 0, func(b []byte) []byte { clear(b[24:32]); return b }, false, false},
 		{"all 0xff", 0, func(b []byte) []byte {
 			for i := range b {
 				b[i] = 0xff
 			}
 			return b
-		}, false, false, ""},
-		{"47 bytes", 0, func(b []byte) []byte { return b[:47] }, false, false, ""},
-		{"one byte", 0, func(b []byte) []byte { return b[:1] }, false, false, ""},
-		{"leap second announced", 0, set(0, 1<<6|4<<3|4), true, false, ""},
-		{"20-byte MAC appended", 0, func(b []byte) []byte { return append(b, make([]byte, 20)...) }, true, false, ""},
-		{"1400 bytes of trailing junk (ignored like extension fields)", 0, func(b []byte) []byte { return append(b, make([]byte, 1400)...) }, true, false, ""},
+		}, false, false},
+		{"47 bytes", 0, func(b []byte) []byte { return b[:47] }, false, false},
+		{"one byte", 0, func(b []byte) []byte { return b[:1] }, false, false},
+		{"leap second announced", 0, set(0, 1<<6|4<<3|4), true, false},
+		{"20-byte MAC appended", 0, func(b []byte) []byte { return append(b, make([]byte, 20)...) }, true, false},
+		{"1400 bytes of trailing junk (ignored like extension fields)", 0, func(b []byte) []byte { return append(b, make([]byte, 1400)...) }, true, false},
 		// The sanity bound (WithMaxOffset, ±1h by default): beyond it a
 		// reply is refused, whatever its precision, and the measurement
 		// stays unknown (the instance cuts its share) rather than move
 		// every window by years.
-		{"server 30 years ahead", 30 * 365 * 24 * time.Hour, func(b []byte) []byte { return b }, false, true, ""},
-		{"server 30 years behind", -30 * 365 * 24 * time.Hour, func(b []byte) []byte { return b }, false, true, ""},
-		{"server 61 minutes behind", -61 * time.Minute, func(b []byte) []byte { return b }, false, true, ""},
-		{"server 59 minutes ahead (within the bound)", 59 * time.Minute, func(b []byte) []byte { return b }, true, false, ""},
+		{"server 30 years ahead", 30 * 365 * 24 * time.Hour, func(b []byte) []byte { return b }, false, true},
+		{"server 30 years behind", -30 * 365 * 24 * time.Hour, func(b []byte) []byte { return b }, false, true},
+		{"server 61 minutes behind", -61 * time.Minute, func(b []byte) []byte { return b }, false, true},
+		{"server 59 minutes ahead (within the bound)", 59 * time.Minute, func(b []byte) []byte { return b }, true, false},
 	}
 	srv := startServer(t, 0)
 	for _, tc := range cases {
@@ -110,13 +110,9 @@ func TestGarbageReplyTable(t *testing.T) {
 			case got.Known:
 				problem = "measurement known after a refused reply"
 			}
-			if problem == "" {
-				return
+			if problem != "" {
+				t.Error(problem)
 			}
-			if tc.bug != "" && tc.ok == false && err == nil {
-				t.Skipf("BUG: %s: %s", tc.bug, problem)
-			}
-			t.Error(problem)
 		})
 	}
 }
