@@ -57,14 +57,16 @@ unit:
 # The oracles again without the race detector, which slows them tenfold:
 # 20,000 limiter histories, 5,000 histories of several limits, 2,000
 # protocol scenarios, 10,000 histories of a budget taken by several
-# instances and 200 histories of configd's writes of share records, new
-# seeds each run (about 70 s here; make oracle runs ten times more or so).
+# instances, 200 histories of configd's writes of share records and 1,000
+# histories of the ledger in the simulated world (internal/world), new
+# seeds each run (make oracle runs ten times more or so).
 guarantee:
 	$(GO) test -count=1 -run '^TestOracle$$' ./limiter -oracle.n=20000
 	$(GO) test -count=1 -run '^TestMultiOracle$$' ./limiter -multi.n=5000
 	$(GO) test -count=1 -run '^TestSearch$$' ./internal/sim -sim.n=2000
 	$(GO) test -count=1 -run '^TestBudgetOracle$$' ./limiter/cluster -budget.n=10000
 	$(GO) test -count=1 -run '^TestShareLayoutOracle$$' ./configd -layout.n=200
+	$(GO) test -count=1 -run '^TestHistories$$' ./internal/world -world.n=1000
 
 # Each fuzz target runs for FUZZTIME on top of its seed corpus (which the
 # unit run already executes).
@@ -84,6 +86,7 @@ FUZZ_TARGETS = \
 	./internal/schema:FuzzDecodeHistoryEntry \
 	./internal/schema:FuzzDecodeBudgetRecord \
 	./internal/schema:FuzzKeysParse \
+	./internal/ledger:FuzzDecode \
 	./configd:FuzzPreconditions \
 	./limiter/cluster:FuzzObserve \
 	./consumer:FuzzDeadLetter \
@@ -110,19 +113,23 @@ fuzz:
 ## MULTI_N histories of several limits (about 15 s per 10,000), SIM_N
 ## protocol scenarios (about 10 s per 1,000), BUDGET_N histories of a
 ## budget (about 7 s per 10,000) and LAYOUT_N histories of configd's
-## writes of share records on an embedded etcd (about 6 s per 100). A
+## writes of share records on an embedded etcd (about 6 s per 100) and
+## WORLD_N histories of the ledger in the simulated world (internal/world,
+## about 5 s per 100). A
 ## failure prints its seed and how to replay it.
 ORACLE_N ?= 200000
 MULTI_N  ?= 50000
 SIM_N    ?= 20000
 BUDGET_N ?= 100000
 LAYOUT_N ?= 5000
+WORLD_N  ?= 20000
 oracle:
 	$(GO) test -count=1 -run '^TestOracle$$' -v -timeout 60m ./limiter -oracle.n=$(ORACLE_N)
 	$(GO) test -count=1 -run '^TestMultiOracle$$' -v -timeout 60m ./limiter -multi.n=$(MULTI_N)
 	$(GO) test -count=1 -run '^TestSearch$$' -v -timeout 60m ./internal/sim -sim.n=$(SIM_N)
 	$(GO) test -count=1 -run '^TestBudgetOracle$$' -v -timeout 60m ./limiter/cluster -budget.n=$(BUDGET_N)
 	$(GO) test -count=1 -run '^TestShareLayoutOracle$$' -v -timeout 60m ./configd -layout.n=$(LAYOUT_N)
+	$(GO) test -count=1 -run '^TestHistories$$' -v -timeout 60m ./internal/world -world.n=$(WORLD_N)
 
 ## rebalance: the Kafka consumer's rebalance oracle over REBALANCE_ROUNDS
 ## random rounds (make test runs 4), on kfake; ~1 s a round.

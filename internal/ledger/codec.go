@@ -1,0 +1,204 @@
+package ledger
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// MaxRecord is the largest record Decode accepts, in bytes.
+const MaxRecord = 64 << 10
+
+// Keys lays out one limit's ledger under a prefix, such as
+// "/sluice/ledger/payments/requests/":
+//
+//	head                      the head
+//	pub/<seq>                 a publish
+//	grant/<holder>/<seq>      holder's grant in publish seq
+//	release/<holder>/<seq>    holder's release of that grant
+//
+// A holder watches pub/ and grant/<holder>/: two small events a publish,
+// whatever the number of holders.
+type Keys string
+
+func (k Keys) Head() string                          { return string(k) + "head" }
+func (k Keys) Pubs() string                          { return string(k) + "pub/" }
+func (k Keys) Pub(seq int64) string                  { return k.Pubs() + seqKey(seq) }
+func (k Keys) Grants(holder string) string           { return string(k) + "grant/" + holder + "/" }
+func (k Keys) AllGrants() string                     { return string(k) + "grant/" }
+func (k Keys) Grant(holder string, seq int64) string { return k.Grants(holder) + seqKey(seq) }
+func (k Keys) AllReleases() string                   { return string(k) + "release/" }
+func (k Keys) Release(holder string, seq int64) string {
+	return string(k) + "release/" + holder + "/" + seqKey(seq)
+}
+
+// seqKey formats seq to sort as a string sorts.
+func seqKey(seq int64) string { return fmt.Sprintf("%020d", seq) }
+
+// Encode returns v's stored form. v is a Head, Pub, Grant or Release; it
+// is validated as Decode would.
+func Encode(v any) ([]byte, error) {
+	if err := validate(v); err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+// Decode reads the record stored at key under k into s, or deletes it
+// from s when value is nil. A malformed record is refused with an error
+// wrapping ErrInvalid and changes nothing.
+func (k Keys) Decode(s *State, key string, value []byte) error {
+	rest, ok := strings.CutPrefix(key, string(k))
+	if !ok {
+		return fmt.Errorf("%w: key %q is not under %q", ErrInvalid, key, string(k))
+	}
+	kind, tail, _ := strings.Cut(rest, "/")
+	switch kind {
+	case "head":
+		if value == nil {
+			s.Head = Head{}
+			return nil
+		}
+		var h Head
+		return decodeInto(value, &h, func() { s.Head = h })
+	case "pub":
+		seq, err := parseSeq(tail)
+		if err != nil {
+			return err
+		}
+		if value == nil {
+			delete(s.Pubs, seq)
+			return nil
+		}
+		var p Pub
+		return decodeInto(value, &p, func() { s.Pubs[seq] = p }, func() error { return keyMatch(key, p.Seq, "", seq, "") })
+	case "grant", "release":
+		holder, seqS, ok := strings.Cut(tail, "/")
+		if !ok {
+			return fmt.Errorf("%w: key %q: want %s/<holder>/<seq>", ErrInvalid, key, kind)
+		}
+		seq, err := parseSeq(seqS)
+		if err != nil {
+			return err
+		}
+		gk := GrantKey{seq, holder}
+		if kind == "grant" {
+			if value == nil {
+				delete(s.Grants, gk)
+				return nil
+			}
+			var g Grant
+			return decodeInto(value, &g, func() { s.Grants[gk] = g }, func() error { return keyMatch(key, g.Pub, g.Holder, seq, holder) })
+		}
+		if value == nil {
+			delete(s.Releases, gk)
+			return nil
+		}
+		var r Release
+		return decodeInto(value, &r, func() { s.Releases[gk] = r }, func() error { return keyMatch(key, r.Pub, r.Holder, seq, holder) })
+	}
+	return fmt.Errorf("%w: key %q: unknown kind %q (want head, pub, grant or release)", ErrInvalid, key, kind)
+}
+
+func parseSeq(s string) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%w: sequence %q: want a positive integer", ErrInvalid, s)
+	}
+	return n, nil
+}
+
+func keyMatch(key string, seq int64, holder string, wantSeq int64, wantHolder string) error {
+	if seq != wantSeq || holder != wantHolder {
+		return fmt.Errorf("%w: record of publish %d, holder %q under key %q", ErrInvalid, seq, holder, key)
+	}
+	return nil
+}
+
+// decodeInto decodes value strictly into v, validates it, runs the
+// checks, and only then calls store.
+func decodeInto(value []byte, v any, store func(), checks ...func() error) error {
+	if len(value) > MaxRecord {
+		return fmt.Errorf("%w: record of %d bytes, at most %d", ErrInvalid, len(value), MaxRecord)
+	}
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: data after the record", ErrInvalid)
+	}
+	if err := validate(v); err != nil {
+		return err
+	}
+	for _, c := range checks {
+		if err := c(); err != nil {
+			return err
+		}
+	}
+	store()
+	return nil
+}
+
+// validate checks what a record must satisfy whoever wrote it.
+func validate(v any) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
+	}
+	switch r := v.(type) {
+	case *Head:
+		return validate(*r)
+	case Head:
+		for i, e := range r.Eras {
+			if err := validWindow(e.Window); err != nil {
+				return err
+			}
+			if i > 0 && e.Seq <= r.Eras[i-1].Seq {
+				return bad("eras out of order: %d after %d", e.Seq, r.Eras[i-1].Seq)
+			}
+			for j, s := range e.Limits {
+				if s.Limit < 0 || (j > 0 && s.From <= e.Limits[j-1].From) {
+					return bad("era %d: limits must be ≥ 0 and in order of window", e.Seq)
+				}
+			}
+		}
+	case *Pub:
+		return validate(*r)
+	case Pub:
+		if r.Seq < 1 || r.B < r.A {
+			return bad("publish %d covers windows %d..%d: want seq ≥ 1 and a ≤ b", r.Seq, r.A, r.B)
+		}
+		return validWindow(r.Window)
+	case *Grant:
+		return validate(*r)
+	case Grant:
+		if r.Pub < 1 || r.Quota < 0 || r.Holder == "" || strings.Contains(r.Holder, "/") {
+			return bad("grant of publish %d to %q, quota %d: want seq ≥ 1, a holder without '/', quota ≥ 0", r.Pub, r.Holder, r.Quota)
+		}
+	case *Release:
+		return validate(*r)
+	case Release:
+		if r.Pub < 1 || r.Holder == "" || strings.Contains(r.Holder, "/") {
+			return bad("release of publish %d by %q", r.Pub, r.Holder)
+		}
+		for _, s := range r.Steps {
+			if s.Limit < 0 {
+				return bad("release step to %d: want ≥ 0", s.Limit)
+			}
+		}
+	default:
+		return bad("cannot store a %T", v)
+	}
+	return nil
+}
+
+func validWindow(w time.Duration) error {
+	if w < 10*time.Millisecond || w > 24*time.Hour || (24*time.Hour)%w != 0 {
+		return fmt.Errorf("%w: window %v: want 10ms to 24h, dividing 24h", ErrInvalid, w)
+	}
+	return nil
+}

@@ -1,0 +1,220 @@
+package ledger
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"time"
+)
+
+// Piece is what a holder may admit per window of length Window, in the
+// windows from At (ns, on its corrected clock) until the next piece.
+type Piece struct {
+	At     int64
+	Window time.Duration
+	Quota  int64
+}
+
+// Schedule returns what holder may admit from the window holding now
+// on, by the grants and releases in s, as pieces in time order, and when
+// the last grant ends (0 with none). A holder enforces exactly this: its
+// state is what it has read, which is never more than etcd holds, since
+// publishes only grow and it writes its releases itself.
+func (s *State) Schedule(holder string, now int64) (pieces []Piece, end int64) {
+	type cut struct {
+		at  int64
+		era int64
+		w   time.Duration
+		k   int64
+	}
+	var cuts []cut
+	for _, era := range s.holderEras(holder) {
+		p := s.Pubs[era.pub]
+		ks := s.holderEdges(holder, era.seq)
+		for i, k := range ks {
+			// The piece from k lasts until the next edge; the last edge
+			// starts the nothing after every grant.
+			if i+1 == len(ks) || StartOf(ks[i+1], p.Window) > now {
+				cuts = append(cuts, cut{StartOf(k, p.Window), era.seq, p.Window, k})
+			}
+		}
+	}
+	slices.SortFunc(cuts, func(a, b cut) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.era, b.era)) })
+	for _, c := range cuts {
+		q := s.Allowance(holder, c.era, c.k)
+		if n := len(pieces); n > 0 && pieces[n-1].At == c.at {
+			// Two eras meet here: the later era's windows start.
+			if q > 0 || pieces[n-1].Quota == 0 {
+				pieces[n-1] = Piece{c.at, c.w, q}
+			}
+		} else if n == 0 || pieces[n-1].Quota != q || pieces[n-1].Window != c.w {
+			pieces = append(pieces, Piece{c.at, c.w, q})
+		}
+	}
+	for _, era := range s.holderEras(holder) {
+		ks := s.holderEdges(holder, era.seq)
+		for i := len(ks) - 2; i >= 0; i-- {
+			if s.Allowance(holder, era.seq, ks[i]) > 0 {
+				end = max(end, StartOf(ks[i+1], s.Pubs[era.pub].Window))
+				break
+			}
+		}
+	}
+	for len(pieces) > 0 && pieces[0].Quota == 0 && pieces[0].At < now {
+		pieces = pieces[1:]
+	}
+	return pieces, end
+}
+
+type holderEra struct{ seq, pub int64 }
+
+// holderEras returns the eras holder has grants in, each with one of its
+// publishes.
+func (s *State) holderEras(holder string) []holderEra {
+	m := map[int64]int64{}
+	for _, g := range s.Grants {
+		if p, ok := s.Pubs[g.Pub]; ok && g.Holder == holder {
+			m[p.Era] = p.Seq
+		}
+	}
+	var out []holderEra
+	for _, e := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, holderEra{e, m[e]})
+	}
+	return out
+}
+
+// holderEdges returns, sorted, the windows of era where holder's
+// allowance may change.
+func (s *State) holderEdges(holder string, era int64) []int64 {
+	var ks []int64
+	for key, g := range s.Grants {
+		a, b, ok := s.Span(g)
+		if !ok || g.Holder != holder || s.Pubs[g.Pub].Era != era || a > b {
+			continue
+		}
+		ks = append(ks, a, b+1)
+		for _, st := range s.Releases[key].Steps {
+			if st.From > a && st.From <= b {
+				ks = append(ks, st.From)
+			}
+		}
+	}
+	slices.Sort(ks)
+	return slices.Compact(ks)
+}
+
+// Target returns the quota of holder's grant in its last publish that is
+// not a top-up, with that publish; ok is false without one.
+func (s *State) Target(holder string) (q int64, p Pub, ok bool) {
+	for _, g := range s.Grants {
+		gp, have := s.Pubs[g.Pub]
+		if !have || g.Holder != holder || gp.TopUp {
+			continue
+		}
+		if !ok || gp.Seq > p.Seq {
+			q, p, ok = g.Quota, gp, true
+		}
+	}
+	return q, p, ok
+}
+
+// ToRelease returns the releases holder should write, and enforce first,
+// so that from its next window on it admits no more than its last
+// publish gives it: every grant of an earlier era goes to 0, and the
+// grants of the target's era keep, longest first, what fits under the
+// target in every window. Each returned release keeps the steps already
+// stored. None when nothing is to be lowered.
+func (s *State) ToRelease(holder string, now int64) []Release {
+	q, top, ok := s.Target(holder)
+	if !ok {
+		return nil
+	}
+	var out []Release
+	var same []Grant
+	for _, g := range s.sortedGrants() {
+		p, ok := s.Pubs[g.Pub]
+		if !ok || g.Holder != holder || g.Pub == top.Seq {
+			continue
+		}
+		r := WindowOf(now, p.Window) + 1
+		if p.Era < top.Era {
+			if rel, ok := s.lower(g, r, 0); ok {
+				out = append(out, rel)
+			}
+		} else if p.Era == top.Era {
+			same = append(same, g)
+		}
+	}
+	r := WindowOf(now, top.Window) + 1
+	ks := []int64{r}
+	for _, k := range s.holderEdges(holder, top.Era) {
+		if k > r {
+			ks = append(ks, k)
+		}
+	}
+	used := make([]int64, len(ks))
+	for i, k := range ks {
+		if k >= top.A && k <= top.B {
+			used[i] = q // the target's own grant
+		}
+	}
+	slices.SortStableFunc(same, func(a, b Grant) int {
+		return cmp.Compare(s.Pubs[b.Pub].B, s.Pubs[a.Pub].B)
+	})
+	for _, g := range same {
+		a, b, _ := s.Span(g)
+		keep, any := int64(-1), false
+		for i, k := range ks {
+			if k < a || k > b {
+				continue
+			}
+			left := min(s.Effective(g, k), max(0, q-used[i]))
+			if !any || left < keep {
+				keep, any = left, true
+			}
+		}
+		if !any {
+			continue
+		}
+		for i, k := range ks {
+			if k >= a && k <= b {
+				used[i] += keep
+			}
+		}
+		if rel, ok := s.lower(g, max(r, a), keep); ok {
+			out = append(out, rel)
+		}
+	}
+	return out
+}
+
+// lower returns g's release with a step to q from window k on, and false
+// when g already admits at most q in every window from k on.
+func (s *State) lower(g Grant, k, q int64) (Release, bool) {
+	a, b, ok := s.Span(g)
+	if !ok || b < k {
+		return Release{}, false
+	}
+	higher := false
+	for _, w := range append(s.holderEdges(g.Holder, s.Pubs[g.Pub].Era), max(k, a)) {
+		if w >= max(k, a) && w <= b && s.Effective(g, w) > q {
+			higher = true
+		}
+	}
+	if !higher {
+		return Release{}, false
+	}
+	key := GrantKey{g.Pub, g.Holder}
+	rel := Release{Pub: g.Pub, Holder: g.Holder}
+	for _, st := range s.Releases[key].Steps {
+		if st.From < k || st.Limit < q {
+			rel.Steps = append(rel.Steps, st) // not covered by the new step
+		}
+	}
+	rel.Steps = append(rel.Steps, Step{From: k, Limit: q})
+	return rel, true
+}
+
+// Apply stores r in s.
+func (s *State) Apply(r Release) { s.Releases[GrantKey{r.Pub, r.Holder}] = r }

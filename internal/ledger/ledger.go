@@ -1,0 +1,294 @@
+// Package ledger is sluice's coordination state as stored in etcd: grants
+// of room in numbered windows, and the holders' releases of it. What an
+// instance may admit is written down, not inferred, so the guarantee is
+// one inequality anyone can check by reading the records (Audit):
+//
+//	for every era and every window k of its length:
+//	    Σ over grants covering k of their quota (less what was released)
+//	        ≤ the era's limit in force for k
+//
+// and the windows of two eras never overlap in time.
+//
+// A grant is immutable: holder h may admit up to q per window in windows
+// from..b of its publish, where b is the publish's end. A publish's end
+// only grows (Extend): one small record extends every grant of a publish,
+// so keeping grants alive costs one write per publish, not one per
+// instance. A release is the holder's own record that it admits at most q
+// from window k on; releases only lower. Every write that adds room
+// (a grant, an extension, a raised limit, a new era) is conditioned on the
+// head's revision, so it is decided from exactly what etcd holds: a lost
+// answer, a paused replica or a second writer makes the condition fail,
+// and the decision is made again from a fresh read. A crashed or cut-off
+// holder's grants end at b: the horizon is its fail-static budget.
+//
+// The package is pure: records in, decisions out; no I/O, no clock. The
+// member side (Holder) and configd's side (Plan) are the same functions in
+// the daemon, the library and the simulator.
+package ledger
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+	"time"
+)
+
+// ErrInvalid is wrapped by every error about a malformed record.
+var ErrInvalid = errors.New("ledger: invalid record")
+
+// Step is a limit in force from window From on.
+type Step struct {
+	From  int64 `json:"from"`
+	Limit int64 `json:"limit"`
+}
+
+// Era is a span of windows of one length. Its windows start at Start (an
+// index of Window) and never overlap an earlier era's grants in time.
+type Era struct {
+	Seq    int64         `json:"seq"`
+	Window time.Duration `json:"window"`
+	Start  int64         `json:"start"`
+	Floor  int64         `json:"floor"`  // no grant is written below it; publishes ended before it may go
+	Limits []Step        `json:"limits"` // sorted by From; before the first, 0
+}
+
+// Limit returns the era's limit in force for window k.
+func (e Era) Limit(k int64) int64 {
+	var l int64
+	for _, s := range e.Limits {
+		if s.From > k {
+			break
+		}
+		l = s.Limit
+	}
+	return l
+}
+
+// Head is the ledger's one record that every room-adding write changes.
+type Head struct {
+	Seq  int64 `json:"seq"`
+	Eras []Era `json:"eras"` // by Seq; the last is current
+}
+
+// Current returns the current era; ok is false when there is none.
+func (h Head) Current() (Era, bool) {
+	if len(h.Eras) == 0 {
+		return Era{}, false
+	}
+	return h.Eras[len(h.Eras)-1], true
+}
+
+// Era returns the era numbered seq.
+func (h Head) Era(seq int64) (Era, bool) {
+	for _, e := range h.Eras {
+		if e.Seq == seq {
+			return e, true
+		}
+	}
+	return Era{}, false
+}
+
+// Pub is one publish: windows A..B of its era's length. B only grows.
+type Pub struct {
+	Seq    int64         `json:"seq"`
+	Era    int64         `json:"era"`
+	Window time.Duration `json:"window"` // the era's, so a holder needs no other record
+	A      int64         `json:"a"`
+	B      int64         `json:"b"`
+	TopUp  bool          `json:"top_up,omitempty"` // its grants add to others toward the target; never extended
+}
+
+// Grant lets Holder admit up to Quota per window in windows From..B of
+// publish Pub (From ≥ the publish's A).
+type Grant struct {
+	Pub    int64  `json:"pub"`
+	Holder string `json:"holder"`
+	Quota  int64  `json:"quota"`
+	From   int64  `json:"from"`
+}
+
+// Release lowers what Holder admits under its grant of Pub: at most the
+// Quota of the last step whose From ≤ k, in window k. A release is only
+// ever rewritten with more or lower steps.
+type Release struct {
+	Pub    int64  `json:"pub"`
+	Holder string `json:"holder"`
+	Steps  []Step `json:"steps"`
+}
+
+// cap returns the most the release lets its holder admit in window k,
+// and false when no step applies yet.
+func (r Release) cap(k int64) (int64, bool) {
+	c, ok := int64(0), false
+	for _, s := range r.Steps {
+		if s.From <= k && (!ok || s.Limit < c) {
+			c, ok = s.Limit, true
+		}
+	}
+	return c, ok
+}
+
+// GrantKey identifies a grant, and its release.
+type GrantKey struct {
+	Pub    int64
+	Holder string
+}
+
+// State is the ledger as read: the head, every publish, grant and release.
+type State struct {
+	Head     Head
+	Pubs     map[int64]Pub
+	Grants   map[GrantKey]Grant
+	Releases map[GrantKey]Release
+}
+
+// NewState returns an empty ledger.
+func NewState() *State {
+	return &State{Pubs: map[int64]Pub{}, Grants: map[GrantKey]Grant{}, Releases: map[GrantKey]Release{}}
+}
+
+// Clone returns a deep copy of s.
+func (s *State) Clone() *State {
+	c := &State{Head: s.Head, Pubs: make(map[int64]Pub, len(s.Pubs)),
+		Grants: make(map[GrantKey]Grant, len(s.Grants)), Releases: make(map[GrantKey]Release, len(s.Releases))}
+	c.Head.Eras = slices.Clone(s.Head.Eras)
+	for i := range c.Head.Eras {
+		c.Head.Eras[i].Limits = slices.Clone(c.Head.Eras[i].Limits)
+	}
+	for k, v := range s.Pubs {
+		c.Pubs[k] = v
+	}
+	for k, v := range s.Grants {
+		c.Grants[k] = v
+	}
+	for k, v := range s.Releases {
+		v.Steps = slices.Clone(v.Steps)
+		c.Releases[k] = v
+	}
+	return c
+}
+
+// Span returns the windows g covers: From..B of its publish, clipped to
+// the publish's A; ok is false when its publish is unknown.
+func (s *State) Span(g Grant) (a, b int64, ok bool) {
+	p, ok := s.Pubs[g.Pub]
+	if !ok {
+		return 0, 0, false
+	}
+	return max(p.A, g.From), p.B, true
+}
+
+// Effective returns what g lets its holder admit in window k of its era.
+func (s *State) Effective(g Grant, k int64) int64 {
+	a, b, ok := s.Span(g)
+	if !ok || k < a || k > b {
+		return 0
+	}
+	q := g.Quota
+	if r, ok := s.Releases[GrantKey{g.Pub, g.Holder}]; ok {
+		if c, ok := r.cap(k); ok {
+			q = min(q, c)
+		}
+	}
+	return max(q, 0)
+}
+
+// Sum returns what all grants of era e add up to in window k.
+func (s *State) Sum(era, k int64) int64 {
+	var t int64
+	for _, g := range s.Grants {
+		if p, ok := s.Pubs[g.Pub]; ok && p.Era == era {
+			t += s.Effective(g, k)
+		}
+	}
+	return t
+}
+
+// Allowance returns what holder may admit in window k of era.
+func (s *State) Allowance(holder string, era, k int64) int64 {
+	var t int64
+	for _, g := range s.Grants {
+		if p, ok := s.Pubs[g.Pub]; ok && p.Era == era && g.Holder == holder {
+			t += s.Effective(g, k)
+		}
+	}
+	return t
+}
+
+// edges returns, sorted, every window of era at which some grant's
+// effective quota may change: starts, ends + 1 and release steps.
+func (s *State) edges(era int64) []int64 {
+	var ks []int64
+	for key, g := range s.Grants {
+		a, b, ok := s.Span(g)
+		if !ok || s.Pubs[g.Pub].Era != era || a > b {
+			continue
+		}
+		ks = append(ks, a, b+1)
+		for _, st := range s.Releases[key].Steps {
+			if st.From > a && st.From <= b {
+				ks = append(ks, st.From)
+			}
+		}
+	}
+	if e, ok := s.Head.Era(era); ok {
+		for _, st := range e.Limits {
+			ks = append(ks, st.From)
+		}
+	}
+	slices.Sort(ks)
+	return slices.Compact(ks)
+}
+
+// End returns the last window of era in which any grant is still in
+// effect (quota > 0), and false when none ever is.
+func (s *State) End(era int64) (int64, bool) {
+	ks := s.edges(era)
+	for i := len(ks) - 1; i >= 0; i-- {
+		// Sums are constant between edges: check each edge's window.
+		if s.Sum(era, ks[i]) > 0 {
+			// The last window of this piece is the next edge - 1.
+			if i+1 < len(ks) {
+				return ks[i+1] - 1, true
+			}
+			return ks[i], true
+		}
+	}
+	return 0, false
+}
+
+// lastPub returns the publish with the highest Seq, false if none.
+func (s *State) lastPub() (Pub, bool) {
+	var best Pub
+	found := false
+	for _, p := range s.Pubs {
+		if !found || p.Seq > best.Seq {
+			best, found = p, true
+		}
+	}
+	return best, found
+}
+
+// sortedGrants returns s's grants in a fixed order: by publish, holder.
+func (s *State) sortedGrants() []Grant {
+	gs := make([]Grant, 0, len(s.Grants))
+	for _, g := range s.Grants {
+		gs = append(gs, g)
+	}
+	slices.SortFunc(gs, func(a, b Grant) int {
+		return cmp.Or(cmp.Compare(a.Pub, b.Pub), cmp.Compare(a.Holder, b.Holder))
+	})
+	return gs
+}
+
+// WindowOf returns the index of the window of length w holding t (ns).
+func WindowOf(t int64, w time.Duration) int64 {
+	k := t / int64(w)
+	if t%int64(w) < 0 {
+		k--
+	}
+	return k
+}
+
+// StartOf returns when window k of length w begins (ns).
+func StartOf(k int64, w time.Duration) int64 { return k * int64(w) }

@@ -1,0 +1,455 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// ErrViolated is returned by Plan when the ledger it is given already
+// breaks the invariant (a hand edit): it then adds no room.
+var ErrViolated = errors.New("ledger: the ledger read breaks its invariant")
+
+// Policy is what configd asks of the ledger of one limit.
+type Policy struct {
+	Limit   int64         // permits per window
+	Window  time.Duration // the window's length
+	Horizon int64         // windows granted past the current one: the fail-static budget
+	Lead    int64         // extend once fewer windows than this remain granted ahead (0: Horizon/2)
+	Keep    int64         // windows behind the current one kept before a publish may go (≥ 1)
+	Slack   int64         // a changed target within Slack of a holder's quota needs no new publish
+}
+
+// Change is one Plan's writes: one transaction, conditioned on the
+// head's revision as read.
+type Change struct {
+	Head    Head    // the head to write: Seq is one more than read
+	Pubs    []Pub   // publishes new or extended
+	Grants  []Grant // new grants
+	Deletes []Pub   // publishes ended below the floor: delete with their grants and releases
+	Why     []string
+}
+
+// Empty reports whether c writes nothing.
+func (c Change) Empty() bool {
+	return len(c.Pubs) == 0 && len(c.Grants) == 0 && len(c.Deletes) == 0 && len(c.Why) == 0
+}
+
+// Plan decides what configd writes so that the holders in target (quota
+// per window each, adding up to at most p.Limit) hold their quotas from
+// now on, within the room the ledger s leaves. now (ns, configd's clock)
+// chooses the windows; whether room is free is decided by the records
+// alone, so a wrong clock costs windows, never the invariant. Every
+// change it returns leaves Audit empty.
+func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error) {
+	if p.Window <= 0 || p.Limit < 0 || p.Horizon < 1 {
+		return Change{}, fmt.Errorf("%w: policy %+v: window, horizon must be > 0 and limit ≥ 0", ErrInvalid, p)
+	}
+	if vs := Audit(s); len(vs) > 0 {
+		return Change{}, fmt.Errorf("%w: %v", ErrViolated, vs[0])
+	}
+	pl := &planner{t: s.Clone(), p: p, k: WindowOf(now, p.Window), target: positive(target)}
+	pl.era()
+	pl.limit()
+	pl.publish()
+	pl.topUp()
+	pl.collect()
+	if vs := Audit(pl.t); len(vs) > 0 {
+		return Change{}, fmt.Errorf("ledger: plan broke its own invariant: %v", vs[0]) // unreachable by construction
+	}
+	if pl.c.Empty() {
+		return pl.c, nil
+	}
+	pl.c.Head = pl.t.Head
+	pl.c.Head.Seq = s.Head.Seq + 1
+	return pl.c, nil
+}
+
+type planner struct {
+	t      *State
+	p      Policy
+	k      int64 // configd's current window
+	target map[string]int64
+	c      Change
+}
+
+func positive(m map[string]int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for h, q := range m {
+		if q > 0 {
+			out[h] = q
+		}
+	}
+	return out
+}
+
+// cur returns the current era, which era() made.
+func (pl *planner) cur() *Era { return &pl.t.Head.Eras[len(pl.t.Head.Eras)-1] }
+
+// lo is the first window a grant may cover now.
+func (pl *planner) lo() int64 { e := pl.cur(); return max(e.Start, e.Floor, pl.k) }
+
+// era starts an era of the policy's window length when there is none or
+// another length is current, and moves the current era's start earlier
+// when releases ended the earlier eras' grants sooner.
+func (pl *planner) era() {
+	e, ok := pl.t.Head.Current()
+	if !ok || e.Window != pl.p.Window {
+		start := pl.earliestStart(pl.t.Head.Eras, pl.p.Window, StartOf(pl.k, pl.p.Window))
+		seq := int64(1)
+		if ok {
+			seq = e.Seq + 1
+		}
+		pl.t.Head.Eras = append(pl.t.Head.Eras, Era{Seq: seq, Window: pl.p.Window, Start: start, Floor: pl.k,
+			Limits: []Step{{From: start, Limit: pl.p.Limit}}})
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("era %d: windows of %v from window %d", seq, pl.p.Window, start))
+		return
+	}
+	if len(pl.t.Head.Eras) < 2 {
+		return
+	}
+	cur := pl.cur()
+	before := pl.t.Head.Eras[:len(pl.t.Head.Eras)-1]
+	if start := pl.earliestStart(before, cur.Window, StartOf(max(cur.Floor, pl.k), cur.Window)); start < cur.Start {
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("era %d starts at window %d, not %d: the earlier era's grants end sooner", cur.Seq, start, cur.Start))
+		cur.Start = start
+	}
+}
+
+// earliestStart returns the first window of length w, at or after t0,
+// that begins once every grant of the eras before has ended, on a
+// boundary the last of them shares.
+func (pl *planner) earliestStart(before []Era, w time.Duration, t0 int64) int64 {
+	step := int64(w)
+	for i, e := range before {
+		if end, ok := pl.t.End(e.Seq); ok {
+			t0 = max(t0, StartOf(end+1, e.Window))
+		}
+		if i == len(before)-1 {
+			step = lcm(int64(e.Window), int64(w))
+		}
+	}
+	return ceilDiv(t0, step) * step / int64(w)
+}
+
+// limit sets the limit in force from the first window it may govern: a
+// raise from lo, a lowering from the first window from which the grants
+// fit under it.
+func (pl *planner) limit() {
+	e := pl.cur()
+	lo := pl.lo()
+	if pl.limitFrom(lo) {
+		return
+	}
+	ks := append(pl.t.edges(e.Seq), lo)
+	slices.Sort(ks)
+	for _, f := range slices.Compact(ks) {
+		if f > lo && pl.trySteps(f) {
+			pl.c.Why = append(pl.c.Why, fmt.Sprintf("limit %d from window %d, once the grants fit under it", pl.p.Limit, f))
+			return
+		}
+	}
+}
+
+// limitFrom reports whether the limit is already p.Limit from lo on, or
+// can be made so at lo.
+func (pl *planner) limitFrom(lo int64) bool {
+	e := pl.cur()
+	same := e.Limit(lo) == pl.p.Limit
+	for _, s := range e.Limits {
+		same = same && (s.From <= lo || s.Limit == pl.p.Limit)
+	}
+	if same {
+		return true
+	}
+	if pl.trySteps(lo) {
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("limit %d from window %d", pl.p.Limit, lo))
+		return true
+	}
+	return false
+}
+
+// trySteps sets the limit p.Limit from window f on if the grants fit.
+func (pl *planner) trySteps(f int64) bool {
+	e := pl.cur()
+	old := e.Limits
+	var steps []Step
+	for _, s := range old {
+		if s.From < f {
+			steps = append(steps, s)
+		}
+	}
+	e.Limits = append(steps, Step{From: f, Limit: pl.p.Limit})
+	if len(auditEra(pl.t, *e)) > 0 {
+		e.Limits = old
+		return false
+	}
+	return true
+}
+
+// open returns the current era's last publish that is not a top-up: the
+// one kept extended.
+func (pl *planner) open() (Pub, bool) {
+	var best Pub
+	found := false
+	for _, p := range pl.t.Pubs {
+		if p.Era == pl.cur().Seq && !p.TopUp && (!found || p.Seq > best.Seq) {
+			best, found = p, true
+		}
+	}
+	return best, found
+}
+
+// holds returns the quota each holder has in publish seq.
+func (pl *planner) holds(seq int64) map[string]int64 {
+	m := map[string]int64{}
+	for _, g := range pl.t.Grants {
+		if g.Pub == seq {
+			m[g.Holder] += g.Quota
+		}
+	}
+	return m
+}
+
+// publish extends the open publish while its grants are the target, or
+// starts a new one after it with the target's quotas.
+func (pl *planner) publish() {
+	if len(pl.target) == 0 {
+		return
+	}
+	open, ok := pl.open()
+	if ok && pl.matches(pl.holds(open.Seq)) {
+		pl.extend(open)
+		return
+	}
+	a := pl.lo()
+	if ok {
+		a = max(a, open.B+1)
+	}
+	np := Pub{Seq: pl.nextSeq(), Era: pl.cur().Seq, Window: pl.cur().Window, A: a, B: max(a, pl.k+pl.p.Horizon)}
+	pl.t.Pubs[np.Seq] = np
+	for _, h := range slices.Sorted(maps.Keys(pl.target)) {
+		pl.t.Grants[GrantKey{np.Seq, h}] = Grant{Pub: np.Seq, Holder: h, Quota: pl.target[h], From: a}
+	}
+	if len(auditEra(pl.t, *pl.cur())) > 0 {
+		// A lowering ahead not yet in force: wait for it.
+		delete(pl.t.Pubs, np.Seq)
+		for h := range pl.target {
+			delete(pl.t.Grants, GrantKey{np.Seq, h})
+		}
+		pl.c.Why = append(pl.c.Why, "no publish: the target does not fit yet")
+		return
+	}
+	pl.c.Pubs = append(pl.c.Pubs, np)
+	for _, h := range slices.Sorted(maps.Keys(pl.target)) {
+		pl.c.Grants = append(pl.c.Grants, pl.t.Grants[GrantKey{np.Seq, h}])
+	}
+	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: %d holders from window %d", np.Seq, len(pl.target), a))
+}
+
+// matches reports whether quotas are the target's, within the slack.
+func (pl *planner) matches(quotas map[string]int64) bool {
+	if len(quotas) != len(pl.target) {
+		return false
+	}
+	for h, q := range pl.target {
+		have, ok := quotas[h]
+		if !ok || have < q-pl.p.Slack || have > q+pl.p.Slack || have > q && q < pl.p.Slack {
+			return false
+		}
+	}
+	return true
+}
+
+// extend moves the open publish's end to the horizon when fewer than
+// Lead windows remain, as far as the grants fit.
+func (pl *planner) extend(open Pub) {
+	lead := pl.p.Lead
+	if lead <= 0 {
+		lead = max(1, pl.p.Horizon/2)
+	}
+	want, was := pl.k+pl.p.Horizon, open.B
+	if was >= pl.k+lead || want <= was {
+		return
+	}
+	for b := want; b > was; b-- {
+		open.B = b
+		pl.t.Pubs[open.Seq] = open
+		if len(auditEra(pl.t, *pl.cur())) == 0 {
+			pl.c.Pubs = append(pl.c.Pubs, open)
+			pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d extended to window %d", open.Seq, b))
+			return
+		}
+	}
+	open.B = was
+	pl.t.Pubs[open.Seq] = open
+}
+
+func (pl *planner) nextSeq() int64 {
+	var n int64
+	for s := range pl.t.Pubs {
+		n = max(n, s)
+	}
+	for _, d := range pl.c.Deletes {
+		n = max(n, d.Seq)
+	}
+	return max(n, pl.t.Head.Seq) + 1
+}
+
+// topUp grants, in the windows before the open publish begins, what the
+// holders of the target lack of it, within the room left there: one
+// top-up publish for each run of windows where room and lack are alike.
+func (pl *planner) topUp() {
+	open, ok := pl.open()
+	lo := pl.lo()
+	if !ok || open.A <= lo {
+		return
+	}
+	e := pl.cur()
+	ks := []int64{lo}
+	for _, k := range pl.t.edges(e.Seq) {
+		if k > lo && k < open.A {
+			ks = append(ks, k)
+		}
+	}
+	ks = append(ks, open.A)
+	// Decide every piece from the ledger before this round's top-ups.
+	gives := make([]map[string]int64, len(ks)-1)
+	for i := range gives {
+		gives[i] = pl.lack(ks[i])
+	}
+	for i := 0; i < len(gives); {
+		j := i + 1
+		for j < len(gives) && maps.Equal(gives[j], gives[i]) {
+			j++
+		}
+		if len(gives[i]) > 0 {
+			pl.topUpPiece(ks[i], ks[j]-1, gives[i])
+		}
+		i = j
+	}
+}
+
+// lack returns what each holder of the target lacks of it in window k,
+// divided max-min fairly within the room left there.
+func (pl *planner) lack(k int64) map[string]int64 {
+	e := pl.cur()
+	need := map[string]int64{}
+	for h, q := range pl.target {
+		if n := q - pl.t.Allowance(h, e.Seq, k); n > 0 {
+			need[h] = n
+		}
+	}
+	return fill(need, e.Limit(k)-pl.t.Sum(e.Seq, k))
+}
+
+// topUpPiece writes a top-up publish of give over windows a..b.
+func (pl *planner) topUpPiece(a, b int64, give map[string]int64) {
+	e := pl.cur()
+	tp := Pub{Seq: pl.nextSeq(), Era: e.Seq, Window: e.Window, A: a, B: b, TopUp: true}
+	pl.t.Pubs[tp.Seq] = tp
+	pl.c.Pubs = append(pl.c.Pubs, tp)
+	for _, h := range slices.Sorted(maps.Keys(give)) {
+		g := Grant{Pub: tp.Seq, Holder: h, Quota: give[h], From: a}
+		pl.t.Grants[GrantKey{tp.Seq, h}] = g
+		pl.c.Grants = append(pl.c.Grants, g)
+	}
+	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: %d holders topped up in windows %d..%d", tp.Seq, len(give), a, b))
+}
+
+// fill divides room among needs max-min fairly, in holder order for the
+// remainder: nobody gets more than it needs, and the room is used up
+// before anyone who needs more gets less than an equal part.
+func fill(need map[string]int64, room int64) map[string]int64 {
+	give := map[string]int64{}
+	hs := slices.Sorted(maps.Keys(need))
+	for room > 0 && len(hs) > 0 {
+		part := max(1, room/int64(len(hs)))
+		var left []string
+		for _, h := range hs {
+			d := min(part, need[h]-give[h], room)
+			give[h] += d
+			room -= d
+			if give[h] < need[h] {
+				left = append(left, h)
+			}
+		}
+		hs = left
+	}
+	for h, d := range give {
+		if d == 0 {
+			delete(give, h)
+		}
+	}
+	return give
+}
+
+// collect raises the floor to Keep windows behind the current one when a
+// publish has ended below it, and deletes every such publish.
+func (pl *planner) collect() {
+	keep := max(pl.p.Keep, 1)
+	e := pl.cur()
+	floor := pl.k - keep
+	if floor <= e.Floor {
+		return
+	}
+	floorAt := StartOf(floor, e.Window)
+	var gone []Pub
+	for _, p := range pl.t.Pubs {
+		if StartOf(p.B+1, p.Window) <= floorAt && (p.Era != e.Seq || p.B < floor) {
+			gone = append(gone, p)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	e.Floor = floor
+	slices.SortFunc(gone, func(a, b Pub) int { return int(a.Seq - b.Seq) })
+	for _, p := range gone {
+		delete(pl.t.Pubs, p.Seq)
+		for key := range pl.t.Grants {
+			if key.Pub == p.Seq {
+				delete(pl.t.Grants, key)
+				delete(pl.t.Releases, key)
+			}
+		}
+	}
+	pl.c.Deletes = gone
+	var eras []Era
+	for i, era := range pl.t.Head.Eras {
+		if i == len(pl.t.Head.Eras)-1 || pl.hasPubs(era.Seq) {
+			eras = append(eras, era)
+		}
+	}
+	pl.t.Head.Eras = eras
+	pl.c.Why = append(pl.c.Why, fmt.Sprintf("floor at window %d: %d ended publishes go", floor, len(gone)))
+}
+
+func (pl *planner) hasPubs(era int64) bool {
+	for _, p := range pl.t.Pubs {
+		if p.Era == era {
+			return true
+		}
+	}
+	return false
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+func lcm(a, b int64) int64 { return a / gcd(a, b) * b }
+
+// ceilDiv is ⌈a/b⌉ for b > 0.
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a > 0) == (b > 0) {
+		q++
+	}
+	return q
+}

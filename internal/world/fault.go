@@ -1,0 +1,130 @@
+package world
+
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/internal/ledger"
+)
+
+// fault draws the next fault, and schedules the one after.
+func (w *World) fault() {
+	if w.now >= w.faultsEnd {
+		return
+	}
+	defer w.at(w.now+w.rng.Int64N(int64(w.window)), w.fault)
+	live := w.live()
+	switch r := w.rng.IntN(100); {
+	case r < 10 && len(live) > 1:
+		m := live[w.rng.IntN(len(live))]
+		w.tracef("%s crashes", m.holder)
+		m.stop()
+		w.at(w.now+w.rng.Int64N(6*int64(time.Second)), func() {
+			if m.crashed {
+				m.start()
+			}
+		})
+	case r < 20 && len(live) > 0:
+		m := live[w.rng.IntN(len(live))]
+		m.paused = w.now + w.rng.Int64N(6*int64(time.Second))
+		w.tracef("%s pauses until %.3fs", m.holder, float64(m.paused-epoch)/1e9)
+	case r < 30 && len(live) > 0:
+		m := live[w.rng.IntN(len(live))]
+		m.cut = w.now + w.rng.Int64N(8*int64(time.Second))
+		w.tracef("%s is cut off until %.3fs", m.holder, float64(m.cut-epoch)/1e9)
+	case r < 36 && len(w.mems) < 10:
+		w.join()
+	case r < 40 && len(live) > 1:
+		m := live[w.rng.IntN(len(live))]
+		w.tracef("%s leaves", m.holder)
+		w.etcd.revoke(m.lease)
+		m.stop()
+		m.name += "-gone" // never restarts
+	case r < 48:
+		rp := w.reps[w.rng.IntN(len(w.reps))]
+		rp.paused = w.now + w.rng.Int64N(5*int64(time.Second))
+		w.tracef("replica %d pauses", rp.id)
+	case r < 56 && len(w.reps) > 1:
+		next := w.reps[w.rng.IntN(len(w.reps))]
+		for _, rp := range w.reps {
+			if rp.leader && rp != next {
+				old := rp
+				w.at(w.now+w.rng.Int64N(3*int64(time.Second)), func() { old.leader = old == w.leaderOf() })
+			}
+		}
+		next.leader = true
+		w.tracef("replica %d leads", next.id)
+	case r < 66:
+		w.limit = max(10, min(500, w.limit/3+w.rng.Int64N(2*w.limit)))
+		w.tracef("limit %d", w.limit)
+	case r < 71:
+		w.window = windows[w.rng.IntN(len(windows))]
+		w.longest = max(w.longest, w.window)
+		w.tracef("window %v", w.window)
+	case r < 85 && len(live) > 0:
+		m := live[w.rng.IntN(len(live))]
+		m.demand = w.rng.Int64N(2*w.limit/int64(len(live)) + 1)
+		w.tracef("%s wants %d", m.holder, m.demand)
+	}
+}
+
+// leaderOf returns the replica the election names now: the last one
+// made leader.
+func (w *World) leaderOf() *replica {
+	for _, rp := range w.reps {
+		if rp.leader {
+			return rp
+		}
+	}
+	return nil
+}
+
+func (w *World) live() []*member {
+	var out []*member
+	for _, m := range w.mems {
+		if !m.crashed {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// heal ends every fault: processes run and reach etcd, one replica
+// leads; then the liveness check waits Settle windows.
+func (w *World) heal() {
+	w.tracef("faults end")
+	for _, m := range w.mems {
+		if !m.crashed {
+			m.paused, m.cut = 0, 0
+		}
+	}
+	for i, rp := range w.reps {
+		rp.paused, rp.leader = 0, i == 0
+	}
+	settle := w.cfg.Settle
+	if settle == 0 {
+		settle = 2*w.cfg.Horizon + 4*max(w.longest, w.window)
+	}
+	w.at(w.now+int64(leaseTTL+settle), w.checkLive)
+}
+
+// checkLive fails when the grants of the current window do not add up to
+// the limit, less the slack the policy leaves each holder.
+func (w *World) checkLive() {
+	st, _ := w.read()
+	e, ok := st.Head.Current()
+	if !ok {
+		w.fail("liveness: no era after the faults")
+		return
+	}
+	if e.Window != w.window {
+		w.fail("liveness: the era's window is %v, the config's %v", e.Window, w.window)
+		return
+	}
+	k := max(e.Start, ledger.WindowOf(w.now, e.Window))
+	live := len(w.live())
+	sum := st.Sum(e.Seq, k)
+	if floor := w.limit - int64(live)*(w.limit/50+1); sum < floor {
+		w.fail("liveness: %v after the faults the grants of window %d add up to %d of the limit %d (at least %d wanted)", w.cfg.Settle, k, sum, w.limit, floor)
+	}
+	w.stopAt = w.now
+}

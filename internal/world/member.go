@@ -1,0 +1,254 @@
+package world
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/ledger"
+	"github.com/sluice-go/sluice/limiter"
+)
+
+// member is one instance: a real limiter on its own clock, enforcing
+// what its view of the ledger allows (ledger.State.Schedule), writing
+// the releases its newest grant asks of it (ToRelease) after enforcing
+// them, and reporting its demand on a lease.
+type member struct {
+	w       *World
+	name    string
+	inc     int
+	holder  string
+	skew    int64
+	lim     *limiter.Limiter
+	view    *ledger.State
+	lease   int64
+	watches []*watch
+	due     []bool // a delivery is scheduled, per watch
+	crashed bool
+	paused  int64 // true time it wakes at
+	cut     int64 // true time it reaches etcd again
+	demand  int64 // permits it wants per window
+	unsent  map[ledger.GrantKey]ledger.Release
+	sending bool
+	ticks   int
+}
+
+// leaseTTL is how long a member's lease outlives its last keep-alive.
+const leaseTTL = 3 * time.Second
+
+type memberClock struct{ m *member }
+
+func (c memberClock) Now() time.Time { return time.Unix(0, c.m.w.now+c.m.skew) }
+
+func (m *member) clock() int64 { return m.w.now + m.skew }
+
+// join starts a new member.
+func (w *World) join() *member {
+	w.nextID++
+	m := &member{w: w, name: fmt.Sprintf("m%d", w.nextID)}
+	m.demand = 2 * w.limit / int64(max(1, w.cfg.Members))
+	w.mems = append(w.mems, m)
+	m.start()
+	return m
+}
+
+// start begins a new incarnation of m: a new holder, lease, limiter
+// and view, as a restarted process has.
+func (m *member) start() {
+	w := m.w
+	m.inc++
+	m.holder = fmt.Sprintf("%s.%d", m.name, m.inc)
+	m.crashed, m.paused, m.cut = false, 0, 0
+	m.skew = w.rng.Int64N(2*int64(w.cfg.SkewBound)+1) - int64(w.cfg.SkewBound)
+	lim, err := limiter.New(0, w.window, limiter.WithClock(memberClock{m}))
+	if err != nil {
+		panic(err) // a window the world chose: a bug in the world
+	}
+	lim.SetClockUncertainty(time.Duration(w.cfg.SkewBound))
+	m.lim = lim
+	m.view = ledger.NewState()
+	m.unsent = map[ledger.GrantKey]ledger.Release{}
+	m.lease = w.etcd.grant(w.now + int64(leaseTTL))
+	m.watches = []*watch{w.etcd.watch(w.keys.Pubs()), w.etcd.watch(w.keys.Grants(m.holder))}
+	m.due = []bool{false, false}
+	for _, prefix := range []string{w.keys.Pubs(), w.keys.Grants(m.holder)} {
+		keys, kvs, _ := w.etcd.get(prefix)
+		for _, k := range keys {
+			m.decode(k, kvs[k].value)
+		}
+	}
+	m.report()
+	inc := m.inc
+	w.at(w.now+w.rng.Int64N(int64(w.window)/5+1), func() { m.tick(inc) })
+	w.tracef("%s starts", m.holder)
+}
+
+// stop ends m's incarnation: its limiter and watches go.
+func (m *member) stop() {
+	m.crashed = true
+	m.lim.Close()
+	for _, wt := range m.watches {
+		wt.closed, wt.pending = true, nil
+	}
+}
+
+func (m *member) decode(key string, value []byte) {
+	if err := m.w.keys.Decode(m.view, key, value); err != nil {
+		m.w.fail("%s cannot read %s: %v", m.holder, key, err)
+	}
+}
+
+func (m *member) reachable() bool { return !m.crashed && m.w.now >= m.paused && m.w.now >= m.cut }
+
+// tick admits this tick's load and, every few ticks, reports demand.
+func (m *member) tick(inc int) {
+	w := m.w
+	if m.crashed || inc != m.inc {
+		return
+	}
+	if w.now < m.paused {
+		w.at(m.paused, func() { m.tick(inc) })
+		return
+	}
+	w.at(w.now+int64(w.window)/5+w.rng.Int64N(int64(w.window)/20+1), func() { m.tick(inc) })
+	m.ticks++
+	want := m.demand / 5
+	if int64(m.ticks%5) < m.demand%5 {
+		want++
+	}
+	var got int64
+	for got < want && m.lim.TryAcquire() {
+		got++
+	}
+	if got > 0 {
+		w.count(w.now, got)
+	}
+	m.sync()
+	if m.ticks%4 == 0 {
+		m.report()
+	}
+}
+
+// report keeps the lease alive and writes the demand; a lease that
+// expired ends this incarnation and starts the next.
+func (m *member) report() {
+	w := m.w
+	if m.w.now < m.cut {
+		return
+	}
+	if !w.etcd.keepAlive(m.lease, w.now+int64(leaseTTL)) {
+		w.tracef("%s lost its lease", m.holder)
+		m.stop()
+		m.start()
+		return
+	}
+	w.write(nil, []op{{key: "I/" + m.holder, value: []byte(strconv.FormatInt(m.demand, 10)), lease: m.lease}}, func(bool, bool) {})
+}
+
+// schedule arranges the delivery of each watch's pending events.
+func (m *member) schedule() {
+	for i, wt := range m.watches {
+		if m.crashed || m.due[i] || len(wt.pending) == 0 {
+			continue
+		}
+		m.due[i] = true
+		inc := m.inc
+		m.w.at(m.w.now+m.w.latency(), func() { m.deliver(inc, i) })
+	}
+}
+
+// deliver hands watch i's events to m: all that arrived by now, in
+// order, once m runs and reaches etcd.
+func (m *member) deliver(inc, i int) {
+	if inc != m.inc || m.crashed {
+		return
+	}
+	if !m.reachable() {
+		m.w.at(max(m.paused, m.cut), func() { m.deliver(inc, i) })
+		return
+	}
+	wt := m.watches[i]
+	evs := wt.pending
+	wt.pending, m.due[i] = nil, false
+	for _, e := range evs {
+		m.decode(e.key, e.value)
+	}
+	m.sync()
+}
+
+// sync enforces what the view allows, lowering first what its newest
+// grant asks it to release, and sends the releases not yet known stored.
+func (m *member) sync() {
+	w := m.w
+	now := m.clock()
+	for _, r := range m.view.ToRelease(m.holder, now) {
+		m.view.Apply(r)
+		m.unsent[ledger.GrantKey{Pub: r.Pub, Holder: r.Holder}] = r
+		w.tracef("%s releases publish %d: %v", m.holder, r.Pub, r.Steps)
+	}
+	m.enforce(now)
+	if len(m.unsent) == 0 || m.sending || w.now < m.cut {
+		return
+	}
+	var ops []op
+	sent := map[ledger.GrantKey]ledger.Release{}
+	for _, k := range slices.SortedFunc(maps.Keys(m.unsent), func(a, b ledger.GrantKey) int { return int(a.Pub - b.Pub) }) {
+		r := m.unsent[k]
+		b, err := ledger.Encode(r)
+		if err != nil {
+			w.fail("%s: %v", m.holder, err)
+			return
+		}
+		ops = append(ops, op{key: w.keys.Release(r.Holder, r.Pub), value: b})
+		sent[k] = r
+	}
+	m.sending = true
+	inc := m.inc
+	w.write(nil, ops, func(ok, known bool) {
+		if inc != m.inc {
+			return
+		}
+		m.sending = false
+		if ok {
+			for k, r := range sent {
+				if cur, same := m.unsent[k]; same && len(cur.Steps) == len(r.Steps) {
+					delete(m.unsent, k)
+				}
+			}
+		}
+	})
+}
+
+// enforce sets the limiter to the view's schedule from now on.
+func (m *member) enforce(now int64) {
+	view := m.view
+	if m.w.cfg.Break == "unenforced" {
+		view = view.Clone()
+		clear(view.Releases)
+	}
+	pieces, end := view.Schedule(m.holder, now)
+	m.w.tracef("%s enforces %v until %d", m.holder, pieces, end)
+	if len(pieces) == 0 || pieces[0].At > now {
+		m.set(0, m.w.window, time.Time{})
+	}
+	for i, p := range pieces {
+		at := time.Unix(0, p.At)
+		if i == 0 && p.At <= now {
+			at = time.Time{}
+		}
+		m.set(p.Quota, p.Window, at)
+	}
+	if end > 0 {
+		m.lim.SetExpiry(time.Unix(0, end))
+	} else {
+		m.lim.SetExpiry(time.Unix(0, now))
+	}
+}
+
+func (m *member) set(q int64, win time.Duration, at time.Time) {
+	if err := m.lim.SetLimit(q, win, at); err != nil {
+		m.w.fail("%s: SetLimit(%d, %v): %v", m.holder, q, win, err)
+	}
+}

@@ -1,0 +1,139 @@
+package world
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sluice-go/sluice/configd/alloc"
+	"github.com/sluice-go/sluice/internal/ledger"
+)
+
+// replica is one configd replica: it reads the ledger and the members'
+// demands from etcd, runs ledger.Plan on its own clock, and writes the
+// change conditioned on the head it read. It keeps nothing between
+// rounds: an unknown outcome, a refusal or another leader's write is
+// answered by the next round's fresh read.
+type replica struct {
+	w      *World
+	id     int
+	off    int64 // its clock's offset from true time
+	leader bool
+	paused int64 // true time it wakes at
+	busy   bool  // a write in flight
+}
+
+func newReplica(w *World, id int) *replica {
+	r := &replica{w: w, id: id, off: w.rng.Int64N(2*int64(w.cfg.SkewBound)+1) - int64(w.cfg.SkewBound) + int64(w.cfg.ConfigdOff)}
+	w.at(w.now+w.rng.Int64N(int64(w.window)/4+1), r.tick)
+	return r
+}
+
+func (r *replica) clock() int64 { return r.w.now + r.off }
+
+func (r *replica) tick() {
+	w := r.w
+	defer w.at(w.now+int64(w.window)/4+w.rng.Int64N(int64(w.window)/8+1), r.tick)
+	if !r.leader || w.now < r.paused || r.busy {
+		return
+	}
+	st, headMod := w.read()
+	p := ledger.Policy{Limit: w.limit, Window: w.window, Horizon: w.horizon(), Keep: 3, Slack: w.limit / 50}
+	ch, err := ledger.Plan(st, p, r.target(), r.clock())
+	if err != nil {
+		w.fail("replica %d: %v", r.id, err)
+		return
+	}
+	if ch.Empty() {
+		return
+	}
+	ops, err := r.ops(st, ch)
+	if err != nil {
+		w.fail("replica %d: %v", r.id, err)
+		return
+	}
+	w.tracef("replica %d writes on head %d: %s", r.id, headMod, strings.Join(ch.Why, "; "))
+	r.busy = true
+	// Sometimes the process stops between its read and its write.
+	var pause int64
+	if w.rng.Float64() < 0.03 {
+		pause = w.rng.Int64N(2 * int64(w.window))
+	}
+	w.at(w.now+pause, func() {
+		conds := []cond{{w.keys.Head(), headMod}}
+		if w.cfg.Break == "unconditioned" {
+			conds = nil
+		}
+		w.write(conds, ops, func(ok, known bool) {
+			r.busy = false
+			w.tracef("replica %d write: ok=%v known=%v", r.id, ok, known)
+		})
+	})
+}
+
+// target allocates the limit over the members registered in etcd.
+func (r *replica) target() map[string]int64 {
+	w := r.w
+	keys, kvs, _ := w.etcd.get("I/")
+	var in []alloc.Instance
+	for _, k := range keys {
+		d, _ := strconv.ParseFloat(string(kvs[k].value), 64)
+		in = append(in, alloc.Instance{ID: strings.TrimPrefix(k, "I/"), Demand: d})
+	}
+	if len(in) == 0 {
+		return nil
+	}
+	shares, err := alloc.Fair(w.limit, alloc.DefaultFloor(w.limit, len(in)), in)
+	if err != nil {
+		w.fail("alloc: %v", err)
+		return nil
+	}
+	t := map[string]int64{}
+	for i, s := range shares {
+		t[in[i].ID] = s
+	}
+	return t
+}
+
+// ops turns a change into etcd operations.
+func (r *replica) ops(st *ledger.State, ch ledger.Change) ([]op, error) {
+	k := r.w.keys
+	var ops []op
+	put := func(key string, v any) error {
+		b, err := ledger.Encode(v)
+		ops = append(ops, op{key: key, value: b})
+		return err
+	}
+	if err := put(k.Head(), ch.Head); err != nil {
+		return nil, err
+	}
+	for _, p := range ch.Pubs {
+		if err := put(k.Pub(p.Seq), p); err != nil {
+			return nil, err
+		}
+	}
+	for _, g := range ch.Grants {
+		if err := put(k.Grant(g.Holder, g.Pub), g); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range ch.Deletes {
+		ops = append(ops, op{key: k.Pub(p.Seq)})
+		var hs []string
+		for gk := range st.Grants {
+			if gk.Pub == p.Seq {
+				hs = append(hs, gk.Holder)
+			}
+		}
+		for gk := range st.Releases {
+			if gk.Pub == p.Seq {
+				hs = append(hs, gk.Holder)
+			}
+		}
+		slices.Sort(hs)
+		for _, h := range slices.Compact(hs) {
+			ops = append(ops, op{key: k.Grant(h, p.Seq)}, op{key: k.Release(h, p.Seq)})
+		}
+	}
+	return ops, nil
+}

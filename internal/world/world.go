@@ -1,0 +1,335 @@
+// Package world is a deterministic simulation of sluice's coordination
+// that runs the code that ships: configd's ledger decisions
+// (ledger.Plan), the members' (ledger.State.Schedule and ToRelease) and a
+// real limiter.Limiter per member, over a model of etcd that loses
+// answers, refuses writes, delays and batches each watcher's events,
+// expires leases, and over processes that crash, restart with the same
+// id, pause and wake with their old state, and are cut off from etcd
+// while their fail-static budget runs; configd replicas pause, fail over
+// and act as zombies beside a new leader.
+//
+// One seed is one history: time is virtual, nothing runs concurrently,
+// and every random choice comes from one generator, so a failing seed
+// replays exactly (Run with the same Config). The oracles:
+//
+//   - the ledger invariant (ledger.Audit) after every write etcd applies;
+//   - the guarantee: in every aligned window of true time, what all
+//     members admitted is at most the most any revision of the ledger let
+//     that window hold;
+//   - liveness: once the faults end, within Config.Settle windows the
+//     grants of the current window add up to the limit.
+package world
+
+import (
+	"cmp"
+	"container/heap"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/ledger"
+)
+
+// Config is one history's parameters; Seed decides the rest.
+type Config struct {
+	Seed      uint64
+	Members   int           // members at the start (default 4)
+	Replicas  int           // configd replicas (default 2)
+	Limit     int64         // permits per window at the start (default 100)
+	Window    time.Duration // at the start (default 1s)
+	Horizon   time.Duration // granted ahead: the fail-static budget (default 4s, at least 4 windows)
+	Faults    time.Duration // how long faults are drawn (default 20s)
+	Settle    time.Duration // after the faults and a lease, for liveness (default 2·Horizon + 4 of the longest windows)
+	SkewBound time.Duration // members' and configd's clocks are this close to true time (default 20ms)
+	// ConfigdOff, when set, puts every replica's clock this far off.
+	ConfigdOff time.Duration
+	// Loss and Refuse are the chances that a write's answer is lost
+	// (applied, the writer told nothing) or that it is refused.
+	Loss, Refuse float64
+	Trace        func(string) // every step, when set
+	// Break, for tests of the oracles, breaks one rule of the protocol:
+	// "unconditioned" (configd writes without the head's condition) or
+	// "unenforced" (members write releases without enforcing them).
+	Break string
+}
+
+func (c *Config) defaults() {
+	c.Members = cmp.Or(c.Members, 4)
+	c.Replicas = cmp.Or(c.Replicas, 2)
+	c.Limit = cmp.Or(c.Limit, 100)
+	c.Window = cmp.Or(c.Window, time.Second)
+	c.Horizon = cmp.Or(c.Horizon, 4*time.Second)
+	c.Faults = cmp.Or(c.Faults, 20*time.Second)
+
+	c.SkewBound = cmp.Or(c.SkewBound, 20*time.Millisecond)
+}
+
+// Result is what a history showed.
+type Result struct {
+	Seed       uint64
+	Writes     int      // transactions etcd applied
+	Windows    int      // aligned windows checked
+	Admitted   int64    // permits admitted in all
+	Worst      float64  // the fullest window against its bound
+	Violations []string // broken invariants; empty when the history passed
+}
+
+// epoch is where virtual time starts: a day boundary, so every window
+// length aligns with it.
+const epoch = int64(1_800_000_000/86400) * 86400 * int64(time.Second)
+
+// World is one running history.
+type World struct {
+	cfg    Config
+	rng    *rand.Rand
+	now    int64
+	q      queue
+	seq    int64
+	etcd   *etcd
+	keys   ledger.Keys
+	limit  int64
+	window time.Duration
+	reps   []*replica
+	mems   []*member
+	nextID int
+	// faultsEnd is when faults stop being drawn.
+	faultsEnd int64
+	admitted  map[time.Duration]map[int64]int64
+	eras      map[int64][]ledger.Era // every version of each era any head held
+	res       Result
+	stopAt    int64         // when the liveness check ran: the history ends
+	ledger    *ledger.State // etcd's ledger records, decoded as they change
+	longest   time.Duration
+}
+
+// Run plays the history of cfg and returns what it showed.
+func Run(cfg Config) Result {
+	cfg.defaults()
+	w := &World{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		now: epoch, etcd: newEtcd(), keys: "L/", limit: cfg.Limit, window: cfg.Window,
+		admitted: map[time.Duration]map[int64]int64{}, eras: map[int64][]ledger.Era{}}
+	w.res.Seed = cfg.Seed
+	w.ledger = ledger.NewState()
+	w.etcd.applied = func(key string, value []byte) {
+		if !strings.HasPrefix(key, string(w.keys)) {
+			return
+		}
+		if err := w.keys.Decode(w.ledger, key, value); err != nil {
+			w.fail("etcd holds a record the ledger cannot read: %v", err)
+		}
+	}
+	w.faultsEnd = epoch + int64(cfg.Faults)
+	for i := range cfg.Replicas {
+		w.reps = append(w.reps, newReplica(w, i))
+	}
+	w.reps[0].leader = true
+	for range cfg.Members {
+		w.join()
+	}
+	w.at(w.now+int64(cfg.Window)/2, w.fault)
+	w.at(w.faultsEnd, w.heal)
+	// A violation ends the history: replaying its seed shows the rest.
+	for w.q.Len() > 0 && w.stopAt == 0 && len(w.res.Violations) == 0 {
+		e := heap.Pop(&w.q).(*item)
+		w.now = e.at
+		w.etcd.expire(w.now)
+		w.afterWrite()
+		e.fn()
+	}
+	w.checkWindows()
+	return w.res
+}
+
+// at runs fn at true time t.
+func (w *World) at(t int64, fn func()) {
+	w.seq++
+	heap.Push(&w.q, &item{at: max(t, w.now), seq: w.seq, fn: fn})
+}
+
+func (w *World) tracef(format string, a ...any) {
+	if w.cfg.Trace != nil {
+		w.cfg.Trace(fmt.Sprintf("%.3fs ", float64(w.now-epoch)/1e9) + fmt.Sprintf(format, a...))
+	}
+}
+
+func (w *World) fail(format string, a ...any) {
+	msg := fmt.Sprintf("%.3fs ", float64(w.now-epoch)/1e9) + fmt.Sprintf(format, a...)
+	w.tracef("VIOLATION %s", msg)
+	if len(w.res.Violations) < 20 {
+		w.res.Violations = append(w.res.Violations, msg)
+	}
+}
+
+// write is a transaction a process sends: etcd applies it (or not) and
+// the answer reaches the writer (or not). done gets the outcome: ok, and
+// known false when the answer was lost.
+func (w *World) write(cmps []cond, ops []op, done func(ok, known bool)) {
+	delay := w.latency()
+	w.at(w.now+delay/2, func() {
+		if w.rng.Float64() < w.cfg.Refuse {
+			w.at(w.now+delay/2, func() { done(false, true) })
+			return
+		}
+		ok, _ := w.etcd.txn(cmps, ops)
+		w.afterWrite()
+		if w.rng.Float64() < w.cfg.Loss {
+			w.at(w.now+delay/2, func() { done(false, false) })
+			return
+		}
+		w.at(w.now+delay/2, func() { done(ok, true) })
+	})
+}
+
+// latency draws a network round trip: mostly milliseconds, sometimes a
+// good part of a window, rarely more.
+func (w *World) latency() int64 {
+	switch r := w.rng.Float64(); {
+	case r < 0.8:
+		return int64(time.Millisecond) + w.rng.Int64N(int64(10*time.Millisecond))
+	case r < 0.97:
+		return w.rng.Int64N(int64(w.window) / 2)
+	default:
+		return w.rng.Int64N(3 * int64(w.window))
+	}
+}
+
+// afterWrite checks the ledger invariant once per revision and hands
+// every watcher's new events to its delivery.
+func (w *World) afterWrite() {
+	if int(w.etcd.rev) != w.res.Writes {
+		w.res.Writes = int(w.etcd.rev)
+		st, _ := w.read()
+		for _, v := range ledger.Audit(st) {
+			w.fail("ledger invariant at revision %d: %v", w.etcd.rev, v)
+		}
+		for _, e := range st.Head.Eras {
+			vs := w.eras[e.Seq]
+			if len(vs) == 0 || !slices.EqualFunc(vs[len(vs)-1].Limits, e.Limits, func(a, b ledger.Step) bool { return a == b }) || vs[len(vs)-1].Start != e.Start {
+				w.eras[e.Seq] = append(vs, e)
+			}
+		}
+	}
+	for _, m := range w.mems {
+		m.schedule()
+	}
+}
+
+// read returns the ledger in etcd now, and the head's mod revision. The
+// state is shared: callers must not change it.
+func (w *World) read() (*ledger.State, int64) {
+	return w.ledger, w.etcd.kvs[w.keys.Head()].mod
+}
+
+// windows are the lengths the world draws.
+var windows = []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second}
+
+// count records n permits admitted at true time t.
+func (w *World) count(t, n int64) {
+	w.res.Admitted += n
+	for _, win := range windows {
+		m := w.admitted[win]
+		if m == nil {
+			m = map[int64]int64{}
+			w.admitted[win] = m
+		}
+		m[ledger.WindowOf(t, win)] += n
+	}
+}
+
+// checkWindows compares each aligned window of each era with the most
+// any revision of the ledger let it hold.
+func (w *World) checkWindows() {
+	seqs := make([]int64, 0, len(w.eras))
+	for s := range w.eras {
+		seqs = append(seqs, s)
+	}
+	slices.Sort(seqs)
+	for i, s := range seqs {
+		vs := w.eras[s]
+		win := vs[0].Window
+		start := vs[0].Start
+		for _, v := range vs {
+			start = min(start, v.Start)
+		}
+		until := int64(1<<62 - 1)
+		for _, later := range seqs[i+1:] {
+			for _, v := range w.eras[later] {
+				until = min(until, ledger.StartOf(v.Start, v.Window))
+			}
+		}
+		for k, n := range w.admitted[win] {
+			if k < start || ledger.StartOf(k+1, win) > until {
+				continue
+			}
+			var bound int64
+			for _, v := range vs {
+				bound = max(bound, v.Limit(k))
+			}
+			w.res.Windows++
+			if bound > 0 {
+				w.res.Worst = max(w.res.Worst, float64(n)/float64(bound))
+			}
+			if n > bound {
+				w.fail("era %d: window %d of %v (at %.3fs) admitted %d, over its bound %d", s, k, win, float64(ledger.StartOf(k, win)-epoch)/1e9, n, bound)
+			}
+		}
+	}
+	w.checkOutside(seqs)
+}
+
+// checkOutside fails any permit admitted in no era's span.
+func (w *World) checkOutside(seqs []int64) {
+	if len(seqs) == 0 {
+		if w.res.Admitted > 0 {
+			w.fail("%d permits admitted with no ledger", w.res.Admitted)
+		}
+		return
+	}
+	first := w.eras[seqs[0]][0]
+	start := ledger.StartOf(first.Start, first.Window)
+	for _, v := range w.eras[seqs[0]] {
+		start = min(start, ledger.StartOf(v.Start, v.Window))
+	}
+	for k, n := range w.admitted[w.cfg.Window] {
+		if ledger.StartOf(k+1, w.cfg.Window) <= start && n > 0 {
+			w.fail("window %d admitted %d before the ledger's first era", k, n)
+		}
+	}
+}
+
+// horizon is Config.Horizon in windows of the length in force.
+func (w *World) horizon() int64 {
+	return max(4, int64(w.cfg.Horizon/w.window))
+}
+
+// String names a result for a test's log.
+func (r Result) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d: %d writes, %d windows, %d admitted, worst window at %.1f%% of its bound", r.Seed, r.Writes, r.Windows, r.Admitted, 100*r.Worst)
+	for _, v := range r.Violations {
+		b.WriteString("\n  " + v)
+	}
+	return b.String()
+}
+
+type item struct {
+	at, seq int64
+	fn      func()
+}
+
+type queue []*item
+
+func (q queue) Len() int { return len(q) }
+func (q queue) Less(i, j int) bool {
+	return q[i].at < q[j].at || (q[i].at == q[j].at && q[i].seq < q[j].seq)
+}
+func (q queue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *queue) Push(x any)   { *q = append(*q, x.(*item)) }
+func (q *queue) Pop() any {
+	old := *q
+	it := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return it
+}

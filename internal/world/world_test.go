@@ -1,0 +1,96 @@
+package world
+
+import (
+	"flag"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+var (
+	nFlag    = flag.Int("world.n", 200, "random histories TestHistories plays")
+	seedFlag = flag.Uint64("world.seed", 0, "first seed (0: drawn; printed either way)")
+)
+
+// TestHistories plays random histories of the real ledger code under every
+// fault the world draws; a failure prints its seed, and
+// -world.n=1 -world.seed=SEED replays it exactly.
+func TestHistories(t *testing.T) {
+	n := *nFlag
+	if (raceEnabled || testing.Short()) && !flagSet("world.n") {
+		n = max(1, n/10)
+	}
+	first := *seedFlag
+	if first == 0 {
+		first = rand.Uint64() >> 1
+	}
+	t.Logf("seeds %d to %d (replay one: go test -run '^TestHistories$' ./internal/world -world.n=1 -world.seed=SEED -v)", first, first+uint64(n)-1)
+	var windows, writes int
+	var worst float64
+	for i := range n {
+		cfg := Config{Seed: first + uint64(i), Loss: 0.05, Refuse: 0.03}
+		r := Run(cfg)
+		windows += r.Windows
+		writes += r.Writes
+		worst = max(worst, r.Worst)
+		if len(r.Violations) > 0 {
+			t.Fatalf("%v\nreplay: go test -run '^TestHistories$' ./internal/world -world.n=1 -world.seed=%d -v", r, r.Seed)
+		}
+	}
+	t.Logf("%d histories: %d windows checked, %d writes, none over; the fullest window at %.1f%% of its bound", n, windows, writes, 100*worst)
+}
+
+// TestReplay: one seed gives one history.
+func TestReplay(t *testing.T) {
+	cfg := Config{Seed: 42, Loss: 0.05, Refuse: 0.03}
+	a, b := Run(cfg), Run(cfg)
+	if a.String() != b.String() || a.Admitted != b.Admitted || a.Writes != b.Writes {
+		t.Fatalf("seed 42 played twice:\n%v\n%v", a, b)
+	}
+	if a.Admitted == 0 || a.Writes == 0 {
+		t.Fatalf("seed 42 admitted %d in %d writes: the world did nothing", a.Admitted, a.Writes)
+	}
+}
+
+// TestConfigdClockFarOff: configd's clock minutes off costs windows, never
+// the invariant.
+func TestConfigdClockFarOff(t *testing.T) {
+	for _, off := range []time.Duration{-3 * time.Minute, 3 * time.Minute} {
+		r := Run(Config{Seed: 7, ConfigdOff: off})
+		if r.Writes < 10 {
+			t.Errorf("configd %v off: %d writes: configd did not act", off, r.Writes)
+		}
+		for _, v := range r.Violations {
+			if len(v) > 0 && !contains(v, "liveness") {
+				t.Errorf("configd %v off: %s", off, v)
+			}
+		}
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+func flagSet(name string) (set bool) {
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// TestOraclesCatchABrokenProtocol: the oracles find a history over the
+// limit when one rule is broken, within a few random seeds.
+func TestOraclesCatchABrokenProtocol(t *testing.T) {
+	for _, rule := range []string{"unconditioned", "unenforced"} {
+		t.Run(rule, func(t *testing.T) {
+			for seed := uint64(1); seed <= 200; seed++ {
+				r := Run(Config{Seed: seed, Loss: 0.05, Refuse: 0.03, Break: rule})
+				for _, v := range r.Violations {
+					if !contains(v, "liveness") {
+						t.Logf("found after %d seeds: %s", seed, v)
+						return
+					}
+				}
+			}
+			t.Errorf("200 seeds with the rule %q broken found no history over the limit", rule)
+		})
+	}
+}
