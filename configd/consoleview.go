@@ -103,7 +103,7 @@ type instanceRow struct {
 	AdmittedPerWindow *float64  `json:"admitted_per_window"`
 	AdmittedOver      string    `json:"admitted_over,omitempty"` // the time those two records span
 	Admitted          int64     `json:"admitted"`                // since it started
-	Clock             string    `json:"clock"`                   // "−400ms ± 5ms", "unknown"
+	Clock             string    `json:"clock"`                   // "−400 ms ± 5.2 ms", "unknown"
 	LastSeen          time.Time `json:"last_seen"`
 	Generation        int64     `json:"generation"` // applied (acknowledged)
 	Why               string    `json:"why"`
@@ -441,7 +441,7 @@ func instanceRowOf(st *consoleState, v statusView, in instanceView) instanceRow 
 		row.Enforced = &n
 	}
 	if r.ClockKnown {
-		row.Clock = signed(r.ClockOffset.D()) + " ± " + r.ClockUncertainty.D().String()
+		row.Clock = signedReadable(r.ClockOffset.D()) + " ± " + readable(r.ClockUncertainty.D())
 	}
 	if s := st.samples[in.ID]; len(s) >= 2 {
 		a, b := s[len(s)-2], s[len(s)-1]
@@ -454,12 +454,31 @@ func instanceRowOf(st *consoleState, v statusView, in instanceView) instanceRow 
 	return row
 }
 
-// signed formats d with its sign: "+400ms", "-3ms", "0s".
-func signed(d time.Duration) string {
-	if d > 0 {
-		return "+" + d.String()
+// readable formats a clock's offset or uncertainty as an operator reads it
+// at a glance: "0.2 ms", "5.2 ms", "400 ms", "2.0 s". A tenth of a
+// millisecond is finer than any NTP measurement here is sure of.
+func readable(d time.Duration) string {
+	a := d.Abs()
+	switch {
+	case a < 10*time.Millisecond-50*time.Microsecond:
+		return fmt.Sprintf("%.1f ms", float64(a)/float64(time.Millisecond))
+	case a < time.Second-500*time.Microsecond:
+		return fmt.Sprintf("%.0f ms", float64(a)/float64(time.Millisecond))
 	}
-	return d.String()
+	return fmt.Sprintf("%.1f s", a.Seconds())
+}
+
+// signedReadable is readable with the offset's sign: "+0.2 ms", "−400 ms";
+// an offset that rounds to nothing has none ("0.0 ms").
+func signedReadable(d time.Duration) string {
+	s := readable(d)
+	switch {
+	case s == "0.0 ms":
+		return s
+	case d < 0:
+		return "−" + s
+	}
+	return "+" + s
 }
 
 // whyInstance says why a live instance enforces what it does, and whether
@@ -503,7 +522,7 @@ func whyInstance(v statusView, in instanceView) (string, bool) {
 		parts = append(parts, fmt.Sprintf("enforces %d of its %d: its clock offset is not measured yet (or NTP does not answer), so it keeps half its share", r.Enforced, share))
 		problem = true
 	case r.ClockUncertainty.D() > bound:
-		parts = append(parts, fmt.Sprintf("enforces %d of its %d: its guard band (%v) is wider than the provider's bound (%v), so it admits only in the part of each window its clock is sure of", r.Enforced, share, r.ClockUncertainty.D(), bound))
+		parts = append(parts, fmt.Sprintf("enforces %d of its %d: its guard band (%s) is wider than the provider's bound (%s), so it admits only in the part of each window its clock is sure of", r.Enforced, share, readable(r.ClockUncertainty.D()), readable(bound)))
 		problem = true
 	default:
 		parts = append(parts, fmt.Sprintf("enforces %d of its %d", r.Enforced, share))
