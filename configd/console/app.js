@@ -117,10 +117,14 @@
     $('#replica').textContent = 'replica ' + ov.replica + (ov.leader ? ' (leading)' : ' (standby)');
     const body = el('tbody');
     for (const p of ov.providers) {
+      // The further limits go under the first, one a line, so that the
+      // pane stays narrow however many a provider has.
+      const limits = el('td', { class: 'num', 'data-col': 'limit' }, `${num(p.limit)} per ${p.window}`);
+      for (const m of p.more_limits ? p.more_limits.split(',') : []) limits.append(el('span', { class: 'more', text: m }));
       const tr = el('tr', { 'data-provider': p.name, class: p.name === state.provider ? 'selected' : null },
-        el('td', { text: p.name }), el('td', { class: 'num', text: num(p.limit) }), el('td', { text: p.window }),
-        el('td', { text: p.mode }), el('td', { text: p.algorithm }), el('td', { class: 'num', text: p.generation ? num(p.generation) : '–' }),
-        el('td', { text: p.more_limits ? p.more_limits.split(',').join(', ') : '–' }));
+        el('td', { 'data-col': 'name', text: p.name }), limits,
+        el('td', { 'data-col': 'mode' }, p.mode, el('span', { class: 'more', text: p.algorithm })),
+        el('td', { class: 'num', text: p.generation ? num(p.generation) : '–' }));
       tr.addEventListener('click', () => select(p.name));
       body.append(tr);
     }
