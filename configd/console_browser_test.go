@@ -328,7 +328,7 @@ func TestConsoleBrowser(t *testing.T) {
 	// A replica without a token: the same console, read-only.
 	r2 := itServe(t, srv, "standby")
 	b.do("opening the standby's console", chromedp.Navigate(r2.url()+"/console/#p=api"))
-	b.until("the read-only note", `!document.querySelector('#readonly').hidden && document.querySelector('#edit').hidden`)
+	b.until("the read-only note, and no form shown", `!document.querySelector('#readonly').hidden && document.querySelector('#edit').hidden && getComputedStyle(document.querySelector('#edit')).display === 'none'`)
 	b.until("the standby's instances", shareIs("a", 400))
 
 	b.checkClean()

@@ -178,18 +178,22 @@
       const changed = i.id in state.shares && state.shares[i.id] !== share;
       state.shares[i.id] = share;
       const apw = i.admitted_per_window === null ? '–' : i.admitted_per_window.toFixed(i.admitted_per_window < 10 ? 1 : 0);
-      body.append(el('tr', { 'data-instance': i.id, class: [i.problem ? 'problem' : '', changed ? 'changed' : ''].join(' ').trim() || null },
+      const cls = [i.problem ? 'problem' : '', changed ? 'changed' : ''].join(' ').trim();
+      // Why goes on a line of its own under the figures: a sentence read
+      // across the table, which leaves the columns their width.
+      body.append(el('tr', { 'data-instance': i.id, class: (cls + ' has-why').trim() },
         el('td', { 'data-col': 'id', text: i.id }),
         el('td', { 'data-col': 'host', text: i.host || '–' }),
-        el('td', { class: 'num', 'data-col': 'share', text: share + granted }),
+        el('td', { class: 'num', 'data-col': 'share', text: share }, granted ? el('span', { class: 'more', text: granted.trim() }) : null),
         el('td', { class: 'num', 'data-col': 'enforced', text: num(i.enforced) }),
         el('td', { 'data-col': 'source', text: i.source }),
         el('td', { class: 'num', 'data-col': 'demand', text: num(i.demand) }),
         el('td', { class: 'num', 'data-col': 'admitted', text: apw, title: i.admitted_over ? `over the ${i.admitted_over} between its last two records; ${i.admitted} since it started` : `${i.admitted} since it started` }),
         el('td', { 'data-col': 'clock', text: i.clock }),
         el('td', { 'data-col': 'seen', text: age(i.last_seen, p.read) }),
-        el('td', { class: 'num', 'data-col': 'generation', text: num(i.generation) }),
-        el('td', { class: 'why', 'data-col': 'why', text: i.why })));
+        el('td', { class: 'num', 'data-col': 'generation', text: num(i.generation) })));
+      body.append(el('tr', { 'data-why-for': i.id, class: (cls + ' why-row').trim() },
+        el('td', { class: 'why', 'data-col': 'why', colspan: 10, text: i.why })));
     }
     $('#instances tbody').replaceWith(body);
     $('#instances-note').textContent = `— ${p.instances.length + (p.more_rows || 0)} live` + (p.more_rows ? ` (${p.more_rows} not listed)` : '');
