@@ -2,8 +2,12 @@
 
 package docs
 
-// What a newcomer reads first: the headline table of BENCHMARKS.md, whose
-// every figure is one its linked sections state.
+// What a newcomer reads first: the README's first screen and the headline
+// table of BENCHMARKS.md. Each claim they make is checked where it can be:
+// the go get line names this module, the make targets exist, the picture
+// exists and a make target takes it again, the identifiers of the examples
+// exist, and every figure of the headline table is one its linked sections
+// state.
 
 import (
 	"os"
@@ -20,6 +24,76 @@ func readRoot(t *testing.T, name string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// firstScreen is how many lines of the README a newcomer sees before
+// scrolling: what sluice is, how to install it and how to run the demo must
+// be within them.
+const firstScreen = 40
+
+func TestReadmeFirstScreen(t *testing.T) {
+	readme := readRoot(t, "README.md")
+	mod := regexp.MustCompile(`(?m)^module (\S+)$`).FindStringSubmatch(readRoot(t, "go.mod"))
+	if mod == nil {
+		t.Fatal("go.mod names no module")
+	}
+	lines := strings.Split(readme, "\n")
+	top := strings.Join(lines[:min(firstScreen, len(lines))], "\n")
+	get := regexp.MustCompile("(?m)^go get (\\S+)$").FindStringSubmatch(top)
+	switch {
+	case get == nil:
+		t.Errorf("README.md: no `go get` line in its first %d lines", firstScreen)
+	case get[1] != mod[1] && !strings.HasPrefix(get[1], mod[1]+"/") && !strings.HasPrefix(get[1], mod[1]+"@"):
+		t.Errorf("README.md: go get %s, but the module is %s", get[1], mod[1])
+	}
+	if !strings.Contains(top, "`make demo`") {
+		t.Errorf("README.md: its first %d lines do not say how to run the demo (`make demo`)", firstScreen)
+	}
+
+	// Every make target the README names exists.
+	makefile := readRoot(t, "Makefile")
+	for _, m := range regexp.MustCompile("(?m)(?:^|`)make ([a-z][a-z-]*)").FindAllStringSubmatch(readme, -1) {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(m[1]) + `:`).MatchString(makefile) {
+			t.Errorf("README.md names make %s, which the Makefile does not have", m[1])
+		}
+	}
+
+	// The picture exists, and make screenshot takes it again from the demo.
+	for _, img := range regexp.MustCompile(`!\[[^\]]*\]\(([^)]+)\)`).FindAllStringSubmatch(readme, -1) {
+		if _, err := os.Stat(filepath.Join(root, img[1])); err != nil {
+			t.Errorf("README.md shows %s: %v", img[1], err)
+		}
+		recipe := regexp.MustCompile(`(?m)^screenshot:.*\n\t(.*)$`).FindStringSubmatch(makefile)
+		if recipe == nil || !strings.Contains(recipe[1], "bin/demo") || !strings.Contains(recipe[1], "-screenshot "+img[1]) {
+			t.Errorf("README.md shows %s, but make screenshot does not take it from the demo (recipe %q)", img[1], recipe)
+		}
+	}
+
+	// Its links lead somewhere: a heading of its own, or a file.
+	headings := map[string]bool{}
+	for _, h := range regexp.MustCompile(`(?m)^#+ (.*)$`).FindAllStringSubmatch(readme, -1) {
+		headings[slug(h[1])] = true
+	}
+	for _, l := range regexp.MustCompile(`\]\(([^)#]*)(?:#([^)]*))?\)`).FindAllStringSubmatch(readme, -1) {
+		switch {
+		case strings.Contains(l[1], "://"):
+		case l[1] == "" && !headings[l[2]]:
+			t.Errorf("README.md links to #%s, which none of its headings has", l[2])
+		case l[1] != "":
+			if _, err := os.Stat(filepath.Join(root, l[1])); err != nil {
+				t.Errorf("README.md links to %s: %v", l[1], err)
+			}
+		}
+	}
+
+	// The examples' pkg.Name identifiers exist.
+	f := &facts{}
+	f.collectSource(t)
+	for _, m := range regexp.MustCompile(`\b(limiter|cluster|skew|metrics|consumer)\.([A-Z]\w*)`).FindAllStringSubmatch(readme, -1) {
+		if !f.idents[m[1]][m[2]] {
+			t.Errorf("README.md names %s.%s, which package %s does not declare", m[1], m[2], m[1])
+		}
+	}
 }
 
 // slug is the anchor GitHub gives a heading: lower case, spaces to
