@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim sim-scale accuracy multi soak scale shards faults demo clean
+.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim sim-scale accuracy multi soak scale shards faults demo screenshot clean
 
 all: build test
 
@@ -201,6 +201,13 @@ faults:
 ## stops it, and it stops every process it started.
 demo: bin
 	exec bin/demo -bin-dir bin $(DEMO_FLAGS)
+
+## screenshot: the README's picture of configd's console (docs/console.png),
+## taken by headless Chromium from a running demo at the end of its scenario,
+## in a window 1280 px wide (about 70 s; installs Chromium as make chromium
+## does).
+screenshot: bin chromium
+	exec bin/demo -bin-dir bin -screenshot docs/console.png $(DEMO_FLAGS)
 
 clean:
 	rm -f bench.txt

@@ -230,7 +230,7 @@ func TestConsoleBrowser(t *testing.T) {
 	// A record whose text is markup: the page must show it, not run it.
 	const hostile = `<img src=x onerror="document.title='pwned'"><b>bold</b>`
 	itCLI(t, "set", "evil", "--limit", "10", server, auth)
-	forgeInstance(t, cli, "evil", "x1", hostile)
+	forgeInstance(t, cli, "evil", "x1", hostile, nil)
 
 	b.do("opening the console", chromedp.Navigate(r.url()+"/console/#p=api"))
 	b.until("both instances at 200", shareIs("a", 200)+" && "+shareIs("b", 200))
@@ -249,8 +249,46 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("config line %q, want it to say limit 40 per 1s and tokens=2000/1m", got)
 	}
 	b.until("llm's further limit in the provider list", `(document.querySelector('#providers tr[data-provider="llm"]') || {textContent: ''}).textContent.includes('tokens=2000/1m')`)
+	// The layout holds at 1,280 px and on a narrow window, with a long
+	// name and several limits in the providers pane, and a clock offset
+	// reads in milliseconds.
+	itCLI(t, "set", longName, "--limit", "1000/1s", "--limit", "tokens=200000/1m", "--limit", "50000/24h", server, auth)
+	forgeInstance(t, cli, longName, "c1", "host-1", func(rec *schema.InstanceRecord) {
+		rec.ClockKnown = true
+		rec.ClockOffset = schema.Duration(203699 * time.Nanosecond)
+		rec.ClockUncertainty = schema.Duration(5222128 * time.Nanosecond)
+	})
+	b.do("opening the long-named provider", chromedp.Navigate(r.url()+"/console/#p="+longName))
+	b.until("its clock offset in milliseconds", `(document.querySelector('#instances tr[data-instance="c1"] td[data-col="clock"]') || {textContent: ''}).textContent === '+0.2 ms ± 5.2 ms'`)
+	b.until("its further limits in the provider list", `(document.querySelector('#providers tr[data-provider="`+longName+`"]') || {textContent: ''}).textContent.includes('50000/24h')`)
+	for _, size := range []struct {
+		w, h int64
+		side bool // the panes side by side
+	}{{1280, 900, true}, {700, 900, false}} {
+		b.do(fmt.Sprintf("a window %d px wide", size.w), chromedp.EmulateViewport(size.w, size.h))
+		b.until("the new layout", fmt.Sprintf(`window.innerWidth === %d`, size.w))
+		if bad := eval[[]string](b, layoutProblems); len(bad) > 0 {
+			t.Errorf("at %d px wide:\n%s", size.w, strings.Join(bad, "\n"))
+		}
+		if size.side {
+			if wide := eval[[]string](b, `[...document.querySelectorAll('#panel .scroll')].filter(e => e.scrollWidth > e.clientWidth).map(e => e.firstElementChild.id + ': ' + e.scrollWidth + ' px in ' + e.clientWidth)`); len(wide) > 0 {
+				t.Errorf("at %d px wide: tables of the provider's pane are wider than it (they scroll): %s", size.w, strings.Join(wide, "; "))
+			}
+		}
+		if side := eval[bool](b, `document.querySelector('nav').getBoundingClientRect().right <= document.querySelector('#panel').getBoundingClientRect().left`); side != size.side {
+			t.Errorf("at %d px wide: the panes side by side: %v, want %v", size.w, side, size.side)
+		}
+		b.screenshot(fmt.Sprintf("console-%dpx.png", size.w))
+	}
+	b.do("the first window size again", chromedp.EmulateReset())
+
 	b.do("back to api", chromedp.Navigate(r.url()+"/console/#p=api"))
 	b.until("both instances at 200 again", shareIs("a", 200)+" && "+shareIs("b", 200))
+	// Every bar of the chart is a count or says it is an estimate.
+	b.until("a bar of admissions", `document.querySelector('#chart rect[data-admitted]') !== null`)
+	if bad := eval[int](b, `[...document.querySelectorAll('#chart rect[data-admitted]')].filter(r => !['true', 'false'].includes(r.dataset.estimated) || (r.dataset.estimated === 'true') !== (r.getAttribute('fill') === 'url(#hatch)')).length`); bad > 0 {
+		t.Errorf("%d bars of the chart do not say whether they are counts or estimates", bad)
+	}
 
 	// configd set: the new shares appear on screen without a reload.
 	itCLI(t, "set", "api", "--limit", "600", "--who", "bob", server, auth)
@@ -290,15 +328,43 @@ func TestConsoleBrowser(t *testing.T) {
 	// A replica without a token: the same console, read-only.
 	r2 := itServe(t, srv, "standby")
 	b.do("opening the standby's console", chromedp.Navigate(r2.url()+"/console/#p=api"))
-	b.until("the read-only note", `!document.querySelector('#readonly').hidden && document.querySelector('#edit').hidden`)
+	b.until("the read-only note, and no form shown", `!document.querySelector('#readonly').hidden && document.querySelector('#edit').hidden && getComputedStyle(document.querySelector('#edit')).display === 'none'`)
 	b.until("the standby's instances", shareIs("a", 400))
 
 	b.checkClean()
 }
 
+// longName is a provider name long enough to wrap in the providers pane.
+const longName = "payments-gateway-europe-west-checkout-settlements-v2"
+
+// layoutProblems is a page expression: what of the layout does not hold.
+// Nothing in the providers pane is wider than it, the panes do not
+// overlap, nothing of the provider's pane is wider than it, and the page
+// does not scroll sideways (a table too wide for a narrow window scrolls in
+// its own box).
+const layoutProblems = `(() => {
+  const out = [];
+  const box = (e) => e.getBoundingClientRect();
+  const nav = box(document.querySelector('nav')), panel = box(document.querySelector('#panel'));
+  const name = (e) => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' "' + e.textContent.trim().slice(0, 40) + '"';
+  if (nav.right > panel.left + 0.5 && panel.right > nav.left + 0.5 && nav.bottom > panel.top + 0.5 && panel.bottom > nav.top + 0.5)
+    out.push('the providers pane overlaps the provider\'s');
+  for (const e of document.querySelectorAll('nav *')) {
+    const r = box(e);
+    if (r.width > 0 && (r.right > nav.right + 0.5 || r.left < nav.left - 0.5)) out.push(name(e) + ' spills out of the providers pane');
+  }
+  for (const e of document.querySelectorAll('#panel > *, #panel .scroll')) {
+    const r = box(e);
+    if (r.width > 0 && r.right > panel.right + 0.5) out.push(name(e) + ' spills out of the provider\'s pane');
+  }
+  if (document.documentElement.scrollWidth > window.innerWidth) out.push('the page scrolls sideways: ' + document.documentElement.scrollWidth + ' px');
+  return out;
+})()`
+
 // forgeInstance writes an instance record of provider under a lease of
-// its own, as a member would, with the given host.
-func forgeInstance(t *testing.T, cli *clientv3.Client, provider, id, host string) {
+// its own, as a member would, with the given host; edit, if not nil,
+// changes the record first.
+func forgeInstance(t *testing.T, cli *clientv3.Client, provider, id, host string, edit func(*schema.InstanceRecord)) {
 	t.Helper()
 	ctx := ctxT(t)
 	lease, err := cli.Grant(ctx, 60)
@@ -307,6 +373,9 @@ func forgeInstance(t *testing.T, cli *clientv3.Client, provider, id, host string
 	}
 	now := time.Now().UTC()
 	rec := schema.InstanceRecord{Version: schema.Version, ID: id, Host: host, Started: now, Updated: now, Demand: 5}
+	if edit != nil {
+		edit(&rec)
+	}
 	v, err := json.Marshal(rec)
 	if err != nil {
 		t.Fatal(err)

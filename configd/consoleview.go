@@ -103,7 +103,7 @@ type instanceRow struct {
 	AdmittedPerWindow *float64  `json:"admitted_per_window"`
 	AdmittedOver      string    `json:"admitted_over,omitempty"` // the time those two records span
 	Admitted          int64     `json:"admitted"`                // since it started
-	Clock             string    `json:"clock"`                   // "−400ms ± 5ms", "unknown"
+	Clock             string    `json:"clock"`                   // "−400 ms ± 5.2 ms", "unknown"
 	LastSeen          time.Time `json:"last_seen"`
 	Generation        int64     `json:"generation"` // applied (acknowledged)
 	Why               string    `json:"why"`
@@ -139,11 +139,28 @@ type chartView struct {
 // chartPoint is one bucket. A nil value is not known: Admitted before
 // every live instance has reported past the bucket's end (or before the
 // console watched), Limit and Granted before the console saw them.
+//
+// Admitted is exact only when no instance's records straddle the bucket's
+// edges with admissions between them. Otherwise Estimated is set: Admitted
+// spreads those admissions evenly over the time between the records, and
+// the bucket's true count lies between Least and Most, which is all the
+// records can say.
 type chartPoint struct {
-	Start    time.Time `json:"start"`
-	Limit    *float64  `json:"limit"`
-	Granted  *float64  `json:"granted"`
-	Admitted *float64  `json:"admitted"`
+	Start     time.Time `json:"start"`
+	Limit     *float64  `json:"limit"`
+	Granted   *float64  `json:"granted"`
+	Admitted  *float64  `json:"admitted"`
+	Estimated bool      `json:"estimated,omitempty"`
+	Least     *float64  `json:"least,omitempty"`
+	Most      *float64  `json:"most,omitempty"`
+}
+
+// bucketCount is what the records say of one bucket's admissions: spread
+// evenly between records, and the least and most they allow. Unless
+// estimated, the three are equal: spread is the exact count.
+type bucketCount struct {
+	spread, least, most float64
+	estimated           bool
 }
 
 // sample is one report of an instance: its running total of admissions
@@ -183,13 +200,13 @@ type consoleState struct {
 	// start, Unix ns) that every instance reported past: complete, so never
 	// computed again. next is the start of the first bucket not frozen yet.
 	bucket time.Duration
-	frozen map[int64]float64
+	frozen map[int64]bucketCount
 	next   time.Time
 }
 
 func newConsoleState() *consoleState {
 	return &consoleState{samples: map[string][]sample{}, live: map[string]bool{}, last: map[string]*schema.InstanceRecord{},
-		gone: map[string]gone{}, frozen: map[int64]float64{}}
+		gone: map[string]gone{}, frozen: map[int64]bucketCount{}}
 }
 
 // corrected returns t on the instance's corrected clock.
@@ -221,7 +238,7 @@ func (st *consoleState) observe(v statusView, now time.Time) {
 		st.watched = now.Truncate(bucket).Add(bucket)
 	}
 	if bucket != st.bucket {
-		st.bucket, st.frozen = bucket, map[int64]float64{}
+		st.bucket, st.frozen = bucket, map[int64]bucketCount{}
 		st.next = maxTime(st.watched, now.Truncate(bucket).Add(-time.Duration(chartBuckets)*bucket)).Truncate(bucket)
 	}
 	live := map[string]bool{}
@@ -279,22 +296,37 @@ func (st *consoleState) freeze(now time.Time) {
 		if e.After(now) {
 			return
 		}
-		var sum float64
+		var c bucketCount
 		for id, ps := range st.samples {
 			if n := len(ps); st.live[id] && (n == 0 || ps[n-1].at.Before(e)) {
 				return // not reported past e yet
 			}
 			for i := 1; i < len(ps); i++ {
-				a, b := ps[i-1], ps[i]
-				lo, hi := maxTime(a.at, s), minTime(b.at, e)
-				if hi.After(lo) {
-					sum += float64(b.admitted-a.admitted) * float64(hi.Sub(lo)) / float64(b.at.Sub(a.at))
-				}
+				c.add(ps[i-1], ps[i], s, e)
 			}
 		}
-		st.frozen[s.UnixNano()] = sum
+		st.frozen[s.UnixNano()] = c
 		st.next = e
 	}
+}
+
+// add counts the admissions between two records a and b of one instance
+// into the bucket [s, e). A span inside the bucket counts whole; one that
+// straddles an edge may have admitted anything from none to all of its
+// admissions in the bucket, so it makes the count an estimate.
+func (c *bucketCount) add(a, b sample, s, e time.Time) {
+	lo, hi := maxTime(a.at, s), minTime(b.at, e)
+	if !hi.After(lo) {
+		return
+	}
+	n := float64(b.admitted - a.admitted)
+	c.spread += n * float64(hi.Sub(lo)) / float64(b.at.Sub(a.at))
+	c.most += n
+	if a.at.Before(s) || b.at.After(e) {
+		c.estimated = c.estimated || n > 0
+		return
+	}
+	c.least += n
 }
 
 // prune forgets what no bucket to freeze needs, and what the chart no
@@ -441,7 +473,7 @@ func instanceRowOf(st *consoleState, v statusView, in instanceView) instanceRow 
 		row.Enforced = &n
 	}
 	if r.ClockKnown {
-		row.Clock = signed(r.ClockOffset.D()) + " ± " + r.ClockUncertainty.D().String()
+		row.Clock = signedReadable(r.ClockOffset.D()) + " ± " + readable(r.ClockUncertainty.D())
 	}
 	if s := st.samples[in.ID]; len(s) >= 2 {
 		a, b := s[len(s)-2], s[len(s)-1]
@@ -454,12 +486,31 @@ func instanceRowOf(st *consoleState, v statusView, in instanceView) instanceRow 
 	return row
 }
 
-// signed formats d with its sign: "+400ms", "-3ms", "0s".
-func signed(d time.Duration) string {
-	if d > 0 {
-		return "+" + d.String()
+// readable formats a clock's offset or uncertainty as an operator reads it
+// at a glance: "0.2 ms", "5.2 ms", "400 ms", "2.0 s". A tenth of a
+// millisecond is finer than any NTP measurement here is sure of.
+func readable(d time.Duration) string {
+	a := d.Abs()
+	switch {
+	case a < 10*time.Millisecond-50*time.Microsecond:
+		return fmt.Sprintf("%.1f ms", float64(a)/float64(time.Millisecond))
+	case a < time.Second-500*time.Microsecond:
+		return fmt.Sprintf("%.0f ms", float64(a)/float64(time.Millisecond))
 	}
-	return d.String()
+	return fmt.Sprintf("%.1f s", a.Seconds())
+}
+
+// signedReadable is readable with the offset's sign: "+0.2 ms", "−400 ms";
+// an offset that rounds to nothing has none ("0.0 ms").
+func signedReadable(d time.Duration) string {
+	s := readable(d)
+	switch {
+	case s == "0.0 ms":
+		return s
+	case d < 0:
+		return "−" + s
+	}
+	return "+" + s
 }
 
 // whyInstance says why a live instance enforces what it does, and whether
@@ -503,7 +554,7 @@ func whyInstance(v statusView, in instanceView) (string, bool) {
 		parts = append(parts, fmt.Sprintf("enforces %d of its %d: its clock offset is not measured yet (or NTP does not answer), so it keeps half its share", r.Enforced, share))
 		problem = true
 	case r.ClockUncertainty.D() > bound:
-		parts = append(parts, fmt.Sprintf("enforces %d of its %d: its guard band (%v) is wider than the provider's bound (%v), so it admits only in the part of each window its clock is sure of", r.Enforced, share, r.ClockUncertainty.D(), bound))
+		parts = append(parts, fmt.Sprintf("enforces %d of its %d: its guard band (%s) is wider than the provider's bound (%s), so it admits only in the part of each window its clock is sure of", r.Enforced, share, readable(r.ClockUncertainty.D()), readable(bound)))
 		problem = true
 	default:
 		parts = append(parts, fmt.Sprintf("enforces %d of its %d", r.Enforced, share))
@@ -577,9 +628,11 @@ func heldRows(st *consoleState, v statusView, live map[string]bool) []heldRow {
 // Admitted is what the instances reported: each record carries a running
 // total, so two records of an instance give exactly what it admitted
 // between them, spread evenly over that time here (records are written on
-// a change worth telling, and at least every ten report intervals). A
-// bucket is shown once every live instance has reported past its end;
-// admissions of an instance that died after its last record are not known.
+// a change worth telling, and at least every ten report intervals). Spread
+// so, a bucket can show more than was admitted in it: such a point says it
+// is an estimate, with the bounds the records allow. A bucket is shown once
+// every live instance has reported past its end; admissions of an instance
+// that died after its last record are not known.
 func chart(st *consoleState, v statusView, hist []schema.HistoryEntry, now time.Time) chartView {
 	w := windowOf(v)
 	bucket, k := bucketOf(w)
@@ -595,8 +648,11 @@ func chart(st *consoleState, v statusView, hist []schema.HistoryEntry, now time.
 		if g, ok := grantedAt(st.shares, s, bucket); ok {
 			pt.Granted = &g
 		}
-		if a, ok := admittedIn(st, s); ok {
-			pt.Admitted = &a
+		if c, ok := st.frozen[s.UnixNano()]; ok {
+			pt.Admitted = &c.spread
+			if c.estimated {
+				pt.Estimated, pt.Least, pt.Most = true, &c.least, &c.most
+			}
 		}
 		cv.Points = append(cv.Points, pt)
 	}
@@ -630,13 +686,6 @@ func grantedAt(ps []sharesPoint, t time.Time, bucket time.Duration) (float64, bo
 		}
 	}
 	return 0, false
-}
-
-// admittedIn returns what the instances reported admitting in the bucket
-// starting at start, and false until every live one reported past it.
-func admittedIn(st *consoleState, start time.Time) (float64, bool) {
-	v, ok := st.frozen[start.UnixNano()]
-	return v, ok
 }
 
 func maxTime(a, b time.Time) time.Time {

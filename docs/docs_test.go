@@ -1783,6 +1783,8 @@ var figures = []figure{
 		[]figureQuote{{"docs/operations.md", regexp.MustCompile("at the median and ([\\d.]+ s) at worst")}}},
 	{"etcd requests per instance per second", regexp.MustCompile(`\*\*Coordination cost is flat\*\*: ([\d.–]+) etcd requests per instance`),
 		[]figureQuote{{"docs/architecture.md", regexp.MustCompile(`that is ([\d.–]+) etcd requests per instance`)}}},
+	{"etcd's growth without compaction", regexp.MustCompile(`\*\*Without it\*\* it grows ([\d.]+ MiB) a minute`),
+		[]figureQuote{{"docs/operations.md", regexp.MustCompile(`100 ms windows write\s+about ([\d.]+ MiB) of it a minute`)}}},
 	{"crashed instance's share handed on", regexp.MustCompile(`\*\*Instance crash\*\*:[^*]*?: ([\d.]+ s) here`),
 		[]figureQuote{{"docs/operations.md", regexp.MustCompile(`ahead: ([\d.]+ s)\s+after a SIGKILL in BENCHMARKS.md`)}}},
 }

@@ -117,10 +117,14 @@
     $('#replica').textContent = 'replica ' + ov.replica + (ov.leader ? ' (leading)' : ' (standby)');
     const body = el('tbody');
     for (const p of ov.providers) {
+      // The further limits go under the first, one a line, so that the
+      // pane stays narrow however many a provider has.
+      const limits = el('td', { class: 'num', 'data-col': 'limit' }, `${num(p.limit)} per ${p.window}`);
+      for (const m of p.more_limits ? p.more_limits.split(',') : []) limits.append(el('span', { class: 'more', text: m }));
       const tr = el('tr', { 'data-provider': p.name, class: p.name === state.provider ? 'selected' : null },
-        el('td', { text: p.name }), el('td', { class: 'num', text: num(p.limit) }), el('td', { text: p.window }),
-        el('td', { text: p.mode }), el('td', { text: p.algorithm }), el('td', { class: 'num', text: p.generation ? num(p.generation) : '–' }),
-        el('td', { text: p.more_limits ? p.more_limits.split(',').join(', ') : '–' }));
+        el('td', { 'data-col': 'name', text: p.name }), limits,
+        el('td', { 'data-col': 'mode' }, p.mode, el('span', { class: 'more', text: p.algorithm })),
+        el('td', { class: 'num', text: p.generation ? num(p.generation) : '–' }));
       tr.addEventListener('click', () => select(p.name));
       body.append(tr);
     }
@@ -174,18 +178,22 @@
       const changed = i.id in state.shares && state.shares[i.id] !== share;
       state.shares[i.id] = share;
       const apw = i.admitted_per_window === null ? '–' : i.admitted_per_window.toFixed(i.admitted_per_window < 10 ? 1 : 0);
-      body.append(el('tr', { 'data-instance': i.id, class: [i.problem ? 'problem' : '', changed ? 'changed' : ''].join(' ').trim() || null },
+      const cls = [i.problem ? 'problem' : '', changed ? 'changed' : ''].join(' ').trim();
+      // Why goes on a line of its own under the figures: a sentence read
+      // across the table, which leaves the columns their width.
+      body.append(el('tr', { 'data-instance': i.id, class: (cls + ' has-why').trim() },
         el('td', { 'data-col': 'id', text: i.id }),
         el('td', { 'data-col': 'host', text: i.host || '–' }),
-        el('td', { class: 'num', 'data-col': 'share', text: share + granted }),
+        el('td', { class: 'num', 'data-col': 'share', text: share }, granted ? el('span', { class: 'more', text: granted.trim() }) : null),
         el('td', { class: 'num', 'data-col': 'enforced', text: num(i.enforced) }),
         el('td', { 'data-col': 'source', text: i.source }),
         el('td', { class: 'num', 'data-col': 'demand', text: num(i.demand) }),
         el('td', { class: 'num', 'data-col': 'admitted', text: apw, title: i.admitted_over ? `over the ${i.admitted_over} between its last two records; ${i.admitted} since it started` : `${i.admitted} since it started` }),
         el('td', { 'data-col': 'clock', text: i.clock }),
         el('td', { 'data-col': 'seen', text: age(i.last_seen, p.read) }),
-        el('td', { class: 'num', 'data-col': 'generation', text: num(i.generation) }),
-        el('td', { class: 'why', 'data-col': 'why', text: i.why })));
+        el('td', { class: 'num', 'data-col': 'generation', text: num(i.generation) })));
+      body.append(el('tr', { 'data-why-for': i.id, class: (cls + ' why-row').trim() },
+        el('td', { class: 'why', 'data-col': 'why', colspan: 10, text: i.why })));
     }
     $('#instances tbody').replaceWith(body);
     $('#instances-note').textContent = `— ${p.instances.length + (p.more_rows || 0)} live` + (p.more_rows ? ` (${p.more_rows} not listed)` : '');
@@ -215,8 +223,10 @@
   }
 
   // renderChart draws admitted per bucket as bars (pale where not every
-  // instance has reported yet), the limit as a dashed step line and what
-  // configd granted as a solid one.
+  // instance has reported yet, hatched where the figure is an estimate),
+  // the limit as a dashed step line and what configd granted as a solid
+  // one. An estimate is never drawn as a count: an operator reads a solid
+  // bar above the limit as a breach.
   function renderChart(c) {
     const W = 900, H = 240, L = 64, R = 12, T = 12, B = 30;
     const pts = c.points;
@@ -228,21 +238,38 @@
     const y = (v) => T + (H - T - B) * (1 - v / top);
     const bw = (W - L - R) / n;
     const s = svg('svg', { viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': 'admitted per window against the limit' });
+    const hatch = svg('pattern', { id: 'hatch', width: 6, height: 6, patternUnits: 'userSpaceOnUse', patternTransform: 'rotate(45)' });
+    hatch.append(svg('rect', { width: 6, height: 6, fill: '#dbe7fd' }), svg('rect', { width: 2.5, height: 6, fill: '#4c8bf5' }));
+    const defs = svg('defs');
+    defs.append(hatch);
+    s.append(defs);
     s.append(svg('line', { x1: L, y1: y(0), x2: W - R, y2: y(0), stroke: '#999' }));
     s.append(svg('line', { x1: L, y1: T, x2: L, y2: y(0), stroke: '#999' }));
     for (const f of [0, 0.5, 1]) {
       const v = (top / 1.15) * f;
       s.append(svg('text', { x: L - 6, y: y(v) + 4, 'text-anchor': 'end', 'font-size': 11, fill: '#6b7585' }, String(Math.round(v))));
     }
+    let estimated = 0, overAsEstimate = 0, overCounted = 0;
     pts.forEach((p, i) => {
-      const title = `${hms(p.start)} UTC: ` + (p.admitted === null ? 'waiting for reports' : `admitted ${p.admitted.toFixed(0)}`) +
+      let said = 'waiting for reports';
+      if (p.admitted !== null) {
+        said = p.estimated
+          ? `about ${p.admitted.toFixed(0)} admitted, an estimate: the records allow ${p.least.toFixed(0)} to ${p.most.toFixed(0)}`
+          : `${p.admitted.toFixed(0)} admitted, counted`;
+      }
+      const title = `${hms(p.start)} UTC: ${said}` +
         (p.limit === null ? '' : `, limit ${p.limit.toFixed(0)}`) + (p.granted === null ? '' : `, granted ${p.granted.toFixed(0)}`);
       let r;
       if (p.admitted === null) {
         r = svg('rect', { x: x(i) + 1, y: T, width: Math.max(1, bw - 2), height: y(0) - T, fill: '#cfd8e6', opacity: 0.35, 'data-start': p.start });
       } else {
         r = svg('rect', { x: x(i) + 1, y: y(p.admitted), width: Math.max(1, bw - 2), height: Math.max(0, y(0) - y(p.admitted)),
-          fill: '#4c8bf5', 'data-start': p.start, 'data-admitted': p.admitted.toFixed(1) });
+          fill: p.estimated ? 'url(#hatch)' : '#4c8bf5', 'data-start': p.start, 'data-admitted': p.admitted.toFixed(1),
+          'data-estimated': p.estimated ? 'true' : 'false' });
+        const over = p.limit !== null && Math.round(p.admitted) > Math.round(p.limit);
+        if (p.estimated) estimated++;
+        if (over && p.estimated) overAsEstimate++;
+        if (over && !p.estimated) overCounted++;
       }
       r.append(svg('title', {}, title));
       s.append(r);
@@ -262,6 +289,16 @@
       s.append(svg('text', { x: W - R, y: H - 10, 'text-anchor': 'end', 'font-size': 11, fill: '#6b7585' }, hms(pts[pts.length - 1].start) + ' UTC'));
     }
     $('#chart').replaceChildren(s);
+    const notes = [];
+    if (overCounted) notes.push(`${overCounted} counted ${overCounted === 1 ? 'window is' : 'windows are'} over the limit.`);
+    if (overAsEstimate) {
+      notes.push(`${overAsEstimate} hatched ${overAsEstimate === 1 ? 'bar rises' : 'bars rise'} above the limit as an estimate, not a count: ` +
+        'the records say only what each instance admitted between two of them, and spreading that evenly can put more in one window than was admitted there.');
+    } else if (estimated) {
+      notes.push(`${estimated} of the ${pts.length} bars are estimates (hatched).`);
+    }
+    $('#chart-estimates').textContent = notes.join(' ');
+    $('#chart-estimates').hidden = notes.length === 0;
     $('#chart-note').textContent = c.windows > 1 ? `— per ${c.bucket} (${c.windows} windows of ${state.panel.config ? state.panel.config.window : '?'})` : `— per ${c.bucket} window`;
   }
 

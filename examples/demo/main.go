@@ -55,6 +55,7 @@ type config struct {
 	binDir   string        // prebuilt binaries (configd, instance, httphandler); "" builds them
 	keep     bool          // keep the temp dir
 	table    bool          // print the full table each second, not only the events
+	shot     string        // save configd's console to this PNG at the scenario's end; "": not
 }
 
 func main() {
@@ -66,12 +67,19 @@ func main() {
 	flag.StringVar(&c.binDir, "bin-dir", "", "directory holding prebuilt configd, instance and httphandler binaries (default: build them)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the temp dir (logs of every process)")
 	flag.BoolVar(&c.table, "table", false, "print the full per-instance table each second (on a terminal it is always shown, redrawn in place); the console shows it all live")
+	flag.StringVar(&c.shot, "screenshot", "", "at the end of the scenario, save configd's console as headless Chromium shows it 1280 px wide to this PNG file (make screenshot)")
 	flag.Parse()
 	switch {
 	case c.duration < 10*time.Second || c.duration > time.Hour:
 		fail(2, fmt.Errorf("-duration %v: must be within 10s..1h", c.duration))
 	case c.limit < 50 || c.retuneTo < 50:
 		fail(2, errors.New("-limit and -retune-to must be at least 50"))
+	}
+	if c.shot != "" {
+		// Before a minute of scenario, not after it.
+		if _, err := chromiumPath(); err != nil {
+			fail(2, err)
+		}
 	}
 	// The first Ctrl-C cancels ctx: the demo stops its children and prints
 	// its summary. stop() then restores the default, so a second one kills

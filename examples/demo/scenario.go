@@ -80,6 +80,15 @@ func (d *demo) scenario(ctx context.Context) error {
 		return ctx.Err()
 	}
 
+	var shot *shooter
+	if d.cfg.shot != "" {
+		var err error
+		if shot, err = d.openConsole(ctx); err != nil {
+			return err
+		}
+		defer shot.close()
+	}
+
 	D := d.cfg.duration
 	start := d.out.startTime()
 	at := func(f float64) time.Duration { return time.Duration(f * float64(D)) }
@@ -103,6 +112,11 @@ func (d *demo) scenario(ctx context.Context) error {
 	}
 	if err := sleepUntil(ctx, start.Add(D)); err != nil {
 		return err
+	}
+	if shot != nil {
+		if err := shot.take(d, d.cfg.shot); err != nil {
+			return err
+		}
 	}
 	d.out.linef("the scenario's %v are over: stopping everything", D)
 	return nil
