@@ -208,11 +208,13 @@ func mustGet(t *testing.T, cli *clientv3.Client, key string) *mvccpb.KeyValue {
 }
 
 // ambiguousKV fails, once armed, the first transaction that puts a
-// record that says Common — after etcd applied it (a deadline that
-// expired on the way back, a connection cut after the commit).
+// record that says Common (or, with match, one match picks) — after etcd
+// applied it (a deadline that expired on the way back, a connection cut
+// after the commit).
 type ambiguousKV struct {
 	clientv3.KV
 	armed bool
+	match func(op clientv3.Op) bool // nil: a put of a record that says Common
 }
 
 func (k *ambiguousKV) Txn(ctx context.Context) clientv3.Txn {
@@ -236,7 +238,7 @@ func (t *ambiguousTxn) Commit() (*clientv3.TxnResponse, error) {
 	resp, err := t.Txn.Commit()
 	if err == nil && t.kv.armed {
 		for _, op := range t.ops {
-			if op.IsPut() && strings.Contains(string(op.ValueBytes()), `"common":true`) {
+			if t.kv.match != nil && t.kv.match(op) || t.kv.match == nil && op.IsPut() && strings.Contains(string(op.ValueBytes()), `"common":true`) {
 				t.kv.armed = false
 				return nil, context.DeadlineExceeded
 			}

@@ -398,15 +398,14 @@ func (s *shareState) grantUnknown(cfg *schema.ProviderConfig, name string) {
 
 // unknownGrant returns the record the leader counts for instance id of
 // provider name when the record in etcd cannot be read: share 0, and a
-// grant of the whole limit (cfg's, false without one). Its generation, -1,
-// is none the instance can have acknowledged (0 is the acknowledgement of
-// none), so the grant stays until it acknowledges the record written over
+// grant of the whole limit (cfg's, false without one). Its generation is
+// noAck, so the grant stays until it acknowledges the record written over
 // it.
 func unknownGrant(cfg *schema.ProviderConfig, name, id string) (schema.ShareRecord, bool) {
 	if cfg == nil {
 		return schema.ShareRecord{}, false
 	}
-	return schema.ShareRecord{Version: schema.Version, Provider: name, Instance: id, Generation: -1, Window: cfg.Window, Total: cfg.Limit, Granted: cfg.Limit}, true
+	return schema.ShareRecord{Version: schema.Version, Provider: name, Instance: id, Generation: noAck, Window: cfg.Window, Total: cfg.Limit, Granted: cfg.Limit}, true
 }
 
 // commonFor returns the common record c as instance id's.
@@ -425,15 +424,23 @@ func (s *shareState) commonRecord() *schema.ShareRecord {
 
 // withGrantOf returns ours (the leader's last record of an instance, if
 // any) with its grant raised to cover what other, a record someone else
-// wrote, may have the instance enforce.
+// wrote, may have the instance enforce. Its generation is noAck: the
+// instance may follow other whatever it acknowledged of ours, so the
+// grant stays until it acknowledges a record written over both.
 func withGrantOf(ours shareEntry, other schema.ShareRecord) schema.ShareRecord {
 	if ours.rec.Generation == 0 {
 		return other
 	}
 	merged := ours.rec
 	merged.Granted = max(merged.Enforcing(), share.In(other.Enforcing(), other.Window.D(), merged.Window.D()))
+	merged.Generation = noAck
 	return merged
 }
+
+// noAck is a generation no instance acknowledges (0 is the
+// acknowledgement of none): a record of it counts at its grant until the
+// instance acknowledges one written over it.
+const noAck = -1
 
 // published is the last publish as package plan sees it: every instance's
 // record; nil without records. at is when it was published, clamped to
@@ -744,10 +751,12 @@ func (p *publisher) writeRecords(ctx context.Context, f fence, name string, st *
 		rev, err := p.commitRev(ctx, f, cond, put)
 		if err != nil && !errors.Is(err, errNotLeader) {
 			// Written or not: every instance that follows it may read
-			// either. Both count, and all are written again.
+			// either, and is counted as if it were written (see
+			// mayHaveLanded). All are written again.
 			s.rewriteCommon = true
+			st.maxGen = max(st.maxGen, c.Generation)
 			for id := range s.pointers {
-				s.set(id, shareEntry{withGrantOf(s.records[id], commonFor(*c, id)), s.records[id].rev})
+				s.set(id, shareEntry{commonFor(*c, id), s.records[id].rev})
 				s.rewrite[id] = true
 			}
 		}
@@ -810,6 +819,9 @@ func (p *publisher) writeStep(ctx context.Context, f fence, name string, st *pro
 			for _, w := range chunk {
 				s.mayHaveLanded(w)
 				s.lateDelete = s.lateDelete || w.rec == nil
+				if w.rec != nil {
+					st.maxGen = max(st.maxGen, w.rec.Generation) // it may be written: never published again
+				}
 			}
 			ok = false
 		case 0:
@@ -852,8 +864,16 @@ func (s *shareState) landed(w shareWrite, rev int64) int {
 
 // mayHaveLanded folds into s the write w of a publish whose transaction
 // failed with an error: written or not, the instance may read the old
-// record or the new one. Both count, and it is written again (its own
-// record first, as one that may follow the common record).
+// record or the new one, and it is written again (its own record first,
+// as one that may follow the common record).
+//
+// The new record is counted as written, which counts both: its grant is
+// at least what the old one may still have the instance enforce (the
+// handover's bound), and its generation is never published again (the
+// caller keeps it as the highest known), so only an instance that follows
+// it can acknowledge it. Kept as the old record, it would let an
+// acknowledgement of the old generation count the instance at the old
+// share while it follows the new one.
 func (s *shareState) mayHaveLanded(w shareWrite) {
 	if w.id == "" {
 		return
@@ -871,10 +891,8 @@ func (s *shareState) mayHaveLanded(w shareWrite) {
 			s.pointers[w.id] = 0
 		}
 	}
-	if e, have := s.records[w.id]; !have {
-		s.set(w.id, shareEntry{nr, 0})
-	} else if !nr.Common {
-		s.set(w.id, shareEntry{withGrantOf(e, nr), e.rev})
+	if e, have := s.records[w.id]; !have || !nr.Common {
+		s.set(w.id, shareEntry{nr, e.rev})
 	}
 }
 
