@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build bin proto proto-tools proto-check test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim sim-scale accuracy multi soak scale shards faults demo clean
+.PHONY: all build bin proto proto-tools proto-check python-test test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim sim-scale accuracy multi soak scale shards faults demo clean
 
 all: build test
 
@@ -55,10 +55,10 @@ proto-check: proto-tools
 	done; echo "$(PROTO_DIR): generated code is current"
 
 ## test: vet, formatting, the race-enabled test suite (with the console's
-## test in headless Chromium), the guarantee's oracles over thousands of
+## test in headless Chromium), the Python client's tests, the guarantee's oracles over thousands of
 ## random histories, and a short fuzz run of every decoder and arithmetic
 ## target (about 8-12 minutes on 2 cores).
-test: vet fmt-check chromium unit guarantee fuzz
+test: vet fmt-check chromium unit python-test guarantee fuzz
 
 vet:
 	$(GO) vet $(PKGS)
@@ -81,6 +81,24 @@ chromium:
 	if ! command -v apt-get >/dev/null 2>&1; then echo "no Chromium and no apt-get: install Chromium, or set SLUICE_CHROMIUM"; exit 0; fi; \
 	echo "installing Chromium for the console's browser test"; \
 	$$sudo apt-get update && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y chromium
+
+# The Python client's tests (clients/python, pytest) against a real
+# sluice-agent, configd and its embedded etcd, which they start from bin/.
+# A python3 with pytest is looked for as PYTHON, then /usr/bin/python3; with
+# neither, Debian's python3 and python3-pytest are installed with apt-get as
+# root (or through sudo without a password). About 5 s.
+PYTHON ?= python3
+python-test: bin
+	@py=; for p in $(PYTHON) /usr/bin/python3; do \
+		if command -v $$p >/dev/null 2>&1 && $$p -c 'import pytest' 2>/dev/null; then py=$$p; break; fi; done; \
+	if [ -z "$$py" ]; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=sudo; \
+		else echo "no python3 with pytest, and neither root nor sudo: install Debian's python3 and python3-pytest"; exit 1; fi; \
+		echo "installing Debian's python3 and python3-pytest for the Python client's tests"; \
+		$$sudo apt-get update && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends python3 python3-pytest || exit 1; \
+		py=/usr/bin/python3; \
+	fi; \
+	cd clients/python && SLUICE_BIN_DIR=$(CURDIR)/bin $$py -m pytest -q -p no:cacheprovider
 
 unit:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
