@@ -137,3 +137,16 @@ def test_errors_carry_reason_and_status() -> None:
         lim.acquire()
     assert ei.value.reason == "CLOSED"
 
+
+
+def test_llm_workers_example_holds_the_limits(cluster, sock: str) -> None:  # type: ignore[no-untyped-def]
+    """examples/python/llm_workers.py: 4 worker processes through the agent
+    over two whole windows; none goes over a limit at the stub."""
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "python", "llm_workers.py"), "--socket", sock,
+                          "--provider", "llm", "--workers", "4", "--windows", "2"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "windows over a limit: 0 of 2" in out.stdout, out.stdout
