@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -631,6 +632,7 @@ type grants struct {
 
 type entry struct {
 	id      uint64
+	secret  uint64 // random: an id cannot be guessed from another
 	expires time.Time
 
 	mu  sync.Mutex // held while settled or cancelled
@@ -650,7 +652,9 @@ func (s *grants) init(max int, ttl time.Duration) {
 func (s *grants) add(p *provider, t *tally, cost map[string]int64, g limiter.Grant, r *limiter.MultiReservation, delay time.Duration) Granted {
 	id := s.seq.Add(1)
 	now := time.Now()
-	e := &entry{id: id, expires: now.Add(s.ttl + max(delay, 0)), p: p, t: t, g: g, res: r}
+	var b [8]byte
+	rand.Read(b[:])
+	e := &entry{id: id, secret: binary.LittleEndian.Uint64(b[:]), expires: now.Add(s.ttl + max(delay, 0)), p: p, t: t, g: g, res: r}
 	s.mu.Lock()
 	// Entries leave from the head when they expire or when there are too
 	// many; a reservation's later expiry can keep an earlier-expiring
@@ -670,24 +674,26 @@ func (s *grants) add(p *provider, t *tally, cost map[string]int64, g limiter.Gra
 	s.byID[id] = e
 	s.queue = append(s.queue, e)
 	s.mu.Unlock()
-	return Granted{ID: s.prefix + strconv.FormatUint(id, 36), Cost: cost, Delay: delay}
+	return Granted{ID: s.prefix + strconv.FormatUint(id, 36) + "." + strconv.FormatUint(e.secret, 36), Cost: cost, Delay: delay}
 }
 
 // lock returns the entry of id, locked, or ErrUnknownGrant.
 func (s *grants) lock(id string) (*entry, error) {
 	n, ok := strings.CutPrefix(id, s.prefix)
-	var seq uint64
-	var err error
-	if ok {
+	n, sec, ok2 := strings.Cut(n, ".")
+	var seq, secret uint64
+	var err, err2 error
+	if ok && ok2 {
 		seq, err = strconv.ParseUint(n, 36, 64)
+		secret, err2 = strconv.ParseUint(sec, 36, 64)
 	}
-	if !ok || err != nil {
+	if !ok || !ok2 || err != nil || err2 != nil {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownGrant, id)
 	}
 	s.mu.Lock()
 	e := s.byID[seq]
 	s.mu.Unlock()
-	if e == nil {
+	if e == nil || subtle.ConstantTimeEq(int32(e.secret>>32), int32(secret>>32))&subtle.ConstantTimeEq(int32(e.secret), int32(secret)) != 1 {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownGrant, id)
 	}
 	e.mu.Lock()

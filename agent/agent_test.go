@@ -283,6 +283,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if b := s.post(t, "/v1/settle", `{"id":"`+g.Grant+`","cost":{"images":1}}`); b.Status != 400 || b.Error != ReasonInvalid {
 		t.Errorf("settle of an unknown dimension: %+v", b)
 	}
+	// An id guessed from another (the same number, another secret) is
+	// unknown.
+	guess := g.Grant[:strings.LastIndexByte(g.Grant, '.')+1] + "0"
+	if b := s.post(t, "/v1/cancel", `{"id":"`+guess+`"}`); b.Status != 404 || b.Error != ReasonUnknownGrant {
+		t.Errorf("cancel of a guessed id: %+v", b)
+	}
 	if b := s.post(t, "/v1/settle", `{"id":"`+g.Grant+`","cost":{"tokens":0,"requests":0}}`); b.Status != 200 {
 		t.Errorf("settle after a refused one: %+v", b)
 	}
