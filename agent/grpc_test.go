@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-go/sluice/agent/agentpb"
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter"
 )
 
 func grpcClient(t *testing.T, target string) agentpb.AgentClient {
@@ -241,5 +242,31 @@ func TestSharedProviderJoinedOnFirstUse(t *testing.T) {
 	resp, err := cli.Get(context.Background(), keys.Instance("llm-a", "agent-1"))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Errorf("the agent's instance record under llm-a: %v %v", resp, err)
+	}
+}
+
+// TestGRPCCanceledCallerHoldsNothing: a gRPC caller whose context ends
+// while it waits gives the permits back.
+func TestGRPCCanceledCallerHoldsNothing(t *testing.T) {
+	s := serve(t, conf(local("api", limiter.Limit{Quota: 1, Window: time.Hour})))
+	c := grpcClient(t, "unix://"+filepath.Join(s.dir, "g.sock"))
+	if _, err := c.Acquire(context.Background(), &agentpb.AcquireRequest{Provider: "api"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, &agentpb.AcquireRequest{Provider: "api", MaxWaitMs: 3_600_000})
+		errc <- err
+	}()
+	lim := s.providers["api"].multi.Limiter(0)
+	waitFor(t, "the acquisition to wait", func() bool { return lim.Stats().Waiting == 1 })
+	cancel()
+	if err := <-errc; status.Code(err) != codes.Canceled {
+		t.Errorf("cancelled Acquire: %v", err)
+	}
+	waitFor(t, "the wait to end", func() bool { return lim.Stats().Waiting == 0 })
+	if st := lim.Stats(); st.Canceled != 1 || st.Admitted != 1 {
+		t.Errorf("stats %+v: want the cancelled permit given back", st)
 	}
 }
