@@ -8,26 +8,57 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build bin test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim sim-scale accuracy multi soak scale shards faults demo screenshot clean
+.PHONY: all build bin proto proto-tools proto-check python-test test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim sim-scale accuracy multi soak scale shards faults demo screenshot clean
 
 all: build test
 
 build:
 	$(GO) build $(PKGS)
 
-## bin: the programs as binaries in bin/: configd, and the demo with the
-## instances it starts. A binary exits with its own status (configd: 2 on a
+## bin: the programs as binaries in bin/: configd, the local agent
+## (sluice-agent), and the demo with the instances it starts. A binary exits with its own status (configd: 2 on a
 ## usage error), where go run exits 1 on any error; and killing a binary's
 ## PID stops it, where killing go run's leaves its child running.
-BINS = ./configd ./examples/demo ./examples/demo/instance ./examples/httphandler
+BINS = ./configd ./agent/sluice-agent ./examples/demo ./examples/demo/instance ./examples/httphandler
 bin:
 	$(GO) build -o bin/ $(BINS)
 
+## proto: regenerate the agent's gRPC code (agent/agentpb) from its .proto
+## with Debian's protoc (protobuf-compiler, installed with apt-get as root
+## when missing) and protoc-gen-go / protoc-gen-go-grpc at the versions
+## pinned here, installed into .tools/. proto-check regenerates into a
+## temporary directory and fails if the checked-in code differs (CI).
+PROTOC_GEN_GO      = google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC = google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+TOOLS = $(CURDIR)/.tools
+PROTO_DIR = agent/agentpb
+proto-tools:
+	@command -v protoc >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=sudo; \
+		else echo "no protoc, and neither root nor sudo: install Debian's protobuf-compiler"; exit 1; fi; \
+		$$sudo apt-get update && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends protobuf-compiler; }
+	GOBIN=$(TOOLS) $(GO) install $(PROTOC_GEN_GO)
+	GOBIN=$(TOOLS) $(GO) install $(PROTOC_GEN_GO_GRPC)
+
+proto: proto-tools
+	PATH=$(TOOLS):$$PATH protoc --proto_path=$(PROTO_DIR) \
+		--go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
+		--go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto
+
+proto-check: proto-tools
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	PATH=$(TOOLS):$$PATH protoc --proto_path=$(PROTO_DIR) \
+		--go_out=$$tmp --go_opt=paths=source_relative \
+		--go-grpc_out=$$tmp --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto; \
+	for f in agent.pb.go agent_grpc.pb.go; do \
+		if ! cmp -s $$tmp/$$f $(PROTO_DIR)/$$f; then echo "$(PROTO_DIR)/$$f is not what agent.proto generates: run make proto"; diff $$tmp/$$f $(PROTO_DIR)/$$f | head -20; exit 1; fi; \
+	done; echo "$(PROTO_DIR): generated code is current"
+
 ## test: vet, formatting, the race-enabled test suite (with the console's
-## test in headless Chromium), the guarantee's oracles over thousands of
+## test in headless Chromium), the Python client's tests, the guarantee's oracles over thousands of
 ## random histories, and a short fuzz run of every decoder and arithmetic
 ## target (about 8-12 minutes on 2 cores).
-test: vet fmt-check chromium unit guarantee fuzz
+test: vet fmt-check chromium unit python-test guarantee fuzz
 
 vet:
 	$(GO) vet $(PKGS)
@@ -50,6 +81,24 @@ chromium:
 	if ! command -v apt-get >/dev/null 2>&1; then echo "no Chromium and no apt-get: install Chromium, or set SLUICE_CHROMIUM"; exit 0; fi; \
 	echo "installing Chromium for the console's browser test"; \
 	$$sudo apt-get update && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y chromium
+
+# The Python client's tests (clients/python, pytest) against a real
+# sluice-agent, configd and its embedded etcd, which they start from bin/.
+# A python3 with pytest is looked for as PYTHON, then /usr/bin/python3; with
+# neither, Debian's python3 and python3-pytest are installed with apt-get as
+# root (or through sudo without a password). About 5 s.
+PYTHON ?= python3
+python-test: bin
+	@py=; for p in $(PYTHON) /usr/bin/python3; do \
+		if command -v $$p >/dev/null 2>&1 && $$p -c 'import pytest' 2>/dev/null; then py=$$p; break; fi; done; \
+	if [ -z "$$py" ]; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=sudo; \
+		else echo "no python3 with pytest, and neither root nor sudo: install Debian's python3 and python3-pytest"; exit 1; fi; \
+		echo "installing Debian's python3 and python3-pytest for the Python client's tests"; \
+		$$sudo apt-get update && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends python3 python3-pytest || exit 1; \
+		py=/usr/bin/python3; \
+	fi; \
+	cd clients/python && SLUICE_BIN_DIR=$(CURDIR)/bin $$py -m pytest -q -p no:cacheprovider
 
 unit:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
@@ -91,7 +140,9 @@ FUZZ_TARGETS = \
 	./limiter/cluster:FuzzObserve \
 	./consumer:FuzzDeadLetter \
 	./examples/httphandler:FuzzBudgetHeader \
-	./examples/httphandler:FuzzParseRetryAfter
+	./examples/httphandler:FuzzParseRetryAfter \
+	./agent:FuzzDecodeAcquire \
+	./agent:FuzzHandler
 
 # go test -fuzz can end a short run with a bare "context deadline exceeded"
 # when its time runs out mid-exchange with a worker (no failing input is

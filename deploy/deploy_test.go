@@ -55,6 +55,7 @@ type program struct {
 var programs = []program{
 	{pkg: "configd", installs: "configd", subcmd: "serve", helpArgs: []string{"serve", "--help"}},
 	{pkg: "examples/kafka", installs: "sluice-kafka-example", helpArgs: []string{"-help"}},
+	{pkg: "agent/sluice-agent", installs: "sluice-agent", helpArgs: []string{"-help"}},
 }
 
 func programByPath(path string) (program, bool) {
@@ -1266,6 +1267,7 @@ func TestSystemdUnits(t *testing.T) {
 	units := map[string]string{ // unit -> the example EnvironmentFile shipped with it
 		"systemd/configd.service":               "systemd/configd.env",
 		"systemd/sluice-kafka-example@.service": "systemd/sluice-kafka-example.env",
+		"systemd/sluice-agent.service":          "systemd/sluice-agent.env",
 	}
 	all, _ := filepath.Glob("systemd/*.service")
 	for _, f := range all {

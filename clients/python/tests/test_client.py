@@ -1,0 +1,152 @@
+"""The Python client against a real agent, configd and etcd (conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+
+
+import pytest
+
+from conftest import fixed_remaining, fixed_waiting
+from sluice_agent import (AsyncLimiter, InvalidRequest, Limiter, NoQuota, NotAllowed, NotYetValid, SluiceError,
+                          Timeout, UnknownGrant)
+
+
+def test_acquire_settle_with_a_context_manager(sock: str) -> None:
+    lim = Limiter("fixed", caller="py-sync", socket=sock)
+    before = fixed_remaining(sock)
+    with lim.acquire(tokens=300, max_wait=0.5) as g:
+        assert g.cost == {"requests": 1, "tokens": 300}
+        assert fixed_remaining(sock) == {"requests": before["requests"] - 1, "tokens": before["tokens"] - 300}
+        g.settle(tokens=120)
+    assert fixed_remaining(sock) == {"requests": before["requests"] - 1, "tokens": before["tokens"] - 120}
+    with pytest.raises(UnknownGrant):
+        g.settle(tokens=1)
+    g2 = lim.acquire(tokens=10)
+    g2.cancel()  # the call was not made: everything goes back
+    assert fixed_remaining(sock) == {"requests": before["requests"] - 1, "tokens": before["tokens"] - 120}
+    g3 = lim.acquire(tokens=0)
+    g3.settle(requests=0)  # undo the request too, for the other tests
+    assert fixed_remaining(sock)["requests"] == before["requests"] - 1
+
+
+def test_refusals_are_typed_and_change_nothing(sock: str) -> None:
+    lim = Limiter("fixed", socket=sock)
+    before = fixed_remaining(sock)
+    with pytest.raises(NoQuota) as e:
+        lim.acquire(tokens=1001, max_wait=1.0)  # more than the quota: never possible
+    assert e.value.status == 429 and e.value.reason == "NO_QUOTA" and "tokens" in e.value.message
+    with pytest.raises(Timeout):
+        lim.acquire(tokens=before["tokens"] + 1, max_wait=60.0)  # the room comes back within the hour, not the minute
+    with pytest.raises(InvalidRequest):
+        lim.acquire(images=1)
+    with pytest.raises(InvalidRequest):
+        lim.acquire(tokens=-5)
+    with pytest.raises(InvalidRequest):
+        lim.acquire(max_wait=-1)
+    with pytest.raises(TypeError):
+        lim.acquire(tokens=1.5)  # type: ignore[arg-type]
+    with pytest.raises(NotAllowed):
+        Limiter("not-ours", socket=sock).acquire()
+    with pytest.raises(UnknownGrant):
+        Limiter("fixed", socket=sock)._t.request("POST", "/v1/settle", b'{"id":"g0-1"}')
+    assert lim.try_acquire(tokens=before["tokens"] + 1) is None
+    assert fixed_remaining(sock) == before
+
+
+def test_reserve_then_cancel(sock: str) -> None:
+    lim = Limiter("fixed", socket=sock)
+    before = fixed_remaining(sock)
+    r = lim.reserve(tokens=before["tokens"] + 1, max_wait=3600.0)  # the next hour's window
+    assert r.delay > 0
+    with pytest.raises(NotYetValid):
+        r.settle(tokens=0)
+    assert fixed_waiting(sock) == 1
+    r.cancel()
+    assert fixed_waiting(sock) == 0
+    assert fixed_remaining(sock) == before
+
+
+def test_shared_provider_through_configd(sock: str) -> None:
+    lim = Limiter("llm", caller="py-llm", socket=sock)
+    with lim.acquire(tokens=100, max_wait=2.0) as g:
+        g.settle(tokens=40)
+    st = lim.status()
+    llm = next(p for p in st["providers"] if p["name"] == "llm")
+    assert [l["dimension"] for l in llm["limits"]] == ["requests", "tokens"]
+    assert all(l["source"] in ("shares", "even") for l in llm["limits"]), llm
+    counts = next(c for c in st["callers"] if c["caller"] == "py-llm")["counts"]
+    assert counts["acquire"]["OK"] >= 1 and counts["settle"]["OK"] >= 1
+
+
+def test_async_acquire_settle_and_cancel_gives_back(sock: str) -> None:
+    async def main() -> None:
+        async with AsyncLimiter("fixed", caller="py-async", socket=sock) as lim:
+            before = fixed_remaining(sock)
+            async with lim.acquire(tokens=200, max_wait=0.5) as g:
+                assert g.cost["tokens"] == 200
+                await g.settle(tokens=50, requests=0)
+            assert fixed_remaining(sock) == {"requests": before["requests"], "tokens": before["tokens"] - 50}
+            g2 = await lim.acquire(tokens=50)
+            await g2.settle(tokens=0, requests=0)
+            # A task cancelled while it waits: its connection closes and
+            # the agent gives the permits back.
+            task = asyncio.ensure_future(lim.acquire(tokens=before["tokens"], max_wait=3600.0))
+            while fixed_waiting(sock) != 1:
+                await asyncio.sleep(0.005)  # polling the agent's state
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            while fixed_waiting(sock) != 0:
+                await asyncio.sleep(0.005)
+            assert fixed_remaining(sock) == {"requests": before["requests"], "tokens": before["tokens"] - 50}
+            assert await lim.try_acquire(tokens=before["tokens"]) is None
+    asyncio.run(main())
+
+
+def _worker(sock: str, n: int, q: "multiprocessing.Queue[int]") -> None:
+    lim = Limiter("llm", caller="py-proc", socket=sock)
+    ok = 0
+    for _ in range(n):
+        if lim.try_acquire(tokens=1) is not None:
+            ok += 1
+    q.put(ok)
+
+
+def test_processes_share_one_agent(sock: str) -> None:
+    """Forked processes each get their own connection and together never
+    take more than the share."""
+    ctx = multiprocessing.get_context("fork")
+    q: "multiprocessing.Queue[int]" = ctx.Queue()
+    ps = [ctx.Process(target=_worker, args=(sock, 40, q)) for _ in range(4)]
+    for p in ps:
+        p.start()
+    total = sum(q.get(timeout=60) for _ in ps)
+    for p in ps:
+        p.join()
+        assert p.exitcode == 0
+    assert 0 < total <= 160
+
+
+def test_errors_carry_reason_and_status() -> None:
+    e = SluiceError("X", "m", 500)
+    assert str(e) == "X: m" and e.status == 500
+    lim = Limiter("fixed", socket="/nonexistent/agent.sock")
+    with pytest.raises(SluiceError) as ei:
+        lim.acquire()
+    assert ei.value.reason == "CLOSED"
+
+
+
+def test_llm_workers_example_holds_the_limits(cluster, sock: str) -> None:  # type: ignore[no-untyped-def]
+    """examples/python/llm_workers.py: 4 worker processes through the agent
+    over two whole windows; none goes over a limit at the stub."""
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "python", "llm_workers.py"), "--socket", sock,
+                          "--provider", "llm", "--workers", "4", "--windows", "2"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "windows over a limit: 0 of 2" in out.stdout, out.stdout
