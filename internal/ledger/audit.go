@@ -41,11 +41,25 @@ func Audit(s *State) []Violation {
 	return vs
 }
 
-// auditEra checks each window of e where the sum may change.
+// auditEra checks each window of e where the sum or the limit changes.
 func auditEra(s *State, e Era) []Violation {
 	var vs []Violation
-	for _, k := range s.edges(e.Seq) {
-		sum := s.Sum(e.Seq, k)
+	prof := s.Profile(e.Seq)
+	ks := make([]int64, 0, len(prof)+len(e.Limits))
+	for _, st := range prof {
+		ks = append(ks, st.From)
+	}
+	for _, st := range e.Limits {
+		ks = append(ks, st.From)
+	}
+	slices.Sort(ks)
+	i := 0
+	var sum int64
+	for _, k := range slices.Compact(ks) {
+		for i < len(prof) && prof[i].From <= k {
+			sum = prof[i].Limit
+			i++
+		}
 		if sum == 0 {
 			continue
 		}

@@ -215,6 +215,50 @@ func (s *State) Allowance(holder string, era, k int64) int64 {
 	return t
 }
 
+// Profile returns what the grants of era add up to, as steps: the sum
+// is Limit from From until the next step's From; the last step is 0.
+func (s *State) Profile(era int64) []Step {
+	type delta struct{ k, d int64 }
+	var ds []delta
+	for key, g := range s.Grants {
+		a, b, ok := s.Span(g)
+		if !ok || s.Pubs[g.Pub].Era != era || a > b {
+			continue
+		}
+		ks := []int64{a}
+		for _, st := range s.Releases[key].Steps {
+			if st.From > a && st.From <= b {
+				ks = append(ks, st.From)
+			}
+		}
+		slices.Sort(ks)
+		ks = slices.Compact(ks)
+		for i, k := range ks {
+			end := b + 1
+			if i+1 < len(ks) {
+				end = ks[i+1]
+			}
+			if q := s.Effective(g, k); q != 0 {
+				ds = append(ds, delta{k, q}, delta{end, -q})
+			}
+		}
+	}
+	slices.SortFunc(ds, func(x, y delta) int { return cmp.Compare(x.k, y.k) })
+	var out []Step
+	var sum int64
+	for i, d := range ds {
+		sum += d.d
+		if i+1 < len(ds) && ds[i+1].k == d.k {
+			continue
+		}
+		if n := len(out); n > 0 && out[n-1].Limit == sum {
+			continue
+		}
+		out = append(out, Step{From: d.k, Limit: sum})
+	}
+	return out
+}
+
 // edges returns, sorted, every window of era at which some grant's
 // effective quota may change: starts, ends + 1 and release steps.
 func (s *State) edges(era int64) []int64 {
@@ -243,30 +287,13 @@ func (s *State) edges(era int64) []int64 {
 // End returns the last window of era in which any grant is still in
 // effect (quota > 0), and false when none ever is.
 func (s *State) End(era int64) (int64, bool) {
-	ks := s.edges(era)
-	for i := len(ks) - 1; i >= 0; i-- {
-		// Sums are constant between edges: check each edge's window.
-		if s.Sum(era, ks[i]) > 0 {
-			// The last window of this piece is the next edge - 1.
-			if i+1 < len(ks) {
-				return ks[i+1] - 1, true
-			}
-			return ks[i], true
+	prof := s.Profile(era)
+	for i := len(prof) - 1; i >= 0; i-- {
+		if prof[i].Limit > 0 {
+			return prof[i+1].From - 1, true // the last step is 0
 		}
 	}
 	return 0, false
-}
-
-// lastPub returns the publish with the highest Seq, false if none.
-func (s *State) lastPub() (Pub, bool) {
-	var best Pub
-	found := false
-	for _, p := range s.Pubs {
-		if !found || p.Seq > best.Seq {
-			best, found = p, true
-		}
-	}
-	return best, found
 }
 
 // sortedGrants returns s's grants in a fixed order: by publish, holder.
