@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"slices"
 	"strings"
 	"time"
 )
@@ -18,7 +19,8 @@ const MaxRecord = 64 << 10
 //	head                      the head
 //	pub/<seq>                 a publish
 //	grant/<holder>/<seq>      holder's grant in publish seq
-//	release/<holder>/<seq>    holder's release of that grant
+//	release/<holder>/<seq>/<from>/<limit>
+//	                          one release of that grant
 //
 // A holder watches pub/ and grant/<holder>/: two small events a publish,
 // whatever the number of holders.
@@ -30,9 +32,15 @@ func (k Keys) Pub(seq int64) string                  { return k.Pubs() + seqKey(
 func (k Keys) Grants(holder string) string           { return string(k) + "grant/" + holder + "/" }
 func (k Keys) AllGrants() string                     { return string(k) + "grant/" }
 func (k Keys) Grant(holder string, seq int64) string { return k.Grants(holder) + seqKey(seq) }
-func (k Keys) AllReleases() string                   { return string(k) + "release/" }
-func (k Keys) Release(holder string, seq int64) string {
-	return string(k) + "release/" + holder + "/" + seqKey(seq)
+func (k Keys) AllReleases() string { return string(k) + "release/" }
+
+// Releases is the prefix of every release of holder's grant in publish seq.
+func (k Keys) Releases(holder string, seq int64) string {
+	return string(k) + "release/" + holder + "/" + seqKey(seq) + "/"
+}
+
+func (k Keys) Release(r Release) string {
+	return k.Releases(r.Holder, r.Pub) + seqKey(r.From) + "/" + strconv.FormatInt(r.Limit, 10)
 }
 
 // seqKey formats seq to sort as a string sorts.
@@ -75,32 +83,62 @@ func (k Keys) Decode(s *State, key string, value []byte) error {
 		}
 		var p Pub
 		return decodeInto(value, &p, func() { s.Pubs[seq] = p }, func() error { return keyMatch(key, p.Seq, "", seq, "") })
-	case "grant", "release":
+	case "grant":
 		holder, seqS, ok := strings.Cut(tail, "/")
 		if !ok {
-			return fmt.Errorf("%w: key %q: want %s/<holder>/<seq>", ErrInvalid, key, kind)
+			return fmt.Errorf("%w: key %q: want grant/<holder>/<seq>", ErrInvalid, key)
 		}
 		seq, err := parseSeq(seqS)
 		if err != nil {
 			return err
 		}
 		gk := GrantKey{seq, holder}
-		if kind == "grant" {
-			if value == nil {
-				delete(s.Grants, gk)
-				return nil
-			}
-			var g Grant
-			return decodeInto(value, &g, func() { s.Grants[gk] = g }, func() error { return keyMatch(key, g.Pub, g.Holder, seq, holder) })
-		}
 		if value == nil {
-			delete(s.Releases, gk)
+			delete(s.Grants, gk)
 			return nil
 		}
-		var r Release
-		return decodeInto(value, &r, func() { s.Releases[gk] = r }, func() error { return keyMatch(key, r.Pub, r.Holder, seq, holder) })
+		var g Grant
+		return decodeInto(value, &g, func() { s.Grants[gk] = g }, func() error { return keyMatch(key, g.Pub, g.Holder, seq, holder) })
+	case "release":
+		return k.decodeRelease(s, key, tail, value)
 	}
 	return fmt.Errorf("%w: key %q: unknown kind %q (want head, pub, grant or release)", ErrInvalid, key, kind)
+}
+
+// decodeRelease stores or deletes one release step.
+func (k Keys) decodeRelease(s *State, key, tail string, value []byte) error {
+	parts := strings.Split(tail, "/")
+	if len(parts) != 4 {
+		return fmt.Errorf("%w: key %q: want release/<holder>/<seq>/<from>/<limit>", ErrInvalid, key)
+	}
+	seq, err := parseSeq(parts[1])
+	if err != nil {
+		return err
+	}
+	from, err1 := strconv.ParseInt(parts[2], 10, 64)
+	limit, err2 := strconv.ParseInt(parts[3], 10, 64)
+	if err1 != nil || err2 != nil {
+		return fmt.Errorf("%w: key %q: window and limit must be integers", ErrInvalid, key)
+	}
+	gk := GrantKey{seq, parts[0]}
+	step := Step{From: from, Limit: limit}
+	if value == nil {
+		rs := s.Releases[gk]
+		rs.Steps = slices.DeleteFunc(slices.Clone(rs.Steps), func(x Step) bool { return x == step })
+		if len(rs.Steps) == 0 {
+			delete(s.Releases, gk)
+		} else {
+			s.Releases[gk] = rs
+		}
+		return nil
+	}
+	var r Release
+	return decodeInto(value, &r, func() { s.Apply(r) }, func() error {
+		if r.Pub != seq || r.Holder != parts[0] || r.From != from || r.Limit != limit {
+			return fmt.Errorf("%w: release %+v under key %q", ErrInvalid, r, key)
+		}
+		return nil
+	})
 }
 
 func parseSeq(s string) (int64, error) {
@@ -182,13 +220,8 @@ func validate(v any) error {
 	case *Release:
 		return validate(*r)
 	case Release:
-		if r.Pub < 1 || r.Holder == "" || strings.Contains(r.Holder, "/") {
-			return bad("release of publish %d by %q", r.Pub, r.Holder)
-		}
-		for _, s := range r.Steps {
-			if s.Limit < 0 {
-				return bad("release step to %d: want ≥ 0", s.Limit)
-			}
+		if r.Pub < 1 || r.Holder == "" || strings.Contains(r.Holder, "/") || r.Limit < 0 {
+			return bad("release of publish %d by %q to %d: want seq ≥ 1, a holder without '/', a limit ≥ 0", r.Pub, r.Holder, r.Limit)
 		}
 	default:
 		return bad("cannot store a %T", v)

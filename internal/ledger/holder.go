@@ -120,12 +120,15 @@ func (s *State) Target(holder string) (q int64, p Pub, ok bool) {
 }
 
 // ToRelease returns the releases holder should write, and enforce first,
-// so that from its next window on it admits no more than its last
-// publish gives it: every grant of an earlier era goes to 0, and the
-// grants of the target's era keep, longest first, what fits under the
-// target in every window. Each returned release keeps the steps already
-// stored. None when nothing is to be lowered.
-func (s *State) ToRelease(holder string, now int64) []Release {
+// so that from its first window starting after now+margin it admits no
+// more than its last publish gives it: every grant of an earlier era
+// goes to 0, and the grants of the target's era keep, longest first,
+// what fits under the target in every window. margin is how long the
+// holder may take to enforce them: a release is true only if its
+// limiter enforces it before its window begins. None when nothing is to
+// be lowered.
+func (s *State) ToRelease(holder string, now int64, margin time.Duration) []Release {
+	now += int64(margin)
 	q, top, ok := s.Target(holder)
 	if !ok {
 		return nil
@@ -189,32 +192,28 @@ func (s *State) ToRelease(holder string, now int64) []Release {
 	return out
 }
 
-// lower returns g's release with a step to q from window k on, and false
-// when g already admits at most q in every window from k on.
+// lower returns a release of g to q from window k on, and false when g
+// already admits at most q in every window from k on.
 func (s *State) lower(g Grant, k, q int64) (Release, bool) {
 	a, b, ok := s.Span(g)
 	if !ok || b < k {
 		return Release{}, false
 	}
-	higher := false
 	for _, w := range append(s.holderEdges(g.Holder, s.Pubs[g.Pub].Era), max(k, a)) {
 		if w >= max(k, a) && w <= b && s.Effective(g, w) > q {
-			higher = true
+			return Release{Pub: g.Pub, Holder: g.Holder, From: k, Limit: q}, true
 		}
 	}
-	if !higher {
-		return Release{}, false
-	}
-	key := GrantKey{g.Pub, g.Holder}
-	rel := Release{Pub: g.Pub, Holder: g.Holder}
-	for _, st := range s.Releases[key].Steps {
-		if st.From < k || st.Limit < q {
-			rel.Steps = append(rel.Steps, st) // not covered by the new step
-		}
-	}
-	rel.Steps = append(rel.Steps, Step{From: k, Limit: q})
-	return rel, true
+	return Release{}, false
 }
 
 // Apply stores r in s.
-func (s *State) Apply(r Release) { s.Releases[GrantKey{r.Pub, r.Holder}] = r }
+func (s *State) Apply(r Release) {
+	key := GrantKey{r.Pub, r.Holder}
+	rs := s.Releases[key]
+	step := Step{From: r.From, Limit: r.Limit}
+	if !slices.Contains(rs.Steps, step) {
+		rs.Steps = append(slices.Clone(rs.Steps), step)
+	}
+	s.Releases[key] = rs
+}

@@ -107,18 +107,26 @@ type Grant struct {
 	From   int64  `json:"from"`
 }
 
-// Release lowers what Holder admits under its grant of Pub: at most the
-// Quota of the last step whose From ≤ k, in window k. A release is only
-// ever rewritten with more or lower steps.
+// Release lowers what Holder admits under its grant of Pub to at most
+// Limit per window from window From on. Each release is its own
+// immutable record, and a grant's cap in window k is the least Limit of
+// its releases with From ≤ k: a release written late, or twice, can only
+// lower it.
 type Release struct {
 	Pub    int64  `json:"pub"`
 	Holder string `json:"holder"`
-	Steps  []Step `json:"steps"`
+	From   int64  `json:"from"`
+	Limit  int64  `json:"limit"`
+}
+
+// Releases are a grant's releases, as steps.
+type Releases struct {
+	Steps []Step
 }
 
 // cap returns the most the release lets its holder admit in window k,
 // and false when no step applies yet.
-func (r Release) cap(k int64) (int64, bool) {
+func (r Releases) cap(k int64) (int64, bool) {
 	c, ok := int64(0), false
 	for _, s := range r.Steps {
 		if s.From <= k && (!ok || s.Limit < c) {
@@ -139,18 +147,18 @@ type State struct {
 	Head     Head
 	Pubs     map[int64]Pub
 	Grants   map[GrantKey]Grant
-	Releases map[GrantKey]Release
+	Releases map[GrantKey]Releases
 }
 
 // NewState returns an empty ledger.
 func NewState() *State {
-	return &State{Pubs: map[int64]Pub{}, Grants: map[GrantKey]Grant{}, Releases: map[GrantKey]Release{}}
+	return &State{Pubs: map[int64]Pub{}, Grants: map[GrantKey]Grant{}, Releases: map[GrantKey]Releases{}}
 }
 
 // Clone returns a deep copy of s.
 func (s *State) Clone() *State {
 	c := &State{Head: s.Head, Pubs: make(map[int64]Pub, len(s.Pubs)),
-		Grants: make(map[GrantKey]Grant, len(s.Grants)), Releases: make(map[GrantKey]Release, len(s.Releases))}
+		Grants: make(map[GrantKey]Grant, len(s.Grants)), Releases: make(map[GrantKey]Releases, len(s.Releases))}
 	c.Head.Eras = slices.Clone(s.Head.Eras)
 	for i := range c.Head.Eras {
 		c.Head.Eras[i].Limits = slices.Clone(c.Head.Eras[i].Limits)

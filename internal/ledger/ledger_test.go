@@ -56,7 +56,7 @@ func TestPlanHandsOutTheLimitAndMovesItByReleases(t *testing.T) {
 	if got := s.Allowance("b", 1, 11); got != 50 {
 		t.Fatalf("b holds %d in window 11 before a released anything, want 50", got)
 	}
-	for _, r := range s.ToRelease("a", StartOf(10, w)) {
+	for _, r := range s.ToRelease("a", StartOf(10, w), 0) {
 		s.Apply(r)
 	}
 	if got := s.Allowance("a", 1, 11); got != 30 {
@@ -80,7 +80,7 @@ func TestPlanLowersTheLimitOnceTheGrantsFit(t *testing.T) {
 	if e.Limit(10) != 100 || e.Limit(14) != 100 || e.Limit(15) != 40 {
 		t.Fatalf("limits %v: want 100 while a's grant of 100 lasts (to window 14), 40 after", e.Limits)
 	}
-	for _, r := range s.ToRelease("a", StartOf(10, w)) {
+	for _, r := range s.ToRelease("a", StartOf(10, w), 0) {
 		s.Apply(r)
 	}
 	plan(t, s, p, map[string]int64{"a": 40}, 10)
@@ -102,9 +102,9 @@ func TestAuditFindsEveryWayOver(t *testing.T) {
 		t.Fatalf("Plan on a ledger over its limit: %v, want ErrViolated", err)
 	}
 	raised := s.Clone()
-	raised.Releases[GrantKey{1, "a"}] = Release{Pub: 1, Holder: "a", Steps: []Step{{From: 11, Limit: 10}}}
+	raised.Apply(Release{Pub: 1, Holder: "a", From: 11, Limit: 10})
 	plan(t, raised, p, map[string]int64{"a": 10, "b": 90}, 10)
-	raised.Releases[GrantKey{1, "a"}] = Release{Pub: 1, Holder: "a"} // taken back
+	delete(raised.Releases, GrantKey{1, "a"}) // taken back by hand
 	if vs := Audit(raised); len(vs) == 0 {
 		t.Fatal("a release taken back after its room was granted again: audit found nothing")
 	}
@@ -132,7 +132,7 @@ func FuzzDecode(f *testing.F) {
 		Head{Seq: 3, Eras: []Era{{Seq: 1, Window: w, Start: 5, Floor: 4, Limits: []Step{{5, 100}}}}},
 		Pub{Seq: 2, Era: 1, Window: w, A: 5, B: 9},
 		Grant{Pub: 2, Holder: "a.1", Quota: 50, From: 5},
-		Release{Pub: 2, Holder: "a.1", Steps: []Step{{7, 20}}},
+		Release{Pub: 2, Holder: "a.1", From: 7, Limit: 20},
 	} {
 		b, err := Encode(v)
 		if err != nil {
@@ -163,7 +163,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		Audit(s)
 		s.Schedule("a.1", 0)
-		s.ToRelease("a.1", 0)
+		s.ToRelease("a.1", 0, 0)
 	})
 }
 
@@ -178,8 +178,10 @@ func records(s *State) []any {
 	for _, g := range s.Grants {
 		out = append(out, g)
 	}
-	for _, r := range s.Releases {
-		out = append(out, r)
+	for k, r := range s.Releases {
+		for _, st := range r.Steps {
+			out = append(out, Release{Pub: k.Pub, Holder: k.Holder, From: st.From, Limit: st.Limit})
+		}
 	}
 	return out
 }
@@ -193,7 +195,28 @@ func keyOf(k Keys, v any) string {
 	case Grant:
 		return k.Grant(r.Holder, r.Pub)
 	case Release:
-		return k.Release(r.Holder, r.Pub)
+		return k.Release(r)
 	}
 	return ""
+}
+
+// TestAReleaseWrittenLateOnlyLowers: releases are records of their own,
+// so an older, higher one landing after a lower one leaves the lower cap.
+func TestAReleaseWrittenLateOnlyLowers(t *testing.T) {
+	k := Keys("L/")
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 2}
+	plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 10)
+	for _, r := range []Release{{Pub: 1, Holder: "a", From: 11, Limit: 7}, {Pub: 1, Holder: "a", From: 11, Limit: 8}} {
+		b, err := Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := k.Decode(s, k.Release(r), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.Allowance("a", 1, 12); got != 7 {
+		t.Fatalf("a's cap after releases to 7 and then (late) to 8: %d, want 7", got)
+	}
 }

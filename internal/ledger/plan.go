@@ -114,6 +114,11 @@ func (pl *planner) era() {
 	before := pl.t.Head.Eras[:len(pl.t.Head.Eras)-1]
 	if start := pl.earliestStart(before, cur.Window, StartOf(max(cur.Floor, pl.k), cur.Window)); start < cur.Start {
 		pl.c.Why = append(pl.c.Why, fmt.Sprintf("era %d starts at window %d, not %d: the earlier era's grants end sooner", cur.Seq, start, cur.Start))
+		if len(cur.Limits) > 0 && cur.Limits[0].From == cur.Start {
+			// Nothing of this era is granted before its start: its
+			// first limit may govern from the new one.
+			cur.Limits = append([]Step{{From: start, Limit: cur.Limits[0].Limit}}, cur.Limits[1:]...)
+		}
 		cur.Start = start
 	}
 }
@@ -127,6 +132,9 @@ func (pl *planner) earliestStart(before []Era, w time.Duration, t0 int64) int64 
 		if end, ok := pl.t.End(e.Seq); ok {
 			t0 = max(t0, StartOf(end+1, e.Window))
 		}
+		// Publishes below an era's floor may be gone: what they granted
+		// is no longer in the ledger to be counted.
+		t0 = max(t0, StartOf(e.Floor, e.Window))
 		if i == len(before)-1 {
 			step = lcm(int64(e.Window), int64(w))
 		}

@@ -56,7 +56,7 @@ func (w *World) fault() {
 	case r < 66:
 		w.limit = max(10, min(500, w.limit/3+w.rng.Int64N(2*w.limit)))
 		w.tracef("limit %d", w.limit)
-	case r < 71:
+	case r < 71 && !w.cfg.FixedWindow:
 		w.window = windows[w.rng.IntN(len(windows))]
 		w.longest = max(w.longest, w.window)
 		w.tracef("window %v", w.window)
@@ -92,6 +92,7 @@ func (w *World) live() []*member {
 // leads; then the liveness check waits Settle windows.
 func (w *World) heal() {
 	w.tracef("faults end")
+	w.calm = true
 	for _, m := range w.mems {
 		if !m.crashed {
 			m.paused, m.cut = 0, 0
@@ -104,7 +105,8 @@ func (w *World) heal() {
 	if settle == 0 {
 		settle = 2*w.cfg.Horizon + 4*max(w.longest, w.window)
 	}
-	w.at(w.now+int64(leaseTTL+settle), w.checkLive)
+	w.settle = leaseTTL + settle
+	w.at(w.now+int64(w.settle), w.checkLive)
 }
 
 // checkLive fails when the grants of the current window do not add up to
@@ -124,7 +126,7 @@ func (w *World) checkLive() {
 	live := len(w.live())
 	sum := st.Sum(e.Seq, k)
 	if floor := w.limit - int64(live)*(w.limit/50+1); sum < floor {
-		w.fail("liveness: %v after the faults the grants of window %d add up to %d of the limit %d (at least %d wanted)", w.cfg.Settle, k, sum, w.limit, floor)
+		w.fail("liveness: %v after the faults the grants of window %d add up to %d of the limit %d (at least %d wanted)", w.settle, k, sum, w.limit, floor)
 	}
 	w.stopAt = w.now
 }

@@ -1,6 +1,7 @@
 package world
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -30,7 +31,7 @@ type member struct {
 	paused  int64 // true time it wakes at
 	cut     int64 // true time it reaches etcd again
 	demand  int64 // permits it wants per window
-	unsent  map[ledger.GrantKey]ledger.Release
+	unsent  map[ledger.Release]bool
 	sending bool
 	ticks   int
 }
@@ -69,7 +70,7 @@ func (m *member) start() {
 	lim.SetClockUncertainty(time.Duration(w.cfg.SkewBound))
 	m.lim = lim
 	m.view = ledger.NewState()
-	m.unsent = map[ledger.GrantKey]ledger.Release{}
+	m.unsent = map[ledger.Release]bool{}
 	m.lease = w.etcd.grant(w.now + int64(leaseTTL))
 	m.watches = []*watch{w.etcd.watch(w.keys.Pubs()), w.etcd.watch(w.keys.Grants(m.holder))}
 	m.due = []bool{false, false}
@@ -180,29 +181,62 @@ func (m *member) deliver(inc, i int) {
 
 // sync enforces what the view allows, lowering first what its newest
 // grant asks it to release, and sends the releases not yet known stored.
+// A release is kept, and sent, only if the limiter enforced it before its
+// window began: the member takes Config.ApplyLag to apply a change, as a
+// real process may.
 func (m *member) sync() {
 	w := m.w
 	now := m.clock()
-	for _, r := range m.view.ToRelease(m.holder, now) {
-		m.view.Apply(r)
-		m.unsent[ledger.GrantKey{Pub: r.Pub, Holder: r.Holder}] = r
-		w.tracef("%s releases publish %d: %v", m.holder, r.Pub, r.Steps)
+	next := m.view.Clone()
+	rels := next.ToRelease(m.holder, now, 0)
+	for _, r := range rels {
+		next.Apply(r)
 	}
-	m.enforce(now)
+	if w.cfg.ApplyLag <= 0 {
+		m.commit(next, rels, now)
+		return
+	}
+	inc := m.inc
+	w.at(w.now+int64(w.cfg.ApplyLag), func() {
+		if inc == m.inc && !m.crashed {
+			m.commit(next, rels, now)
+		}
+	})
+}
+
+// commit enforces the schedule of next, computed at now, then keeps and
+// sends the releases that were enforced before their windows began.
+func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
+	w := m.w
+	m.enforceFrom(next, now)
+	applied := m.clock()
+	for _, r := range rels {
+		if ledger.StartOf(r.From, next.Pubs[r.Pub].Window) <= applied {
+			w.tracef("%s drops its release of publish %d from window %d: enforced too late", m.holder, r.Pub, r.From)
+			continue
+		}
+		m.view.Apply(r)
+		m.unsent[r] = true
+		w.tracef("%s releases publish %d to %d from window %d", m.holder, r.Pub, r.Limit, r.From)
+	}
+	m.send()
+}
+
+// send writes the releases not yet known stored: each its own record.
+func (m *member) send() {
+	w := m.w
 	if len(m.unsent) == 0 || m.sending || w.now < m.cut {
 		return
 	}
+	sent := slices.SortedFunc(maps.Keys(m.unsent), func(a, b ledger.Release) int { return cmp.Compare(w.keys.Release(a), w.keys.Release(b)) })
 	var ops []op
-	sent := map[ledger.GrantKey]ledger.Release{}
-	for _, k := range slices.SortedFunc(maps.Keys(m.unsent), func(a, b ledger.GrantKey) int { return int(a.Pub - b.Pub) }) {
-		r := m.unsent[k]
+	for _, r := range sent {
 		b, err := ledger.Encode(r)
 		if err != nil {
 			w.fail("%s: %v", m.holder, err)
 			return
 		}
-		ops = append(ops, op{key: w.keys.Release(r.Holder, r.Pub), value: b})
-		sent[k] = r
+		ops = append(ops, op{key: w.keys.Release(r), value: b})
 	}
 	m.sending = true
 	inc := m.inc
@@ -212,30 +246,39 @@ func (m *member) sync() {
 		}
 		m.sending = false
 		if ok {
-			for k, r := range sent {
-				if cur, same := m.unsent[k]; same && len(cur.Steps) == len(r.Steps) {
-					delete(m.unsent, k)
-				}
+			for _, r := range sent {
+				delete(m.unsent, r)
 			}
 		}
 	})
 }
 
-// enforce sets the limiter to the view's schedule from now on.
-func (m *member) enforce(now int64) {
-	view := m.view
+// enforce sets the limiter to the view's schedule.
+func (m *member) enforce(now int64) { m.enforceFrom(m.view, now) }
+
+// enforceFrom sets the limiter to view's schedule as computed at now:
+// what governs the limiter's current window at once, the rest at its
+// boundaries.
+func (m *member) enforceFrom(view *ledger.State, now int64) {
 	if m.w.cfg.Break == "unenforced" {
 		view = view.Clone()
 		clear(view.Releases)
 	}
 	pieces, end := view.Schedule(m.holder, now)
 	m.w.tracef("%s enforces %v until %d", m.holder, pieces, end)
-	if len(pieces) == 0 || pieces[0].At > now {
+	t := m.clock() // later than now when the member was slow
+	cur := 0
+	for i, p := range pieces {
+		if p.At <= t {
+			cur = i
+		}
+	}
+	if len(pieces) == 0 || pieces[0].At > t {
 		m.set(0, m.w.window, time.Time{})
 	}
-	for i, p := range pieces {
+	for i, p := range pieces[cur:] {
 		at := time.Unix(0, p.At)
-		if i == 0 && p.At <= now {
+		if i == 0 && p.At <= t {
 			at = time.Time{}
 		}
 		m.set(p.Quota, p.Window, at)
@@ -243,7 +286,7 @@ func (m *member) enforce(now int64) {
 	if end > 0 {
 		m.lim.SetExpiry(time.Unix(0, end))
 	} else {
-		m.lim.SetExpiry(time.Unix(0, now))
+		m.lim.SetExpiry(time.Unix(0, t))
 	}
 }
 

@@ -20,7 +20,7 @@ type replica struct {
 	off    int64 // its clock's offset from true time
 	leader bool
 	paused int64 // true time it wakes at
-	busy   bool  // a write in flight
+	busy   int64 // true time a write went out, 0 with none in flight
 }
 
 func newReplica(w *World, id int) *replica {
@@ -34,7 +34,9 @@ func (r *replica) clock() int64 { return r.w.now + r.off }
 func (r *replica) tick() {
 	w := r.w
 	defer w.at(w.now+int64(w.window)/4+w.rng.Int64N(int64(w.window)/8+1), r.tick)
-	if !r.leader || w.now < r.paused || r.busy {
+	// A write unanswered for a window no longer holds the next round up:
+	// the head's condition orders the two.
+	if !r.leader || w.now < r.paused || (r.busy != 0 && w.now-r.busy < int64(w.window)) {
 		return
 	}
 	st, headMod := w.read()
@@ -53,10 +55,10 @@ func (r *replica) tick() {
 		return
 	}
 	w.tracef("replica %d writes on head %d: %s", r.id, headMod, strings.Join(ch.Why, "; "))
-	r.busy = true
+	r.busy = w.now
 	// Sometimes the process stops between its read and its write.
 	var pause int64
-	if w.rng.Float64() < 0.03 {
+	if !w.calm && w.rng.Float64() < 0.03 {
 		pause = w.rng.Int64N(2 * int64(w.window))
 	}
 	w.at(w.now+pause, func() {
@@ -65,7 +67,7 @@ func (r *replica) tick() {
 			conds = nil
 		}
 		w.write(conds, ops, func(ok, known bool) {
-			r.busy = false
+			r.busy = 0
 			w.tracef("replica %d write: ok=%v known=%v", r.id, ok, known)
 		})
 	})
@@ -117,23 +119,25 @@ func (r *replica) ops(st *ledger.State, ch ledger.Change) ([]op, error) {
 			return nil, err
 		}
 	}
+	var gone []string
 	for _, p := range ch.Deletes {
-		ops = append(ops, op{key: k.Pub(p.Seq)})
-		var hs []string
+		gone = append(gone, k.Pub(p.Seq))
 		for gk := range st.Grants {
 			if gk.Pub == p.Seq {
-				hs = append(hs, gk.Holder)
+				gone = append(gone, k.Grant(gk.Holder, p.Seq))
 			}
 		}
-		for gk := range st.Releases {
-			if gk.Pub == p.Seq {
-				hs = append(hs, gk.Holder)
+		for gk, rs := range st.Releases {
+			for _, s := range rs.Steps {
+				if gk.Pub == p.Seq {
+					gone = append(gone, k.Release(ledger.Release{Pub: p.Seq, Holder: gk.Holder, From: s.From, Limit: s.Limit}))
+				}
 			}
 		}
-		slices.Sort(hs)
-		for _, h := range slices.Compact(hs) {
-			ops = append(ops, op{key: k.Grant(h, p.Seq)}, op{key: k.Release(h, p.Seq)})
-		}
+	}
+	slices.Sort(gone)
+	for _, key := range gone {
+		ops = append(ops, op{key: key})
 	}
 	return ops, nil
 }

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/ledger"
+	"github.com/sluice-go/sluice/internal/share"
 )
 
 // Config is one history's parameters; Seed decides the rest.
@@ -45,14 +46,23 @@ type Config struct {
 	SkewBound time.Duration // members' and configd's clocks are this close to true time (default 20ms)
 	// ConfigdOff, when set, puts every replica's clock this far off.
 	ConfigdOff time.Duration
-	// Loss and Refuse are the chances that a write's answer is lost
-	// (applied, the writer told nothing) or that it is refused.
+	// Loss and Refuse are the chances that a write's answer is lost (the
+	// writer is told nothing; the write is applied at once, or up to two
+	// windows later, after the writer's next writes) or that it is
+	// refused.
 	Loss, Refuse float64
 	Trace        func(string) // every step, when set
 	// Break, for tests of the oracles, breaks one rule of the protocol:
 	// "unconditioned" (configd writes without the head's condition) or
 	// "unenforced" (members write releases without enforcing them).
 	Break string
+	// ApplyLag, when set, is how long a member takes between computing its
+	// schedule and releases (ToRelease, Schedule) and applying them to its
+	// limiter: a GC pause or a slow goroutine in a real process. Its ticks
+	// keep admitting meanwhile under the schedule applied before.
+	ApplyLag time.Duration
+	// FixedWindow: the window length never changes.
+	FixedWindow bool
 }
 
 func (c *Config) defaults() {
@@ -102,6 +112,8 @@ type World struct {
 	stopAt    int64         // when the liveness check ran: the history ends
 	ledger    *ledger.State // etcd's ledger records, decoded as they change
 	longest   time.Duration
+	settle    time.Duration // the liveness check's wait after the faults
+	calm      bool // the faults ended: no lost, refused or slow messages, no pauses
 }
 
 // Run plays the history of cfg and returns what it showed.
@@ -168,13 +180,23 @@ func (w *World) fail(format string, a ...any) {
 func (w *World) write(cmps []cond, ops []op, done func(ok, known bool)) {
 	delay := w.latency()
 	w.at(w.now+delay/2, func() {
-		if w.rng.Float64() < w.cfg.Refuse {
+		if !w.calm && w.rng.Float64() < w.cfg.Refuse {
 			w.at(w.now+delay/2, func() { done(false, true) })
+			return
+		}
+		if !w.calm && w.rng.Float64() < w.cfg.Loss/2 {
+			// Lost, and applied later: possibly after the writer's next
+			// write.
+			w.at(w.now+w.rng.Int64N(2*int64(w.window)), func() {
+				w.etcd.txn(cmps, ops)
+				w.afterWrite()
+			})
+			w.at(w.now+delay/2, func() { done(false, false) })
 			return
 		}
 		ok, _ := w.etcd.txn(cmps, ops)
 		w.afterWrite()
-		if w.rng.Float64() < w.cfg.Loss {
+		if !w.calm && w.rng.Float64() < w.cfg.Loss/2 {
 			w.at(w.now+delay/2, func() { done(false, false) })
 			return
 		}
@@ -186,7 +208,7 @@ func (w *World) write(cmps []cond, ops []op, done func(ok, known bool)) {
 // good part of a window, rarely more.
 func (w *World) latency() int64 {
 	switch r := w.rng.Float64(); {
-	case r < 0.8:
+	case r < 0.8 || w.calm:
 		return int64(time.Millisecond) + w.rng.Int64N(int64(10*time.Millisecond))
 	case r < 0.97:
 		return w.rng.Int64N(int64(w.window) / 2)
@@ -277,6 +299,29 @@ func (w *World) checkWindows() {
 		}
 	}
 	w.checkOutside(seqs)
+	w.checkAny()
+}
+
+// checkAny compares every aligned window of every length with the most
+// any era of any revision could let it hold, counted into that length
+// (share.In): coarser than checkWindows, it also covers windows between
+// eras and an era's windows past a later era's start.
+func (w *World) checkAny() {
+	for _, win := range windows {
+		var bound int64
+		for _, vs := range w.eras {
+			for _, v := range vs {
+				for _, st := range v.Limits {
+					bound = max(bound, share.In(st.Limit, v.Window, win))
+				}
+			}
+		}
+		for k, n := range w.admitted[win] {
+			if n > bound {
+				w.fail("window %d of %v (at %.3fs) admitted %d, over the most any era let it hold, %d", k, win, float64(ledger.StartOf(k, win)-epoch)/1e9, n, bound)
+			}
+		}
+	}
 }
 
 // checkOutside fails any permit admitted in no era's span.

@@ -9,8 +9,18 @@ import (
 )
 
 var (
-	nFlag    = flag.Int("world.n", 200, "random histories TestHistories plays")
-	seedFlag = flag.Uint64("world.seed", 0, "first seed (0: drawn; printed either way)")
+	nFlag       = flag.Int("world.n", 200, "random histories TestHistories plays")
+	seedFlag    = flag.Uint64("world.seed", 0, "first seed (0: drawn; printed either way)")
+	memFlag     = flag.Int("world.members", 0, "members at the start (0: Config's default)")
+	lossFlag    = flag.Float64("world.loss", 0.05, "chance that a write's answer is lost")
+	refuseFlag  = flag.Float64("world.refuse", 0.03, "chance that a write is refused")
+	skewFlag    = flag.Duration("world.skew", 0, "clock bound (0: Config's default)")
+	horizonFlag = flag.Duration("world.horizon", 0, "granted ahead (0: Config's default)")
+	offFlag     = flag.Duration("world.configdoff", 0, "every replica's clock this far off")
+	lagFlag     = flag.Duration("world.lag", 0, "members' time to apply a change (0: 400ms in every fourth history)")
+	repFlag     = flag.Int("world.replicas", 0, "configd replicas (0: Config's default)")
+	faultsFlag  = flag.Duration("world.faults", 0, "how long faults are drawn (0: Config's default)")
+	fixedFlag   = flag.Bool("world.fixed", false, "never change the window length")
 )
 
 // TestHistories plays random histories of the real ledger code under every
@@ -29,7 +39,16 @@ func TestHistories(t *testing.T) {
 	var windows, writes int
 	var worst float64
 	for i := range n {
-		cfg := Config{Seed: first + uint64(i), Loss: 0.05, Refuse: 0.03}
+		seed := first + uint64(i)
+		cfg := Config{Seed: seed, Loss: *lossFlag, Refuse: *refuseFlag, Members: *memFlag,
+			SkewBound: *skewFlag, Horizon: *horizonFlag, ConfigdOff: *offFlag, ApplyLag: *lagFlag,
+			Replicas: *repFlag, Faults: *faultsFlag, FixedWindow: *fixedFlag}
+		if cfg.ApplyLag == 0 && seed%4 == 3 {
+			cfg.ApplyLag = 400 * time.Millisecond
+		}
+		if testing.Verbose() && n == 1 {
+			cfg.Trace = func(s string) { t.Log(s) }
+		}
 		r := Run(cfg)
 		windows += r.Windows
 		writes += r.Writes
@@ -92,5 +111,26 @@ func TestOraclesCatchABrokenProtocol(t *testing.T) {
 			}
 			t.Errorf("200 seeds with the rule %q broken found no history over the limit", rule)
 		})
+	}
+}
+
+// TestLostWritesLandLate: with a fifth of the answers lost, and half of
+// those writes applied up to two windows later, after the writer's next
+// write, no window goes over and the ledger never breaks.
+func TestLostWritesLandLate(t *testing.T) {
+	for seed := uint64(12001); seed < 12041; seed++ {
+		if r := Run(Config{Seed: seed, Loss: 0.2, Refuse: 0.03}); len(r.Violations) > 0 {
+			t.Fatalf("%v", r)
+		}
+	}
+}
+
+// TestSlowMembers: members that take 600 ms to apply a change release
+// only what they enforced before its window began.
+func TestSlowMembers(t *testing.T) {
+	for seed := uint64(7100); seed < 7140; seed++ {
+		if r := Run(Config{Seed: seed, Loss: 0.05, Refuse: 0.03, ApplyLag: 600 * time.Millisecond}); len(r.Violations) > 0 {
+			t.Fatalf("%v", r)
+		}
 	}
 }
