@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -32,7 +32,7 @@ func (k Keys) Pub(seq int64) string                  { return k.Pubs() + seqKey(
 func (k Keys) Grants(holder string) string           { return string(k) + "grant/" + holder + "/" }
 func (k Keys) AllGrants() string                     { return string(k) + "grant/" }
 func (k Keys) Grant(holder string, seq int64) string { return k.Grants(holder) + seqKey(seq) }
-func (k Keys) AllReleases() string { return string(k) + "release/" }
+func (k Keys) AllReleases() string                   { return string(k) + "release/" }
 
 // Releases is the prefix of every release of holder's grant in publish seq.
 func (k Keys) Releases(holder string, seq int64) string {

@@ -113,7 +113,7 @@ type World struct {
 	ledger    *ledger.State // etcd's ledger records, decoded as they change
 	longest   time.Duration
 	settle    time.Duration // the liveness check's wait after the faults
-	calm      bool // the faults ended: no lost, refused or slow messages, no pauses
+	calm      bool          // the faults ended: no lost, refused or slow messages, no pauses
 }
 
 // Run plays the history of cfg and returns what it showed.
