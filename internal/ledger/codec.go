@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -195,11 +196,14 @@ func validate(v any) error {
 			if err := validWindow(e.Window); err != nil {
 				return err
 			}
+			if !inRange(e.Start, e.Window) || !inRange(e.Floor, e.Window) {
+				return bad("era %d starts at window %d, floor %d: out of the range of %v windows", e.Seq, e.Start, e.Floor, e.Window)
+			}
 			if i > 0 && e.Seq <= r.Eras[i-1].Seq {
 				return bad("eras out of order: %d after %d", e.Seq, r.Eras[i-1].Seq)
 			}
 			for j, s := range e.Limits {
-				if s.Limit < 0 || (j > 0 && s.From <= e.Limits[j-1].From) {
+				if s.Limit < 0 || !inRange(s.From, e.Window) || (j > 0 && s.From <= e.Limits[j-1].From) {
 					return bad("era %d: limits must be ≥ 0 and in order of window", e.Seq)
 				}
 			}
@@ -207,10 +211,12 @@ func validate(v any) error {
 	case *Pub:
 		return validate(*r)
 	case Pub:
-		if r.Seq < 1 || r.B < r.A {
-			return bad("publish %d covers windows %d..%d: want seq ≥ 1 and a ≤ b", r.Seq, r.A, r.B)
+		if err := validWindow(r.Window); err != nil {
+			return err
 		}
-		return validWindow(r.Window)
+		if r.Seq < 1 || r.B < r.A || !inRange(r.A, r.Window) || !inRange(r.B, r.Window) {
+			return bad("publish %d covers windows %d..%d of %v: want seq ≥ 1, a ≤ b, both within ±%d", r.Seq, r.A, r.B, r.Window, maxWindow(r.Window))
+		}
 	case *Grant:
 		return validate(*r)
 	case Grant:
@@ -228,6 +234,14 @@ func validate(v any) error {
 	}
 	return nil
 }
+
+// maxWindow is the largest window index of length w whose end, in ns,
+// still fits an int64, with room for the arithmetic on it.
+func maxWindow(w time.Duration) int64 { return math.MaxInt64/int64(w) - 2 }
+
+// inRange reports whether window k of length w (a valid length) is
+// within ±maxWindow(w).
+func inRange(k int64, w time.Duration) bool { return k <= maxWindow(w) && k >= -maxWindow(w) }
 
 func validWindow(w time.Duration) error {
 	if w < 10*time.Millisecond || w > 24*time.Hour || (24*time.Hour)%w != 0 {

@@ -67,6 +67,7 @@ func (e Era) Limit(k int64) int64 {
 // Head is the ledger's one record that every room-adding write changes.
 type Head struct {
 	Seq  int64 `json:"seq"`
+	Pubs int64 `json:"pubs"` // the last publish number used: none is used twice
 	Eras []Era `json:"eras"` // by Seq; the last is current
 }
 

@@ -33,6 +33,9 @@ func apply(s *State, c Change) {
 	for _, g := range c.Grants {
 		s.Grants[GrantKey{g.Pub, g.Holder}] = g
 	}
+	for _, r := range c.Orphans {
+		delete(s.Releases, GrantKey{r.Pub, r.Holder})
+	}
 	for _, p := range c.Deletes {
 		delete(s.Pubs, p.Seq)
 		for k := range s.Grants {

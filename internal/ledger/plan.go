@@ -1,16 +1,21 @@
 package ledger
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 )
 
 // ErrViolated is returned by Plan when the ledger it is given already
 // breaks the invariant (a hand edit): it then adds no room.
 var ErrViolated = errors.New("ledger: the ledger read breaks its invariant")
+
+// MaxHorizon is the most windows Plan grants ahead, or keeps behind.
+const MaxHorizon = 1 << 20
 
 // Policy is what configd asks of the ledger of one limit.
 type Policy struct {
@@ -25,16 +30,17 @@ type Policy struct {
 // Change is one Plan's writes: one transaction, conditioned on the
 // head's revision as read.
 type Change struct {
-	Head    Head    // the head to write: Seq is one more than read
-	Pubs    []Pub   // publishes new or extended
-	Grants  []Grant // new grants
-	Deletes []Pub   // publishes ended below the floor: delete with their grants and releases
+	Head    Head      // the head to write: Seq is one more than read
+	Pubs    []Pub     // publishes new or extended
+	Grants  []Grant   // new grants
+	Deletes []Pub     // publishes ended below the floor: delete with their grants and releases
+	Orphans []Release // releases of publishes already gone: delete
 	Why     []string
 }
 
 // Empty reports whether c writes nothing.
 func (c Change) Empty() bool {
-	return len(c.Pubs) == 0 && len(c.Grants) == 0 && len(c.Deletes) == 0 && len(c.Why) == 0
+	return len(c.Pubs) == 0 && len(c.Grants) == 0 && len(c.Deletes) == 0 && len(c.Orphans) == 0 && len(c.Why) == 0
 }
 
 // Plan decides what configd writes so that the holders in target (quota
@@ -44,8 +50,14 @@ func (c Change) Empty() bool {
 // alone, so a wrong clock costs windows, never the invariant. Every
 // change it returns leaves Audit empty.
 func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error) {
-	if p.Window <= 0 || p.Limit < 0 || p.Horizon < 1 {
-		return Change{}, fmt.Errorf("%w: policy %+v: window, horizon must be > 0 and limit ≥ 0", ErrInvalid, p)
+	if err := validWindow(p.Window); err != nil {
+		return Change{}, err
+	}
+	if p.Limit < 0 || p.Horizon < 1 || p.Horizon > MaxHorizon || p.Keep < 0 || p.Keep > MaxHorizon {
+		return Change{}, fmt.Errorf("%w: policy with limit %d, horizon %d, keep %d: want a limit ≥ 0 and a horizon from 1 to %d windows", ErrInvalid, p.Limit, p.Horizon, p.Keep, MaxHorizon)
+	}
+	if k := WindowOf(now, p.Window); !inRange(k+p.Horizon, p.Window) || !inRange(k-p.Keep-1, p.Window) {
+		return Change{}, fmt.Errorf("%w: time %d is out of the range of %v windows", ErrInvalid, now, p.Window)
 	}
 	if vs := Audit(s); len(vs) > 0 {
 		return Change{}, fmt.Errorf("%w: %v", ErrViolated, vs[0])
@@ -153,9 +165,12 @@ func (pl *planner) limit() {
 	}
 	ks := append(pl.t.edges(e.Seq), lo)
 	slices.Sort(ks)
+	was := slices.Clone(e.Limits)
 	for _, f := range slices.Compact(ks) {
 		if f > lo && pl.trySteps(f) {
-			pl.c.Why = append(pl.c.Why, fmt.Sprintf("limit %d from window %d, once the grants fit under it", pl.p.Limit, f))
+			if !slices.Equal(was, e.Limits) {
+				pl.c.Why = append(pl.c.Why, fmt.Sprintf("limit %d from window %d, once the grants fit under it", pl.p.Limit, f))
+			}
 			return
 		}
 	}
@@ -228,8 +243,7 @@ func (pl *planner) publish() {
 		return
 	}
 	open, ok := pl.open()
-	if ok && pl.matches(pl.holds(open.Seq)) {
-		pl.extend(open)
+	if ok && pl.matches(pl.holds(open.Seq)) && pl.extend(open) {
 		return
 	}
 	a := pl.lo()
@@ -272,38 +286,51 @@ func (pl *planner) matches(quotas map[string]int64) bool {
 }
 
 // extend moves the open publish's end to the horizon when fewer than
-// Lead windows remain, as far as the grants fit.
-func (pl *planner) extend(open Pub) {
+// Lead windows remain, as far as the grants fit, and reports false when
+// it had to and could not: the grants no longer fit, and a new publish
+// must take over.
+func (pl *planner) extend(open Pub) bool {
 	lead := pl.p.Lead
 	if lead <= 0 {
 		lead = max(1, pl.p.Horizon/2)
 	}
 	want, was := pl.k+pl.p.Horizon, open.B
 	if was >= pl.k+lead || want <= was {
-		return
+		return true
 	}
-	for b := want; b > was; b-- {
+	fits := func(b int64) bool {
 		open.B = b
 		pl.t.Pubs[open.Seq] = open
-		if len(auditEra(pl.t, *pl.cur())) == 0 {
-			pl.c.Pubs = append(pl.c.Pubs, open)
-			pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d extended to window %d", open.Seq, b))
-			return
+		return len(auditEra(pl.t, *pl.cur())) == 0
+	}
+	// Whether it fits only gets worse as b grows: search the last b.
+	lo, hi := was, want // fits(lo); find the largest b ≤ hi that fits
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if fits(mid) {
+			lo = mid
+		} else {
+			hi = mid - 1
 		}
 	}
-	open.B = was
-	pl.t.Pubs[open.Seq] = open
+	fits(lo)
+	if lo == was {
+		return false
+	}
+	pl.c.Pubs = append(pl.c.Pubs, open)
+	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d extended to window %d", open.Seq, lo))
+	return true
 }
 
+// nextSeq takes the next publish number from the head's counter, so a
+// number never names two publishes, even after the first one went.
 func (pl *planner) nextSeq() int64 {
-	var n int64
+	n := pl.t.Head.Pubs
 	for s := range pl.t.Pubs {
 		n = max(n, s)
 	}
-	for _, d := range pl.c.Deletes {
-		n = max(n, d.Seq)
-	}
-	return max(n, pl.t.Head.Seq) + 1
+	pl.t.Head.Pubs = n + 1
+	return n + 1
 }
 
 // topUp grants, in the windows before the open publish begins, what the
@@ -397,6 +424,13 @@ func fill(need map[string]int64, room int64) map[string]int64 {
 // collect raises the floor to Keep windows behind the current one when a
 // publish has ended below it, and deletes every such publish.
 func (pl *planner) collect() {
+	if orphans := pl.orphans(); len(orphans) > 0 {
+		pl.c.Orphans = orphans
+		for _, r := range orphans {
+			delete(pl.t.Releases, GrantKey{r.Pub, r.Holder})
+		}
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("%d releases of publishes gone go", len(orphans)))
+	}
 	keep := max(pl.p.Keep, 1)
 	e := pl.cur()
 	floor := pl.k - keep
@@ -433,6 +467,24 @@ func (pl *planner) collect() {
 	}
 	pl.t.Head.Eras = eras
 	pl.c.Why = append(pl.c.Why, fmt.Sprintf("floor at window %d: %d ended publishes go", floor, len(gone)))
+}
+
+// orphans returns the releases of publishes that are gone: a release
+// written after its publish went, or whose answer came late.
+func (pl *planner) orphans() []Release {
+	var out []Release
+	for key, rs := range pl.t.Releases {
+		if _, ok := pl.t.Pubs[key.Pub]; ok || key.Pub > pl.t.Head.Pubs {
+			continue
+		}
+		for _, st := range rs.Steps {
+			out = append(out, Release{Pub: key.Pub, Holder: key.Holder, From: st.From, Limit: st.Limit})
+		}
+	}
+	slices.SortFunc(out, func(a, b Release) int {
+		return cmp.Or(cmp.Compare(a.Pub, b.Pub), strings.Compare(a.Holder, b.Holder), cmp.Compare(a.From, b.From), cmp.Compare(a.Limit, b.Limit))
+	})
+	return out
 }
 
 func (pl *planner) hasPubs(era int64) bool {

@@ -135,6 +135,9 @@ func (r *replica) ops(st *ledger.State, ch ledger.Change) ([]op, error) {
 			}
 		}
 	}
+	for _, r := range ch.Orphans {
+		gone = append(gone, k.Release(r))
+	}
 	slices.Sort(gone)
 	for _, key := range gone {
 		ops = append(ops, op{key: key})

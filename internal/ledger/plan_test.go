@@ -1,0 +1,154 @@
+package ledger
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"testing"
+	"time"
+)
+
+// TestASmallLoweringKeepsGranting: a limit lowered by less than the
+// slack leaves the target matching the open publish, whose grants no
+// longer fit under it; a new publish takes over where it cannot extend.
+func TestASmallLoweringKeepsGranting(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3, Slack: 2}
+	tgt := map[string]int64{"a": 25, "b": 25, "c": 25, "d": 25}
+	plan(t, s, p, tgt, 10)
+	p.Limit = 96
+	p.Slack = 96 / 50
+	tgt = map[string]int64{"a": 24, "b": 24, "c": 24, "d": 24}
+	for k := int64(10); k < 40; k++ {
+		c := plan(t, s, p, tgt, k)
+		if true {
+			t.Logf("k=%d why=%v", k, c.Why)
+		}
+	}
+	if got := s.Sum(1, 40); got < 90 {
+		t.Errorf("30 windows after lowering the limit 100->96, window 40 holds %d of 96", got)
+	}
+}
+
+// TestOutOfRangeWindowsAreRefused: a horizon or a publish end so far out
+// that a window's start overflows would blind the checks of eras;
+// Plan refuses such a horizon and the codec such a publish.
+func TestOutOfRangeWindowsAreRefused(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 100, Window: 2 * time.Second, Horizon: int64(4 * time.Second), Keep: 3}
+	if _, err := Plan(s, p, map[string]int64{"a": 100}, StartOf(900_000_000, p.Window)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Plan with a horizon of %d windows: %v, want ErrInvalid", p.Horizon, err)
+	}
+	b, _ := json.Marshal(Pub{Seq: 1, Era: 1, Window: 2 * time.Second, A: 900_000_000, B: 4_900_000_000})
+	if err := Keys("L/").Decode(s, Keys("L/").Pub(1), b); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a publish ending at window 4,900,000,000 of 2s: %v, want ErrInvalid", err)
+	}
+}
+
+// TestAuditSeesAnEndAtTheLastWindow: a hand-written grant running to the
+// last window must not slip past Audit, nor let Plan grant beside it.
+func TestAuditSeesAnEndAtTheLastWindow(t *testing.T) {
+	s := NewState()
+	s.Head = Head{Seq: 1, Eras: []Era{{Seq: 1, Window: w, Start: 0, Limits: []Step{{0, 100}}}}}
+	s.Pubs[1] = Pub{Seq: 1, Era: 1, Window: w, A: 5, B: math.MaxInt64}
+	s.Grants[GrantKey{1, "x"}] = Grant{Pub: 1, Holder: "x", Quota: 1000, From: 5}
+	if vs := Audit(s); len(vs) == 0 {
+		t.Errorf("a grant of 1000/window against a limit of 100 passes Audit (Sum(10)=%d, Profile=%v)", s.Sum(1, 10), s.Profile(1))
+	}
+	c, err := Plan(s, Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3}, map[string]int64{"y": 100}, StartOf(10, w))
+	if err == nil {
+		apply(s, c)
+		t.Errorf("Plan accepts it and grants more: %v; window 12 now holds %d", c.Why, s.Sum(1, 12))
+	}
+}
+
+// TestAViewNeverPairsAGrantWithAnotherPublish: a member whose watch of
+// publishes runs ahead of its watch of grants must never pair an old
+// grant with a new publish of the same number: numbers are not reused,
+// also once every publish has gone.
+func TestAViewNeverPairsAGrantWithAnotherPublish(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3}
+	seen := map[int64]Pub{}
+	grants := map[GrantKey]Grant{}
+	note := func() {
+		for q, pb := range s.Pubs {
+			if old, ok := seen[q]; ok && old != pb {
+				t.Errorf("publish %d reused: was %+v, now %+v", q, old, pb)
+			}
+			seen[q] = pb
+		}
+		for key, g := range s.Grants {
+			grants[key] = g
+		}
+	}
+	plan(t, s, p, map[string]int64{"a": 50, "b": 50}, 10)
+	note()
+	p.Limit = 200
+	plan(t, s, p, map[string]int64{"a": 100, "b": 100}, 11)
+	note()
+	p.Limit = 300
+	plan(t, s, p, map[string]int64{"a": 150, "b": 150}, 12)
+	note()
+	for i := int64(1); i <= 6; i++ {
+		p.Limit = 300 + 100*i
+		plan(t, s, p, map[string]int64{"a": p.Limit / 2, "b": p.Limit / 2}, 12+i)
+		note()
+	}
+	before := s.Clone() // a member's view: every record up to here
+	t.Logf("head %d, pubs %v", s.Head.Seq, s.Pubs)
+	for k := int64(40); k < 41; k++ { // nobody registered: empty target
+		plan(t, s, p, nil, k)
+	}
+	t.Logf("after collection: head %d, pubs %v", s.Head.Seq, s.Pubs)
+	c := plan(t, s, p, map[string]int64{"a": 10, "b": p.Limit - 10}, 41)
+	t.Logf("%v", c.Why)
+	note()
+	// Member a's view: the pub watch delivered the publishes' deletion
+	// and the new ones; the grant watch (a separate watcher, whose events
+	// may come later) has not yet delivered grant/a/<seq>'s deletion.
+	view := before.Clone()
+	for q := range before.Pubs {
+		delete(view.Pubs, q)
+	}
+	for q, pb := range s.Pubs {
+		view.Pubs[q] = pb
+	}
+	now := StartOf(42, w)
+	got := view.Allowance("a", s.Head.Eras[len(s.Head.Eras)-1].Seq, 42)
+	want := s.Allowance("a", s.Head.Eras[len(s.Head.Eras)-1].Seq, 42)
+	pieces, _ := view.Schedule("a", now)
+	if got > want {
+		t.Errorf("a's view lets it admit %d in window 42 (schedule %v); etcd grants it %d; window 42 sums to %d in etcd, limit %d", got, pieces, want, s.Sum(s.Head.Eras[len(s.Head.Eras)-1].Seq, 42), p.Limit)
+	}
+}
+
+// TestALateReleaseOfAPublishGoneCapsNothing: publish numbers come from
+// the head's counter, so a release of a publish that went, landing late,
+// names no publish of today; Plan deletes it.
+func TestALateReleaseOfAPublishGoneCapsNothing(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3}
+	plan(t, s, p, map[string]int64{"a": 50, "b": 50}, 10)
+	for i := int64(1); i <= 6; i++ {
+		p.Limit = 100 + 100*i
+		plan(t, s, p, map[string]int64{"a": p.Limit / 2, "b": p.Limit / 2}, 10+i)
+	}
+	used := s.Head.Pubs
+	plan(t, s, p, nil, 40) // everything goes
+	plan(t, s, p, map[string]int64{"a": p.Limit / 2, "b": p.Limit / 2}, 41)
+	for q := range s.Pubs {
+		if q <= used {
+			t.Fatalf("publish %d after the gap: numbers up to %d were used before", q, used)
+		}
+	}
+	s.Apply(Release{Pub: used, Holder: "a", From: 12, Limit: 0}) // lost, lands now
+	plan(t, s, p, map[string]int64{"a": p.Limit / 2, "b": p.Limit / 2}, 42)
+	e, _ := s.Head.Current()
+	if got := s.Allowance("a", e.Seq, 43); got != p.Limit/2 {
+		t.Errorf("a holds %d in window 43, want its target %d", got, p.Limit/2)
+	}
+	if _, left := s.Releases[GrantKey{used, "a"}]; left {
+		t.Errorf("the release of publish %d, gone, is still in the ledger", used)
+	}
+}
