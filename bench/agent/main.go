@@ -53,37 +53,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-go/sluice/agent/agentpb"
+	"github.com/sluice-go/sluice/bench/internal/redisbucket"
 	"github.com/sluice-go/sluice/limiter"
 )
 
 // clientEnv makes this binary a client process: mode|target|duration.
 const clientEnv = "SLUICE_BENCH_AGENT_CLIENT"
-
-const tokenBucket = `
-local key = KEYS[1]
-local rate = tonumber(ARGV[1])
-local capacity = tonumber(ARGV[2])
-local now = tonumber(ARGV[3])
-local requested = tonumber(ARGV[4])
-local ttl = tonumber(ARGV[5])
-local state = redis.call('HMGET', key, 'tokens', 'last_refill')
-local tokens = tonumber(state[1])
-local last = tonumber(state[2])
-if tokens == nil or last == nil then
-  tokens = capacity
-  last = now
-end
-local elapsed = math.max(0, now - last)
-tokens = math.min(capacity, tokens + elapsed * rate / 1000000)
-local allowed = 0
-if tokens >= requested then
-  tokens = tokens - requested
-  allowed = 1
-end
-redis.call('HMSET', key, 'tokens', tokens, 'last_refill', now)
-redis.call('EXPIRE', key, ttl)
-return allowed
-`
 
 // result is what a client process reports: calls made, and a sample of
 // their latencies in nanoseconds.
@@ -439,7 +414,7 @@ func dialer(mode, target string) (func() error, func(), error) {
 		}, func() { conn.Close() }, nil
 	case "redis":
 		rdb := redis.NewClient(&redis.Options{Addr: target, PoolSize: 1, DisableIdentity: true})
-		script := redis.NewScript(tokenBucket)
+		script := redis.NewScript(redisbucket.Script)
 		return func() error {
 			now := time.Now().UnixMicro()
 			n, err := script.Run(ctx, rdb, []string{"bench"}, 1e12, 1e12, now, 1, 60).Int()

@@ -57,41 +57,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-go/sluice/bench/internal/redisbucket"
 	"github.com/sluice-go/sluice/limiter"
 )
 
 // installEnv, set to 1, lets the program install redis-server with apt-get
 // when it runs as root and finds none.
 const installEnv = "SLUICE_INSTALL_REDIS"
-
-// tokenBucket is the classic Redis token bucket: state in a hash, refilled
-// by the time elapsed since the last call (the caller's clock, in
-// microseconds), then written back and given a TTL.
-const tokenBucket = `
-local key = KEYS[1]
-local rate = tonumber(ARGV[1])     -- tokens per second
-local capacity = tonumber(ARGV[2])
-local now = tonumber(ARGV[3])      -- microseconds
-local requested = tonumber(ARGV[4])
-local ttl = tonumber(ARGV[5])      -- seconds
-local state = redis.call('HMGET', key, 'tokens', 'last_refill')
-local tokens = tonumber(state[1])
-local last = tonumber(state[2])
-if tokens == nil or last == nil then
-  tokens = capacity
-  last = now
-end
-local elapsed = math.max(0, now - last)
-tokens = math.min(capacity, tokens + elapsed * rate / 1000000)
-local allowed = 0
-if tokens >= requested then
-  tokens = tokens - requested
-  allowed = 1
-end
-redis.call('HMSET', key, 'tokens', tokens, 'last_refill', now)
-redis.call('EXPIRE', key, ttl)
-return allowed
-`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -158,7 +130,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer lim.Close()
-	bucket := redis.NewScript(tokenBucket)
+	bucket := redis.NewScript(redisbucket.Script)
 	if err := bucket.Load(ctx, rdb).Err(); err != nil {
 		return fmt.Errorf("SCRIPT LOAD: %w", err)
 	}
