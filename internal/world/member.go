@@ -1,9 +1,7 @@
 package world
 
 import (
-	"cmp"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -23,7 +21,7 @@ type member struct {
 	holder  string
 	skew    int64
 	lim     *limiter.Limiter
-	view    *ledger.State
+	hold    *ledger.Holder
 	lease   int64
 	watches []*watch
 	due     []bool // a delivery is scheduled, per watch
@@ -31,7 +29,6 @@ type member struct {
 	paused  int64 // true time it wakes at
 	cut     int64 // true time it reaches etcd again
 	demand  int64 // permits it wants per window
-	unsent  map[ledger.Release]bool
 	sending bool
 	ticks   int
 }
@@ -69,8 +66,7 @@ func (m *member) start() {
 	}
 	lim.SetClockUncertainty(time.Duration(w.cfg.SkewBound))
 	m.lim = lim
-	m.view = ledger.NewState()
-	m.unsent = map[ledger.Release]bool{}
+	m.hold = ledger.NewHolder(w.keys, m.holder)
 	m.lease = w.etcd.grant(w.now + int64(leaseTTL))
 	m.watches = []*watch{w.etcd.watch(w.keys.Pubs()), w.etcd.watch(w.keys.Grants(m.holder))}
 	m.due = []bool{false, false}
@@ -96,7 +92,7 @@ func (m *member) stop() {
 }
 
 func (m *member) decode(key string, value []byte) {
-	if err := m.w.keys.Decode(m.view, key, value); err != nil {
+	if err := m.hold.Observe(key, value); err != nil {
 		m.w.fail("%s cannot read %s: %v", m.holder, key, err)
 	}
 }
@@ -187,11 +183,7 @@ func (m *member) deliver(inc, i int) {
 func (m *member) sync() {
 	w := m.w
 	now := m.clock()
-	next := m.view.Clone()
-	rels := next.ToRelease(m.holder, now, 0)
-	for _, r := range rels {
-		next.Apply(r)
-	}
+	next, rels := m.hold.Next(now, 0)
 	if w.cfg.ApplyLag <= 0 {
 		m.commit(next, rels, now)
 		return
@@ -209,15 +201,13 @@ func (m *member) sync() {
 func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 	w := m.w
 	m.enforceFrom(next, now)
-	applied := m.clock()
+	kept := m.hold.Commit(next, rels, m.clock())
 	for _, r := range rels {
-		if ledger.StartOf(r.From, next.Pubs[r.Pub].Window) <= applied {
+		if slices.Contains(kept, r) {
+			w.tracef("%s releases publish %d to %d from window %d", m.holder, r.Pub, r.Limit, r.From)
+		} else {
 			w.tracef("%s drops its release of publish %d from window %d: enforced too late", m.holder, r.Pub, r.From)
-			continue
 		}
-		m.view.Apply(r)
-		m.unsent[r] = true
-		w.tracef("%s releases publish %d to %d from window %d", m.holder, r.Pub, r.Limit, r.From)
 	}
 	m.send()
 }
@@ -225,18 +215,20 @@ func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 // send writes the releases not yet known stored: each its own record.
 func (m *member) send() {
 	w := m.w
-	if len(m.unsent) == 0 || m.sending || w.now < m.cut {
+	if m.sending || w.now < m.cut {
 		return
 	}
-	sent := slices.SortedFunc(maps.Keys(m.unsent), func(a, b ledger.Release) int { return cmp.Compare(w.keys.Release(a), w.keys.Release(b)) })
-	var ops []op
-	for _, r := range sent {
-		b, err := ledger.Encode(r)
-		if err != nil {
-			w.fail("%s: %v", m.holder, err)
-			return
-		}
-		ops = append(ops, op{key: w.keys.Release(r), value: b})
+	sent, lops, err := m.hold.Unsent()
+	if err != nil {
+		w.fail("%s: %v", m.holder, err)
+		return
+	}
+	if len(sent) == 0 {
+		return
+	}
+	ops := make([]op, 0, len(lops))
+	for _, o := range lops {
+		ops = append(ops, op{key: o.Key, value: o.Value})
 	}
 	m.sending = true
 	inc := m.inc
@@ -246,52 +238,18 @@ func (m *member) send() {
 		}
 		m.sending = false
 		if ok {
-			for _, r := range sent {
-				delete(m.unsent, r)
-			}
+			m.hold.Stored(sent)
 		}
 	})
 }
 
-// enforce sets the limiter to the view's schedule.
-func (m *member) enforce(now int64) { m.enforceFrom(m.view, now) }
-
-// enforceFrom sets the limiter to view's schedule as computed at now:
-// what governs the limiter's current window at once, the rest at its
-// boundaries.
+// enforceFrom sets the limiter to view's schedule as computed at now.
 func (m *member) enforceFrom(view *ledger.State, now int64) {
 	if m.w.cfg.Break == "unenforced" {
 		view = view.Clone()
 		clear(view.Releases)
 	}
-	pieces, end := view.Schedule(m.holder, now)
-	m.w.tracef("%s enforces %v until %d", m.holder, pieces, end)
-	t := m.clock() // later than now when the member was slow
-	cur := 0
-	for i, p := range pieces {
-		if p.At <= t {
-			cur = i
-		}
-	}
-	if len(pieces) == 0 || pieces[0].At > t {
-		m.set(0, m.w.window, time.Time{})
-	}
-	for i, p := range pieces[cur:] {
-		at := time.Unix(0, p.At)
-		if i == 0 && p.At <= t {
-			at = time.Time{}
-		}
-		m.set(p.Quota, p.Window, at)
-	}
-	if end > 0 {
-		m.lim.SetExpiry(time.Unix(0, end))
-	} else {
-		m.lim.SetExpiry(time.Unix(0, t))
-	}
-}
-
-func (m *member) set(q int64, win time.Duration, at time.Time) {
-	if err := m.lim.SetLimit(q, win, at); err != nil {
-		m.w.fail("%s: SetLimit(%d, %v): %v", m.holder, q, win, err)
+	if err := ledger.Enforce(m.lim, view, m.holder, now, m.clock(), m.w.window); err != nil {
+		m.w.fail("%s: %v", m.holder, err)
 	}
 }

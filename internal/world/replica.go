@@ -1,7 +1,6 @@
 package world
 
 import (
-	"slices"
 	"strconv"
 	"strings"
 
@@ -99,48 +98,13 @@ func (r *replica) target() map[string]int64 {
 
 // ops turns a change into etcd operations.
 func (r *replica) ops(st *ledger.State, ch ledger.Change) ([]op, error) {
-	k := r.w.keys
-	var ops []op
-	put := func(key string, v any) error {
-		b, err := ledger.Encode(v)
-		ops = append(ops, op{key: key, value: b})
-		return err
-	}
-	if err := put(k.Head(), ch.Head); err != nil {
+	lops, err := r.w.keys.Ops(st, ch)
+	if err != nil {
 		return nil, err
 	}
-	for _, p := range ch.Pubs {
-		if err := put(k.Pub(p.Seq), p); err != nil {
-			return nil, err
-		}
-	}
-	for _, g := range ch.Grants {
-		if err := put(k.Grant(g.Holder, g.Pub), g); err != nil {
-			return nil, err
-		}
-	}
-	var gone []string
-	for _, p := range ch.Deletes {
-		gone = append(gone, k.Pub(p.Seq))
-		for gk := range st.Grants {
-			if gk.Pub == p.Seq {
-				gone = append(gone, k.Grant(gk.Holder, p.Seq))
-			}
-		}
-		for gk, rs := range st.Releases {
-			for _, s := range rs.Steps {
-				if gk.Pub == p.Seq {
-					gone = append(gone, k.Release(ledger.Release{Pub: p.Seq, Holder: gk.Holder, From: s.From, Limit: s.Limit}))
-				}
-			}
-		}
-	}
-	for _, r := range ch.Orphans {
-		gone = append(gone, k.Release(r))
-	}
-	slices.Sort(gone)
-	for _, key := range gone {
-		ops = append(ops, op{key: key})
+	ops := make([]op, 0, len(lops))
+	for _, o := range lops {
+		ops = append(ops, op{key: o.Key, value: o.Value})
 	}
 	return ops, nil
 }

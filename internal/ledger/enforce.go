@@ -1,0 +1,143 @@
+package ledger
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// Limiter is what a holder's limiter must do to enforce a schedule:
+// *limiter.Limiter does it.
+type Limiter interface {
+	SetLimit(q int64, window time.Duration, at time.Time) error
+	SetExpiry(t time.Time)
+}
+
+// Holder is one holder's side of the ledger: the records it has read and
+// the releases it enforced that it has not yet seen stored. It does no
+// I/O; a driver feeds it records and writes what it returns, so the
+// simulation and a real member run the same decisions.
+type Holder struct {
+	name   string
+	keys   Keys
+	view   *State
+	unsent map[Release]bool
+}
+
+// NewHolder returns the side of holder name, for the ledger under keys,
+// having read nothing.
+func NewHolder(keys Keys, name string) *Holder {
+	return &Holder{name: name, keys: keys, view: NewState(), unsent: map[Release]bool{}}
+}
+
+// Name returns the holder's name, as its grants carry it.
+func (h *Holder) Name() string { return h.name }
+
+// View returns what the holder has read, with its own releases. The
+// caller must not change it.
+func (h *Holder) View() *State { return h.view }
+
+// Observe stores the record read at key (nil value: deleted). A
+// malformed record changes nothing and is refused.
+func (h *Holder) Observe(key string, value []byte) error {
+	return h.keys.Decode(h.view, key, value)
+}
+
+// Next returns the state the holder enforces from now (its clock) on,
+// and the releases its newest grant asks of it, already applied to that
+// state. The driver enforces the state, then calls Commit with the time
+// its limiter had by then.
+func (h *Holder) Next(now int64, margin time.Duration) (*State, []Release) {
+	next := h.view.Clone()
+	rels := next.ToRelease(h.name, now, margin)
+	for _, r := range rels {
+		next.Apply(r)
+	}
+	return next, rels
+}
+
+// Commit keeps, of rels enforced by the holder's limiter at applied (its
+// clock), those enforced before their window began, and queues them to
+// be written. A release enforced late is not true of the window under
+// way, so it is dropped: the next Next asks for it again from a later
+// window. It returns the releases kept.
+func (h *Holder) Commit(next *State, rels []Release, applied int64) []Release {
+	var kept []Release
+	for _, r := range rels {
+		p, ok := next.Pubs[r.Pub]
+		if !ok || StartOf(r.From, p.Window) <= applied {
+			continue
+		}
+		h.view.Apply(r)
+		h.unsent[r] = true
+		kept = append(kept, r)
+	}
+	return kept
+}
+
+// Unsent returns the releases kept but not yet known stored, in key
+// order, with their writes.
+func (h *Holder) Unsent() ([]Release, []Op, error) {
+	rels := slices.SortedFunc(maps.Keys(h.unsent), func(a, b Release) int {
+		return cmp.Compare(h.keys.Release(a), h.keys.Release(b))
+	})
+	ops := make([]Op, 0, len(rels))
+	for _, r := range rels {
+		b, err := Encode(r)
+		if err != nil {
+			return nil, nil, err
+		}
+		ops = append(ops, Op{Key: h.keys.Release(r), Value: b})
+	}
+	return rels, ops, nil
+}
+
+// Stored records that rels are stored: they are no longer sent.
+func (h *Holder) Stored(rels []Release) {
+	for _, r := range rels {
+		delete(h.unsent, r)
+	}
+}
+
+// Enforce sets lim to the schedule of holder in view as computed at now,
+// when lim's clock reads t (later than now when the holder was slow):
+// what governs lim's current window at once, the rest at its boundaries,
+// and the expiry at the end of the last grant. idle is the window length
+// of the nothing enforced before any grant.
+func Enforce(lim Limiter, view *State, holder string, now, t int64, idle time.Duration) error {
+	pieces, end := view.Schedule(holder, now)
+	cur := 0
+	for i, p := range pieces {
+		if p.At <= t {
+			cur = i
+		}
+	}
+	set := func(q int64, w time.Duration, at time.Time) error {
+		if err := lim.SetLimit(q, w, at); err != nil {
+			return fmt.Errorf("ledger: enforcing %d per %v from %v: %w", q, w, at, err)
+		}
+		return nil
+	}
+	if len(pieces) == 0 || pieces[0].At > t {
+		if err := set(0, idle, time.Time{}); err != nil {
+			return err
+		}
+	}
+	for i, p := range pieces[cur:] {
+		at := time.Unix(0, p.At)
+		if i == 0 && p.At <= t {
+			at = time.Time{}
+		}
+		if err := set(p.Quota, p.Window, at); err != nil {
+			return err
+		}
+	}
+	if end > 0 {
+		lim.SetExpiry(time.Unix(0, end))
+	} else {
+		lim.SetExpiry(time.Unix(0, t))
+	}
+	return nil
+}
