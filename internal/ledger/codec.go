@@ -35,9 +35,12 @@ func (k Keys) AllGrants() string                     { return string(k) + "grant
 func (k Keys) Grant(holder string, seq int64) string { return k.Grants(holder) + seqKey(seq) }
 func (k Keys) AllReleases() string                   { return string(k) + "release/" }
 
+// HolderReleases is the prefix of every release holder wrote.
+func (k Keys) HolderReleases(holder string) string { return k.AllReleases() + holder + "/" }
+
 // Releases is the prefix of every release of holder's grant in publish seq.
 func (k Keys) Releases(holder string, seq int64) string {
-	return string(k) + "release/" + holder + "/" + seqKey(seq) + "/"
+	return k.HolderReleases(holder) + seqKey(seq) + "/"
 }
 
 func (k Keys) Release(r Release) string {

@@ -45,6 +45,16 @@ func (h *Holder) Observe(key string, value []byte) error {
 	return h.keys.Decode(h.view, key, value)
 }
 
+// Forget drops what the holder has read, before it reads the ledger
+// anew. The releases it enforced and has not seen stored stay: it keeps
+// to them whatever it reads.
+func (h *Holder) Forget() {
+	h.view = NewState()
+	for r := range h.unsent {
+		h.view.Apply(r)
+	}
+}
+
 // Next returns the state the holder enforces from now (its clock) on,
 // and the releases its newest grant asks of it, already applied to that
 // state. The driver enforces the state, then calls Commit with the time

@@ -1,0 +1,169 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/ledger"
+)
+
+// Limiter is the limiter a Follower enforces on: *limiter.Limiter.
+type Limiter interface {
+	ledger.Limiter
+	Now() time.Time // the limiter's corrected clock
+}
+
+// Follower is a member's side of one limit's ledger: it reads the
+// publishes and its own grants and releases, watches them, enforces on
+// its limiter what they allow (ledger.Enforce), and writes the releases
+// its newest grant asks of it after enforcing them.
+type Follower struct {
+	cli  *clientv3.Client
+	keys ledger.Keys
+	hold *ledger.Holder
+	lim  Limiter
+	idle time.Duration
+	log  *slog.Logger
+}
+
+// NewFollower returns the follower of holder's grants in the ledger under
+// keys, enforcing on lim. idle is the window length lim keeps with
+// nothing granted.
+func NewFollower(cli *clientv3.Client, keys ledger.Keys, holder string, lim Limiter, idle time.Duration, log *slog.Logger) *Follower {
+	return &Follower{cli: cli, keys: keys, hold: ledger.NewHolder(keys, holder), lim: lim, idle: idle, log: log}
+}
+
+// Holder returns the follower's holder: what it has read and released.
+// It is safe to read only after Run has returned.
+func (f *Follower) Holder() *ledger.Holder { return f.hold }
+
+// Run follows the ledger until ctx ends, starting over from a fresh read
+// after a watch fails (a compaction, etcd out of reach). What it enforces
+// meanwhile is what it last read: its grants end at their last window, so
+// a follower cut off admits nothing past its fail-static horizon.
+func (f *Follower) Run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		err := f.follow(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		f.log.Warn("ledger: following again", "holder", f.hold.Name(), "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(f.tick()):
+		}
+	}
+	return nil
+}
+
+// tick is how often the follower syncs with nothing read: what it must
+// release depends on the time as well as on the records.
+func (f *Follower) tick() time.Duration { return max(f.idle/4, 10*time.Millisecond) }
+
+// follow reads, then watches from the revision read, until the watch
+// fails or ctx ends.
+func (f *Follower) follow(ctx context.Context) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	rev, err := f.read(ctx)
+	if err != nil {
+		return err
+	}
+	f.sync(ctx)
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithRev(rev + 1)}
+	pubs := f.cli.Watch(wctx, f.keys.Pubs(), opts...)
+	own := f.cli.Watch(wctx, f.keys.Grants(f.hold.Name()), opts...)
+	t := time.NewTicker(f.tick())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case wr, ok := <-pubs:
+			if err := f.events(wr, ok); err != nil {
+				return err
+			}
+		case wr, ok := <-own:
+			if err := f.events(wr, ok); err != nil {
+				return err
+			}
+		case <-t.C:
+		}
+		f.sync(ctx)
+	}
+}
+
+// read replaces what the holder has read with the publishes, its grants
+// and its releases as etcd holds them at one revision, which it returns.
+func (f *Follower) read(ctx context.Context) (int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, 2*f.tick())
+	defer cancel()
+	name := f.hold.Name()
+	resp, err := f.cli.Txn(rctx).Then(
+		clientv3.OpGet(f.keys.Pubs(), clientv3.WithPrefix()),
+		clientv3.OpGet(f.keys.Grants(name), clientv3.WithPrefix()),
+		clientv3.OpGet(f.keys.HolderReleases(name), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("store: reading holder %s's ledger: %w", name, err)
+	}
+	f.hold.Forget()
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			f.observe(string(kv.Key), kv.Value)
+		}
+	}
+	return resp.Header.Revision, nil
+}
+
+func (f *Follower) observe(key string, value []byte) {
+	if err := f.hold.Observe(key, value); err != nil {
+		f.log.Error("ledger: a record it cannot read adds no room", "holder", f.hold.Name(), "key", key, "err", err)
+	}
+}
+
+// events applies one watch response.
+func (f *Follower) events(wr clientv3.WatchResponse, ok bool) error {
+	if !ok {
+		return errors.New("store: the watch ended")
+	}
+	if err := wr.Err(); err != nil {
+		return fmt.Errorf("store: watching the ledger: %w", err)
+	}
+	for _, ev := range wr.Events {
+		var v []byte
+		if ev.Type == clientv3.EventTypePut {
+			v = ev.Kv.Value
+		}
+		f.observe(string(ev.Kv.Key), v)
+	}
+	return nil
+}
+
+// sync enforces what the holder's records allow, releases first, and
+// writes the releases not yet stored.
+func (f *Follower) sync(ctx context.Context) {
+	now := f.lim.Now().UnixNano()
+	next, rels := f.hold.Next(now, 0)
+	if err := ledger.Enforce(f.lim, next, f.hold.Name(), now, f.lim.Now().UnixNano(), f.idle); err != nil {
+		f.log.Error("ledger: cannot enforce", "holder", f.hold.Name(), "err", err)
+		return
+	}
+	f.hold.Commit(next, rels, f.lim.Now().UnixNano())
+	sent, ops, err := f.hold.Unsent()
+	if err != nil || len(sent) == 0 {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*f.tick())
+	defer cancel()
+	if err := Put(wctx, f.cli, ops); err != nil {
+		f.log.Warn("ledger: releases not written yet", "holder", f.hold.Name(), "err", err)
+		return
+	}
+	f.hold.Stored(sent)
+}

@@ -1,0 +1,232 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/ledger"
+	"github.com/sluice-go/sluice/internal/netcut"
+	"github.com/sluice-go/sluice/limiter"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, etcdtest.IgnoreLeaks()...)
+}
+
+// clock is true time, held still while a counter admits and records, so
+// a permit is counted in the window the limiter admitted it in.
+type clock struct {
+	t    atomic.Int64
+	hold sync.RWMutex
+}
+
+func (c *clock) Now() time.Time { return time.Unix(0, c.t.Load()) }
+
+func (c *clock) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		c.hold.Lock()
+		c.t.Store(time.Now().UnixNano())
+		c.hold.Unlock()
+		time.Sleep(time.Millisecond) // the clock's resolution, not a wait for an event
+	}
+}
+
+// tally counts admissions per aligned window of the clock.
+type tally struct {
+	mu sync.Mutex
+	n  map[int64]int64
+}
+
+func (ta *tally) admit(clk *clock, lim *limiter.Limiter, w time.Duration) bool {
+	clk.hold.RLock()
+	defer clk.hold.RUnlock()
+	if !lim.TryAcquire() {
+		return false
+	}
+	ta.mu.Lock()
+	ta.n[ledger.WindowOf(clk.t.Load(), w)]++
+	ta.mu.Unlock()
+	return true
+}
+
+// TestLedgerOverEtcdHoldsTheLimit runs two publishers, deciding at once
+// and each on its own clock, and four followers with real limiters over
+// a real etcd, through shares that move, a lowered limit, a follower cut
+// off for longer than a window and one whose watch runs late. Every
+// aligned window admits at most the limit the ledger puts in force for
+// it, the ledger is never over, and the followers use what they hold.
+func TestLedgerOverEtcdHoldsTheLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for seconds of real time")
+	}
+	const win = 100 * time.Millisecond
+	srv := etcdtest.Start(t)
+	keys := ledger.Keys("/test/ledger/")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	clk := &clock{}
+	clk.t.Store(time.Now().UnixNano())
+	wg.Go(func() { clk.run(ctx) })
+
+	names := []string{"a", "b", "c", "d"}
+	proxies := make([]*netcut.Proxy, len(names))
+	ta := &tally{n: map[int64]int64{}}
+	var admitted atomic.Int64
+	for i, name := range names {
+		proxies[i] = netcut.StartProxy(t, srv.Endpoints()[0][len("http://"):])
+		cfg := srv.Config(t)
+		cfg.Endpoints = []string{proxies[i].URL()}
+		cli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		lim, err := limiter.New(0, win, limiter.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { lim.Close() })
+		f := NewFollower(cli, keys, name, lim, win, log)
+		wg.Go(func() { f.Run(ctx) })
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if ta.admit(clk, lim, win) {
+					admitted.Add(1)
+				} else {
+					time.Sleep(time.Millisecond) // demand: a call a millisecond when refused
+				}
+			}
+		})
+	}
+
+	var at atomic.Int64 // the phase under way
+	var moved, written atomic.Int64
+	for r := range 2 {
+		cli := srv.Client(t)
+		off := time.Duration(r) * 7 * time.Millisecond // each replica's clock a little off
+		pb := NewPublisher(cli, keys, func() time.Time { return clk.Now().Add(off) })
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(at.Load())
+				p := ledger.Policy{Limit: phases[i].limit, Window: win, Horizon: 10, Keep: 3, Slack: 2}
+				ch, err := pb.Round(ctx, p, stale(i, r))
+				switch {
+				case errors.Is(err, ErrMoved):
+					moved.Add(1)
+				case err == nil && !ch.Empty():
+					written.Add(1)
+				case err == nil:
+				case ctx.Err() == nil:
+					t.Errorf("replica %d: %v", r, err)
+				}
+				time.Sleep(win / 4) // the publisher's cadence
+			}
+		})
+	}
+
+	audit := func() {
+		s, _, _, bad, err := Read(ctx, srv.Client(t), keys)
+		if err != nil || len(bad) > 0 {
+			t.Fatalf("reading the ledger: %v %v", err, bad)
+		}
+		if vs := ledger.Audit(s); len(vs) > 0 {
+			t.Fatalf("the ledger is over: %v", vs)
+		}
+	}
+	for i, ph := range phases {
+		at.Store(int64(i))
+		switch ph.fault {
+		case "cut":
+			proxies[0].Cut()
+		case "late":
+			proxies[0].Heal()
+			proxies[1].SetDelay(3 * win / 2)
+		case "":
+			proxies[1].SetDelay(0)
+		}
+		time.Sleep(ph.last) // the phase's length in real time
+		audit()
+	}
+	cancel()
+	wg.Wait()
+
+	s, _, _, _, err := Read(context.Background(), srv.Client(t), keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	over, full := 0, 0
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	for k, n := range ta.n {
+		bound := limitAt(s, k, win)
+		if n > bound {
+			over++
+			t.Errorf("window %d admitted %d, over the limit of %d the ledger put in force", k, n, bound)
+		}
+		if n >= bound*9/10 {
+			full++
+		}
+	}
+	t.Logf("%d windows, %d admitted, %d at 90%% of the limit or more; %d writes, %d refused for a moved head", len(ta.n), admitted.Load(), full, written.Load(), moved.Load())
+	if full < len(ta.n)/3 {
+		t.Errorf("only %d of %d windows used 90%% of the limit: the followers do not get the room", full, len(ta.n))
+	}
+}
+
+// phase is one stretch of the run: a limit, its shares, a fault.
+type phase struct {
+	limit  int64
+	target map[string]int64
+	fault  string
+	last   time.Duration
+}
+
+var phases = []phase{
+	{limit: 100, target: map[string]int64{"a": 25, "b": 25, "c": 25, "d": 25}, last: 1500 * time.Millisecond},
+	{limit: 100, target: map[string]int64{"a": 10, "b": 10, "c": 10, "d": 70}, last: 1500 * time.Millisecond},
+	{limit: 100, target: map[string]int64{"a": 40, "b": 20, "c": 20, "d": 20}, fault: "cut", last: 700 * time.Millisecond},
+	{limit: 60, target: map[string]int64{"a": 15, "b": 15, "c": 15, "d": 15}, fault: "late", last: 2 * time.Second},
+	{limit: 60, target: map[string]int64{"a": 30, "b": 10, "c": 10, "d": 10}, last: 1500 * time.Millisecond},
+}
+
+// stale returns the shares replica r decides from in phase i: replica 1
+// is a phase behind where the limit allows, as a replica that has not
+// yet read the newest demands.
+func stale(i, r int) map[string]int64 {
+	if r == 0 || i == 0 {
+		return phases[i].target
+	}
+	var sum int64
+	for _, q := range phases[i-1].target {
+		sum += q
+	}
+	if sum > phases[i].limit {
+		return phases[i].target
+	}
+	return phases[i-1].target
+}
+
+// limitAt returns the limit the ledger's head puts in force for window k
+// (the largest limit of the run where no era covers k).
+func limitAt(s *ledger.State, k int64, w time.Duration) int64 {
+	for _, e := range s.Head.Eras {
+		if e.Window == w && k >= e.Start {
+			return e.Limit(k)
+		}
+	}
+	return 100
+}
