@@ -115,6 +115,77 @@ func (l *Limiter) SetWindowQuota(q int64, window time.Duration, start time.Time)
 	return true, nil
 }
 
+// Step is one piece of a schedule for SetSchedule: Quota per Window from
+// At on.
+type Step struct {
+	At     time.Time
+	Quota  int64
+	Window time.Duration
+}
+
+// SetSchedule replaces every limit change and the expiry in one change.
+// The last step whose At is not after the limiter's clock governs the
+// current window at once, as SetLimit with a zero at does; the later
+// steps take effect at their times, as SetLimit schedules them; the
+// expiry is set as by SetExpiry. Because the step in force is chosen under
+// the same lock as every other change, a window boundary that passes
+// while the caller builds the steps cannot give the new window the quota
+// of the one before. Steps must be in order of At; nothing changes when
+// one is invalid or steps is empty.
+func (l *Limiter) SetSchedule(steps []Step, expiry time.Time) error {
+	if err := validateSteps(steps); err != nil {
+		return err
+	}
+	l.lockChange()
+	defer l.unlockChange()
+	if l.closed {
+		return ErrClosed
+	}
+	now := l.now()
+	l.advanceLocked(now)
+	rs := l.unplaceLocked(now)
+	l.sched.expires, l.sched.expiry = !expiry.IsZero(), 0
+	if l.sched.expires {
+		l.sched.expiry = clampUnixNano(expiry)
+	}
+	cur := 0
+	for i, s := range steps {
+		if clampUnixNano(s.At) <= now {
+			cur = i
+		}
+	}
+	l.sched.changes = nil
+	for i, s := range steps[cur:] {
+		p := params{quota: s.Quota, window: int64(s.Window)}
+		if at := clampUnixNano(s.At); i > 0 || at > now || p.window != l.sched.cur.window {
+			l.sched.setFrom(max(at, l.cur.end), p)
+			continue
+		}
+		l.sched.cur = p
+	}
+	l.setCurrentQuotaLocked()
+	l.replaceLocked(rs, now, 0)
+	return nil
+}
+
+func validateSteps(steps []Step) error {
+	if len(steps) == 0 {
+		return fmt.Errorf("%w: a schedule needs at least one step", ErrInvalid)
+	}
+	for i, s := range steps {
+		if err := ValidateQuota(s.Quota); err != nil {
+			return err
+		}
+		if err := ValidateWindow(s.Window); err != nil {
+			return err
+		}
+		if i > 0 && s.At.Before(steps[i-1].At) {
+			return fmt.Errorf("%w: schedule steps must be in order of time, step %d at %v is before step %d at %v", ErrInvalid, i, s.At, i-1, steps[i-1].At)
+		}
+	}
+	return nil
+}
+
 // setLimit is Schedule, and SetQuota when window is 0: the length in force
 // at at (or now), read once the schedule is brought up to now.
 func (l *Limiter) setLimit(q, window int64, at time.Time) (from int64, err error) {

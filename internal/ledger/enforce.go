@@ -6,13 +6,14 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/sluice-go/sluice/limiter"
 )
 
 // Limiter is what a holder's limiter must do to enforce a schedule:
 // *limiter.Limiter does it.
 type Limiter interface {
-	SetLimit(q int64, window time.Duration, at time.Time) error
-	SetExpiry(t time.Time)
+	SetSchedule(steps []limiter.Step, expiry time.Time) error
 }
 
 // Holder is one holder's side of the ledger: the records it has read and
@@ -112,42 +113,24 @@ func (h *Holder) Stored(rels []Release) {
 }
 
 // Enforce sets lim to the schedule of holder in view as computed at now,
-// when lim's clock reads t (later than now when the holder was slow):
-// what governs lim's current window at once, the rest at its boundaries,
-// and the expiry at the end of the last grant. idle is the window length
-// of the nothing enforced before any grant.
+// in one change: the limiter itself picks the piece in force by its own
+// clock, so a boundary passing meanwhile costs nothing. Before the first
+// piece nothing is enforced, in windows of length idle; the expiry is the
+// end of the last grant, or t (lim's clock when last read, later than now
+// when the holder was slow) when there is none.
 func Enforce(lim Limiter, view *State, holder string, now, t int64, idle time.Duration) error {
 	pieces, end := view.Schedule(holder, now)
-	cur := 0
-	for i, p := range pieces {
-		if p.At <= t {
-			cur = i
-		}
+	steps := make([]limiter.Step, 0, len(pieces)+1)
+	steps = append(steps, limiter.Step{Quota: 0, Window: idle})
+	for _, p := range pieces {
+		steps = append(steps, limiter.Step{At: time.Unix(0, p.At), Quota: p.Quota, Window: p.Window})
 	}
-	set := func(q int64, w time.Duration, at time.Time) error {
-		if err := lim.SetLimit(q, w, at); err != nil {
-			return fmt.Errorf("ledger: enforcing %d per %v from %v: %w", q, w, at, err)
-		}
-		return nil
-	}
-	if len(pieces) == 0 || pieces[0].At > t {
-		if err := set(0, idle, time.Time{}); err != nil {
-			return err
-		}
-	}
-	for i, p := range pieces[cur:] {
-		at := time.Unix(0, p.At)
-		if i == 0 && p.At <= t {
-			at = time.Time{}
-		}
-		if err := set(p.Quota, p.Window, at); err != nil {
-			return err
-		}
-	}
+	expiry := time.Unix(0, t)
 	if end > 0 {
-		lim.SetExpiry(time.Unix(0, end))
-	} else {
-		lim.SetExpiry(time.Unix(0, t))
+		expiry = time.Unix(0, end)
+	}
+	if err := lim.SetSchedule(steps, expiry); err != nil {
+		return fmt.Errorf("ledger: enforcing %d pieces of %s's grants: %w", len(pieces), holder, err)
 	}
 	return nil
 }

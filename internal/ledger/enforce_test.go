@@ -118,3 +118,74 @@ func pubs(s *State) []Pub {
 }
 
 func grants(s *State) []Grant { return s.sortedGrants() }
+
+// crossing is a limiter whose clock passes a boundary while Enforce
+// sets it: before its change when before is set, else just after it.
+// What it admits meanwhile counts, as other goroutines would take it.
+type crossing struct {
+	*limiter.Limiter
+	clk      *fakeClock
+	to       int64
+	before   bool
+	admitted int
+}
+
+func (c *crossing) SetSchedule(steps []limiter.Step, expiry time.Time) error {
+	if c.before {
+		c.clk.t = c.to
+	}
+	err := c.Limiter.SetSchedule(steps, expiry)
+	c.clk.t = c.to
+	c.admitted += admit(c.Limiter, 1000)
+	return err
+}
+
+// A holder lowers its grant from window 11 by a release and the room goes
+// to another holder; it enforces its schedule at the very end of window
+// 10, and the boundary passes during the call. Window 11 must get 30, not
+// window 10's 60.
+func TestEnforceLetsTheLimiterPickThePieceByItsClock(t *testing.T) {
+	for _, before := range []bool{true, false} {
+		t.Run(map[bool]string{true: "boundary before the change", false: "boundary after it"}[before], func(t *testing.T) {
+			const k Keys = "/l/"
+			s := NewState()
+			p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3}
+			a := NewHolder(k, "a")
+			store(t, k, NewState(), plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 10), a)
+			old := s.Clone()
+			store(t, k, old, plan(t, s, p, map[string]int64{"a": 30, "b": 70}, 10), a)
+
+			clk := &fakeClock{StartOf(10, w) + int64(w)/2}
+			lim, err := limiter.New(0, w, limiter.WithClock(clk))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			next, rels := a.Next(clk.t, 0)
+			if err := Enforce(lim, next, "a", clk.t, clk.t, w); err != nil {
+				t.Fatal(err)
+			}
+			if kept := a.Commit(next, rels, clk.t); len(kept) == 0 {
+				t.Fatal("a released nothing of its 60")
+			}
+			for _, r := range rels {
+				s.Apply(r)
+			}
+			plan(t, s, p, map[string]int64{"a": 30, "b": 70}, 10)
+			if got := s.Allowance("b", 1, 11); got != 70 {
+				t.Fatalf("b holds %d in window 11, want 70", got)
+			}
+
+			clk.t = StartOf(11, w) - 1
+			c := &crossing{Limiter: lim, clk: clk, to: StartOf(11, w) + 1, before: before}
+			next, _ = a.Next(clk.t, 0)
+			if err := Enforce(c, next, "a", clk.t, clk.t, w); err != nil {
+				t.Fatal(err)
+			}
+			c.admitted += admit(lim, 1000)
+			if c.admitted != 30 {
+				t.Errorf("a admitted %d in window 11, where the ledger gives it 30 (and b 70 of the limit of 100)", c.admitted)
+			}
+		})
+	}
+}
