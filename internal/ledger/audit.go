@@ -29,14 +29,20 @@ func Audit(s *State) []Violation {
 			vs = append(vs, auditSuccession(s, prev, e)...)
 		}
 	}
-	for _, g := range s.sortedGrants() {
+	var stray []Grant
+	for _, g := range s.Grants {
 		p, ok := s.Pubs[g.Pub]
 		if !ok {
 			continue // no span: admits nothing
 		}
 		if _, ok := s.Head.Era(p.Era); !ok {
-			vs = append(vs, Violation{Era: p.Era, Window: p.A, Reason: fmt.Sprintf("grant of %s in publish %d of an era the head does not list", g.Holder, g.Pub)})
+			stray = append(stray, g)
 		}
+	}
+	slices.SortFunc(stray, compareGrants)
+	for _, g := range stray {
+		p := s.Pubs[g.Pub]
+		vs = append(vs, Violation{Era: p.Era, Window: p.A, Reason: fmt.Sprintf("grant of %s in publish %d of an era the head does not list", g.Holder, g.Pub)})
 	}
 	return vs
 }

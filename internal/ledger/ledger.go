@@ -311,10 +311,13 @@ func (s *State) sortedGrants() []Grant {
 	for _, g := range s.Grants {
 		gs = append(gs, g)
 	}
-	slices.SortFunc(gs, func(a, b Grant) int {
-		return cmp.Or(cmp.Compare(a.Pub, b.Pub), cmp.Compare(a.Holder, b.Holder))
-	})
+	slices.SortFunc(gs, compareGrants)
 	return gs
+}
+
+// compareGrants orders grants by publish, then holder.
+func compareGrants(a, b Grant) int {
+	return cmp.Or(cmp.Compare(a.Pub, b.Pub), cmp.Compare(a.Holder, b.Holder))
 }
 
 // WindowOf returns the index of the window of length w holding t (ns).
