@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -31,11 +34,28 @@ type Follower struct {
 	log  *slog.Logger
 }
 
-// NewFollower returns the follower of holder's grants in the ledger under
-// keys, enforcing on lim. idle is the window length lim keeps with
-// nothing granted.
-func NewFollower(cli *clientv3.Client, keys ledger.Keys, holder string, lim Limiter, idle time.Duration, log *slog.Logger) *Follower {
-	return &Follower{cli: cli, keys: keys, hold: ledger.NewHolder(keys, holder), lim: lim, idle: idle, log: log}
+// ErrName is returned by NewFollower for a name no holder can carry.
+var ErrName = errors.New("store: invalid holder name")
+
+// NewFollower returns the follower of one incarnation of the process
+// named name in the ledger under keys, enforcing on lim. idle is the
+// window length lim keeps with nothing granted.
+//
+// Its holder name (Holder().Name()) is name, a dot and an incarnation id
+// drawn from crypto/rand, which a restart never reuses: a new process's
+// limiter has not counted what the last one admitted under its grants, so
+// it must not inherit them, and starts with none. The process reports its
+// demand to configd under that holder name.
+func NewFollower(cli *clientv3.Client, keys ledger.Keys, name string, lim Limiter, idle time.Duration, log *slog.Logger) (*Follower, error) {
+	if name == "" || strings.Contains(name, "/") {
+		return nil, fmt.Errorf("%w: %q: want a non-empty name without '/'", ErrName, name)
+	}
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("store: drawing an incarnation id for %q: %w", name, err)
+	}
+	holder := name + "." + hex.EncodeToString(id[:])
+	return &Follower{cli: cli, keys: keys, hold: ledger.NewHolder(keys, holder), lim: lim, idle: idle, log: log}, nil
 }
 
 // Holder returns the follower's holder: what it has read and released.

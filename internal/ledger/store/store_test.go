@@ -84,6 +84,7 @@ func TestLedgerOverEtcdHoldsTheLimit(t *testing.T) {
 
 	names := []string{"a", "b", "c", "d"}
 	proxies := make([]*netcut.Proxy, len(names))
+	holders := map[string]string{} // name → its follower's holder name
 	ta := &tally{n: map[int64]int64{}}
 	var admitted atomic.Int64
 	for i, name := range names {
@@ -100,7 +101,11 @@ func TestLedgerOverEtcdHoldsTheLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { lim.Close() })
-		f := NewFollower(cli, keys, name, lim, win, log)
+		f, err := NewFollower(cli, keys, name, lim, win, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holders[name] = f.Holder().Name()
 		wg.Go(func() { f.Run(ctx) })
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -123,7 +128,7 @@ func TestLedgerOverEtcdHoldsTheLimit(t *testing.T) {
 			for ctx.Err() == nil {
 				i := int(at.Load())
 				p := ledger.Policy{Limit: phases[i].limit, Window: win, Horizon: 10, Keep: 3, Slack: 2}
-				ch, err := pb.Round(ctx, p, stale(i, r))
+				ch, err := pb.Round(ctx, p, rename(stale(i, r), holders))
 				switch {
 				case errors.Is(err, ErrMoved):
 					moved.Add(1)
@@ -220,6 +225,15 @@ func stale(i, r int) map[string]int64 {
 	return phases[i-1].target
 }
 
+// rename returns target with each name replaced by its holder name.
+func rename(target map[string]int64, holders map[string]string) map[string]int64 {
+	out := make(map[string]int64, len(target))
+	for name, q := range target {
+		out[holders[name]] = q
+	}
+	return out
+}
+
 // limitAt returns the limit the ledger's head puts in force for window k
 // (the largest limit of the run where no era covers k).
 func limitAt(s *ledger.State, k int64, w time.Duration) int64 {
@@ -229,4 +243,88 @@ func limitAt(s *ledger.State, k int64, w time.Duration) int64 {
 		}
 	}
 	return 100
+}
+
+// fixedClock is a clock that stands still unless moved.
+type fixedClock struct{ t atomic.Int64 }
+
+func (c *fixedClock) Now() time.Time { return time.Unix(0, c.t.Load()) }
+
+// signalLim tells when an Enforce has finished (it ends with SetExpiry).
+type signalLim struct {
+	*limiter.Limiter
+	done chan struct{}
+}
+
+func (l *signalLim) SetExpiry(t time.Time) {
+	l.Limiter.SetExpiry(t)
+	select {
+	case l.done <- struct{}{}:
+	default:
+	}
+}
+
+// TestARestartedProcessDoesNotInheritItsGrants: a member process uses up
+// its grant of 60 in a window, dies and starts again within the window
+// under the same name. Its new limiter has admitted nothing; were the
+// grant still its own, the window would admit 120 of a limit of 100.
+func TestARestartedProcessDoesNotInheritItsGrants(t *testing.T) {
+	const win = time.Second
+	srv := etcdtest.Start(t)
+	keys := ledger.Keys("/test/ledger/")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	clk := &fixedClock{}
+	clk.t.Store(ledger.StartOf(1000, win) + int64(win)/2)
+	pb := NewPublisher(srv.Client(t), keys, clk.Now)
+	p := ledger.Policy{Limit: 100, Window: win, Horizon: 4, Keep: 1}
+	var got []int
+	var names []string
+	for inc := range 2 {
+		lim, err := limiter.New(0, win, limiter.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sl := &signalLim{Limiter: lim, done: make(chan struct{}, 1)}
+		f, err := NewFollower(srv.Client(t), keys, "a", sl, win, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, f.Holder().Name())
+		if inc == 0 {
+			if _, err := pb.Round(context.Background(), p, map[string]int64{f.Holder().Name(): 60, "b": 40}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ended := make(chan struct{})
+		go func() { f.Run(ctx); close(ended) }()
+		<-sl.done // the first Enforce after the first read
+		got = append(got, admit(lim, 1000))
+		cancel() // the process dies
+		<-ended
+		lim.Close()
+	}
+	if names[0] == names[1] {
+		t.Errorf("both incarnations of a are holder %s", names[0])
+	}
+	if got[0] != 60 || got[1] != 0 {
+		t.Errorf("a admitted %v in one window as incarnations %v under a grant of 60 to the first (b holds the other 40 of 100), want [60 0]", got, names)
+	}
+}
+
+// TestAFollowerNeedsAName: a holder name is a key's segment.
+func TestAFollowerNeedsAName(t *testing.T) {
+	for _, name := range []string{"", "a/b"} {
+		if _, err := NewFollower(nil, "/l/", name, nil, time.Second, nil); !errors.Is(err, ErrName) {
+			t.Errorf("NewFollower(%q): %v, want ErrName", name, err)
+		}
+	}
+}
+
+func admit(lim *limiter.Limiter, most int) int {
+	n := 0
+	for n < most && lim.TryAcquire() {
+		n++
+	}
+	return n
 }
