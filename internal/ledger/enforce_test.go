@@ -16,7 +16,7 @@ func (c *fakeClock) Now() time.Time { return time.Unix(0, c.t) }
 // checks no key is written twice (etcd refuses such a transaction).
 func store(t *testing.T, k Keys, s *State, c Change, hs ...*Holder) {
 	t.Helper()
-	ops, err := k.Ops(s, c)
+	ops, err := k.Ops(c)
 	if err != nil {
 		t.Fatal(err)
 	}

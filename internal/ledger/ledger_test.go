@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,17 +35,19 @@ func apply(s *State, c Change) {
 	for _, g := range c.Grants {
 		s.Grants[GrantKey{g.Pub, g.Holder}] = g
 	}
-	for _, r := range c.Orphans {
-		delete(s.Releases, GrantKey{r.Pub, r.Holder})
-	}
-	for _, p := range c.Deletes {
-		delete(s.Pubs, p.Seq)
-		for k := range s.Grants {
-			if k.Pub == p.Seq {
-				delete(s.Grants, k)
-				delete(s.Releases, k)
-			}
+	for _, r := range c.DelReleases {
+		rs := s.Releases[GrantKey{r.Pub, r.Holder}]
+		rs.Steps = slices.DeleteFunc(slices.Clone(rs.Steps), func(st Step) bool { return st == Step{From: r.From, Limit: r.Limit} })
+		s.Releases[GrantKey{r.Pub, r.Holder}] = rs
+		if len(rs.Steps) == 0 {
+			delete(s.Releases, GrantKey{r.Pub, r.Holder})
 		}
+	}
+	for _, g := range c.DelGrants {
+		delete(s.Grants, GrantKey{g.Pub, g.Holder})
+	}
+	for _, p := range c.DelPubs {
+		delete(s.Pubs, p.Seq)
 	}
 }
 

@@ -32,7 +32,16 @@ type Follower struct {
 	lim  Limiter
 	idle time.Duration
 	log  *slog.Logger
+	// maxOps is the most operations of one transaction it writes.
+	maxOps int
 }
+
+// FollowerOption configures a Follower.
+type FollowerOption func(*Follower)
+
+// WithMaxOps makes the follower write its releases in transactions of at
+// most n operations: etcd's --max-txn-ops (default ledger.DefaultMaxOps).
+func WithMaxOps(n int) FollowerOption { return func(f *Follower) { f.maxOps = n } }
 
 // ErrName is returned by NewFollower for a name no holder can carry.
 var ErrName = errors.New("store: invalid holder name")
@@ -46,7 +55,7 @@ var ErrName = errors.New("store: invalid holder name")
 // limiter has not counted what the last one admitted under its grants, so
 // it must not inherit them, and starts with none. The process reports its
 // demand to configd under that holder name.
-func NewFollower(cli *clientv3.Client, keys ledger.Keys, name string, lim Limiter, idle time.Duration, log *slog.Logger) (*Follower, error) {
+func NewFollower(cli *clientv3.Client, keys ledger.Keys, name string, lim Limiter, idle time.Duration, log *slog.Logger, opts ...FollowerOption) (*Follower, error) {
 	if name == "" || strings.Contains(name, "/") {
 		return nil, fmt.Errorf("%w: %q: want a non-empty name without '/'", ErrName, name)
 	}
@@ -55,7 +64,14 @@ func NewFollower(cli *clientv3.Client, keys ledger.Keys, name string, lim Limite
 		return nil, fmt.Errorf("store: drawing an incarnation id for %q: %w", name, err)
 	}
 	holder := name + "." + hex.EncodeToString(id[:])
-	return &Follower{cli: cli, keys: keys, hold: ledger.NewHolder(keys, holder), lim: lim, idle: idle, log: log}, nil
+	f := &Follower{cli: cli, keys: keys, hold: ledger.NewHolder(keys, holder), lim: lim, idle: idle, log: log, maxOps: ledger.DefaultMaxOps}
+	for _, o := range opts {
+		o(f)
+	}
+	if f.maxOps < 1 {
+		return nil, fmt.Errorf("%w: at most %d operations a transaction: want at least 1", ledger.ErrInvalid, f.maxOps)
+	}
+	return f, nil
 }
 
 // Holder returns the follower's holder: what it has read and released.
@@ -176,14 +192,20 @@ func (f *Follower) sync(ctx context.Context) {
 	}
 	f.hold.Commit(next, rels, f.lim.Now().UnixNano())
 	sent, ops, err := f.hold.Unsent()
-	if err != nil || len(sent) == 0 {
+	if err != nil {
 		return
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*f.tick())
 	defer cancel()
-	if err := Put(wctx, f.cli, ops); err != nil {
-		f.log.Warn("ledger: releases not written yet", "holder", f.hold.Name(), "err", err)
-		return
+	// Each release is its own record that only lowers: any of them may be
+	// stored before the others.
+	for len(sent) > 0 {
+		n := min(len(sent), f.maxOps)
+		if err := Put(wctx, f.cli, ops[:n]); err != nil {
+			f.log.Warn("ledger: releases not written yet", "holder", f.hold.Name(), "err", err)
+			return
+		}
+		f.hold.Stored(sent[:n])
+		sent, ops = sent[n:], ops[n:]
 	}
-	f.hold.Stored(sent)
 }

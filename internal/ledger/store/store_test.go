@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -327,4 +328,123 @@ func admit(lim *limiter.Limiter, most int) int {
 		n++
 	}
 	return n
+}
+
+// holders returns a target of n holders with quota q each.
+func holders(n int, q int64) map[string]int64 {
+	m := map[string]int64{}
+	for i := range n {
+		m[fmt.Sprintf("h%03d", i)] = q
+	}
+	return m
+}
+
+// auditAt reads the ledger and fails t when it breaks its invariant.
+func auditAt(t *testing.T, kv clientv3.KV, keys ledger.Keys) *ledger.State {
+	t.Helper()
+	s, _, _, bad, err := Read(context.Background(), kv, keys)
+	if err != nil || len(bad) > 0 {
+		t.Fatalf("reading the ledger: %v %v", err, bad)
+	}
+	if vs := ledger.Audit(s); len(vs) > 0 {
+		t.Fatalf("the ledger is over: %v", vs)
+	}
+	return s
+}
+
+// TestACollectOfMoreThanATransactionTakesSeveralRounds: 40 holders whose
+// shares move leave publishes of 40 grants each; once they end below the
+// floor, deleting them all takes more operations than etcd's 128 a
+// transaction. Every round is written, the open publish is extended, and
+// the ended publishes go over several rounds.
+func TestACollectOfMoreThanATransactionTakesSeveralRounds(t *testing.T) {
+	const win = time.Second
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := ledger.Keys("/test/ledger/")
+	now := time.Unix(0, ledger.StartOf(1000, win))
+	pb := NewPublisher(cli, keys, func() time.Time { return now })
+	p := ledger.Policy{Limit: 100, Window: win, Horizon: 4, Keep: 1}
+	round := func(q int64) ledger.Change {
+		t.Helper()
+		ch, err := pb.Round(context.Background(), p, holders(40, q))
+		if err != nil {
+			t.Fatalf("round at window %d: %v: %v", ledger.WindowOf(now.UnixNano(), win), ch.Why, err)
+		}
+		if ch.Size() > ledger.DefaultMaxOps {
+			t.Fatalf("a change of %d operations", ch.Size())
+		}
+		auditAt(t, cli, keys)
+		return ch
+	}
+	for _, q := range []int64{2, 1, 2, 1} {
+		round(q)
+		now = now.Add(win)
+	}
+	now = now.Add(4 * win)
+	for range 6 {
+		round(1)
+	}
+	s := auditAt(t, cli, keys)
+	k := ledger.WindowOf(now.UnixNano(), win)
+	e, _ := s.Head.Current()
+	if got := s.Sum(e.Seq, k+1); got != 40 {
+		t.Errorf("the holders hold %d in window %d, want 40", got, k+1)
+	}
+	for _, pub := range s.Pubs {
+		if pub.B < e.Floor {
+			t.Errorf("publish %d ended at window %d, below the floor %d, is still there", pub.Seq, pub.B, e.Floor)
+		}
+	}
+}
+
+// TestAPublishToMoreHoldersThanATransactionHolds: a publish to 300
+// holders is 302 operations, more than etcd's 128 a transaction. Two
+// publishers deciding different quotas take turns writing its grants
+// ahead of it; none counts until one publish is written with all of its
+// own, and the ledger is never over.
+func TestAPublishToMoreHoldersThanATransactionHolds(t *testing.T) {
+	const win = time.Second
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := ledger.Keys("/test/ledger/")
+	now := time.Unix(0, ledger.StartOf(1000, win))
+	clock := func() time.Time { return now }
+	a, b := NewPublisher(cli, keys, clock), NewPublisher(srv.Client(t), keys, clock)
+	p := ledger.Policy{Limit: 1000, Window: win, Horizon: 4, Keep: 1}
+	k := ledger.WindowOf(now.UnixNano(), win)
+	rounds := 0
+	for i := 0; i < 40; i++ {
+		pb, q := a, int64(1)
+		if i < 6 && i%2 == 1 {
+			pb, q = b, 3 // another decision between a's rounds
+		}
+		ch, err := pb.Round(context.Background(), p, holders(300, q))
+		if err != nil {
+			t.Fatalf("round %d: %v: %v", i, ch.Why, err)
+		}
+		s := auditAt(t, cli, keys)
+		if e, ok := s.Head.Current(); ok && len(s.Pubs) == 0 && s.Sum(e.Seq, k) != 0 {
+			t.Fatalf("round %d: grants of no publish count %d", i, s.Sum(e.Seq, k))
+		}
+		if rounds = i + 1; i >= 6 && ch.Empty() {
+			break
+		}
+	}
+	t.Logf("%d rounds until nothing was left to write", rounds)
+	s := auditAt(t, cli, keys)
+	e, _ := s.Head.Current()
+	if got := s.Sum(e.Seq, k); got != 300 {
+		t.Errorf("the 300 holders hold %d in window %d, want 300", got, k)
+	}
+	for h := range holders(300, 1) {
+		if got := s.Allowance(h, e.Seq, k); got != 1 {
+			t.Fatalf("%s holds %d, want 1", h, got)
+		}
+	}
+	for key := range s.Grants {
+		if _, ok := s.Pubs[key.Pub]; !ok {
+			t.Errorf("grant of %s in publish %d, never written, is still there", key.Holder, key.Pub)
+		}
+	}
 }
