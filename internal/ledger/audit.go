@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -29,6 +30,7 @@ func Audit(s *State) []Violation {
 			vs = append(vs, auditSuccession(s, prev, e)...)
 		}
 	}
+	vs = append(vs, auditPubWindows(s)...)
 	var stray []Grant
 	for _, g := range s.Grants {
 		p, ok := s.Pubs[g.Pub]
@@ -43,6 +45,21 @@ func Audit(s *State) []Violation {
 	for _, g := range stray {
 		p := s.Pubs[g.Pub]
 		vs = append(vs, Violation{Era: p.Era, Window: p.A, Reason: fmt.Sprintf("grant of %s in publish %d of an era the head does not list", g.Holder, g.Pub)})
+	}
+	return vs
+}
+
+// auditPubWindows checks that every publish carries its era's window
+// length: Audit counts a publish's grants in its era's windows, and its
+// holders enforce them per the publish's, so the two must be one.
+func auditPubWindows(s *State) []Violation {
+	var vs []Violation
+	for _, seq := range slices.Sorted(maps.Keys(s.Pubs)) {
+		p := s.Pubs[seq]
+		if e, ok := s.Head.Era(p.Era); ok && p.Window != e.Window {
+			vs = append(vs, Violation{Era: p.Era, Window: p.A,
+				Reason: fmt.Sprintf("publish %d has windows of %v, its era's are %v: its holders would enforce its grants per %v", p.Seq, p.Window, e.Window, p.Window)})
+		}
 	}
 	return vs
 }

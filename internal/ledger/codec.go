@@ -195,6 +195,9 @@ func validate(v any) error {
 	case *Head:
 		return validate(*r)
 	case Head:
+		if r.Staged < 0 || r.Staged > r.Pubs {
+			return bad("head stages publish %d of %d used: want 0 or a number used", r.Staged, r.Pubs)
+		}
 		for i, e := range r.Eras {
 			if err := validWindow(e.Window); err != nil {
 				return err

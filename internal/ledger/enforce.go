@@ -28,7 +28,9 @@ type Holder struct {
 }
 
 // NewHolder returns the side of holder name, for the ledger under keys,
-// having read nothing.
+// having read nothing. name must name one incarnation of one process: a
+// restarted process's limiter has not counted what the last one admitted
+// under its grants, so it takes a name never used before.
 func NewHolder(keys Keys, name string) *Holder {
 	return &Holder{name: name, keys: keys, view: NewState(), unsent: map[Release]bool{}}
 }

@@ -16,7 +16,7 @@ func (c *fakeClock) Now() time.Time { return time.Unix(0, c.t) }
 // checks no key is written twice (etcd refuses such a transaction).
 func store(t *testing.T, k Keys, s *State, c Change, hs ...*Holder) {
 	t.Helper()
-	ops, err := k.Ops(s, c)
+	ops, err := k.Ops(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,5 +187,131 @@ func TestEnforceLetsTheLimiterPickThePieceByItsClock(t *testing.T) {
 				t.Errorf("a admitted %d in window 11, where the ledger gives it 30 (and b 70 of the limit of 100)", c.admitted)
 			}
 		})
+	}
+}
+
+// TestALongerWindowKeepsTheNewEraEnforced: after the window grows from
+// 1s to 2s, a holder releases its old era's grant (ToRelease), the
+// new era's start moves earlier and its room is topped up. The holder's
+// Schedule must give it what the ledger grants it in every window of the
+// new era; an old-era edge (its publish's b+1) that falls inside the new
+// era must not cut the new era's pieces.
+func TestALongerWindowKeepsTheNewEraEnforced(t *testing.T) {
+	s := NewState()
+	p1 := Policy{Limit: 100, Window: w, Horizon: 6, Keep: 2}
+	plan(t, s, p1, map[string]int64{"a": 50, "b": 50}, 10)
+	// The window becomes 2s: era 2 can only start after era 1's grants end.
+	p2 := Policy{Limit: 100, Window: 2 * w, Horizon: 6, Keep: 2}
+	plan(t, s, p2, map[string]int64{"a": 50, "b": 50}, 5) // 10s: window 5 of 2s
+	now := StartOf(10, w) + int64(w)/2
+	for _, h := range []string{"a", "b"} {
+		for _, r := range s.ToRelease(h, now, 0) {
+			s.Apply(r)
+		}
+	}
+	if vs := Audit(s); len(vs) > 0 {
+		t.Fatal(vs)
+	}
+	// The next round moves era 2's start to just after the releases and
+	// tops up the windows before its open publish.
+	plan(t, s, p2, map[string]int64{"a": 50, "b": 50}, 5)
+	e, _ := s.Head.Current()
+	t.Logf("era %d: start %d (%v windows), limits %v", e.Seq, e.Start, e.Window, e.Limits)
+	for _, p := range pubs(s) {
+		t.Logf("pub %+v", p)
+	}
+	pieces, end := s.Schedule("a", now)
+	t.Logf("schedule of a from %d: %+v end %d", now, pieces, end)
+	// In every 2s window of era 2 from its start until a's grants end,
+	// a's allowance by the ledger must equal what its schedule enforces.
+	at := func(tt int64) Piece {
+		var cur Piece
+		for _, p := range pieces {
+			if p.At <= tt {
+				cur = p
+			}
+		}
+		return cur
+	}
+	for _, p := range pieces {
+		if p.At >= StartOf(e.Start, e.Window) && p.At < end && (p.Window != e.Window || p.Quota != s.Allowance("a", e.Seq, WindowOf(p.At, e.Window))) {
+			t.Errorf("inside era %d, a's schedule enforces %d per %v from %v, the ledger grants it %d per %v", e.Seq, p.Quota, p.Window, time.Duration(p.At), s.Allowance("a", e.Seq, WindowOf(p.At, e.Window)), e.Window)
+		}
+	}
+	for k := e.Start; StartOf(k, e.Window) < end; k++ {
+		want := s.Allowance("a", e.Seq, k)
+		got := at(StartOf(k, e.Window))
+		if got.Quota != want || got.Window != e.Window {
+			t.Errorf("era %d window %d (%v): the ledger grants a %d, its schedule enforces %d per %v", e.Seq, k, time.Duration(StartOf(k, e.Window)), want, got.Quota, got.Window)
+		}
+	}
+}
+
+// TestAShorterWindowKeepsTheNewEraEnforced: as above, with the
+// window shrinking from 2s to 1s, and the holder's limiter enforcing its
+// schedule (Enforce) every quarter window: in every window of the new
+// era it should admit what the ledger grants it.
+func TestAShorterWindowKeepsTheNewEraEnforced(t *testing.T) {
+	const k Keys = "/l/"
+	s := NewState()
+	p1 := Policy{Limit: 100, Window: 2 * w, Horizon: 6, Keep: 2}
+	plan(t, s, p1, map[string]int64{"a": 50, "b": 50}, 5) // 10s
+	plan(t, s, p1, map[string]int64{"a": 40, "b": 60}, 6) // 12s: a second publish
+	for _, h := range []string{"a", "b"} {
+		for _, r := range s.ToRelease(h, StartOf(6, 2*w), 0) {
+			s.Apply(r)
+		}
+	}
+	p2 := Policy{Limit: 100, Window: w, Horizon: 6, Keep: 2}
+	plan(t, s, p2, map[string]int64{"a": 50, "b": 50}, 12) // 12s: era 2
+	now := StartOf(12, w) + int64(w)/2
+	for _, h := range []string{"a", "b"} {
+		for _, r := range s.ToRelease(h, now, 0) {
+			s.Apply(r)
+		}
+	}
+	plan(t, s, p2, map[string]int64{"a": 50, "b": 50}, 12)
+	e, _ := s.Head.Current()
+	for _, p := range pubs(s) {
+		t.Logf("pub %+v", p)
+	}
+	for key, r := range s.Releases {
+		t.Logf("release %v %v", key, r.Steps)
+	}
+	pieces, end := s.Schedule("a", now)
+	t.Logf("era %d start %d; schedule of a: %+v end %d", e.Seq, e.Start, pieces, end)
+
+	a := NewHolder(k, "a")
+	for _, rec := range records(s) {
+		b, err := Encode(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Observe(keyOf(k, rec), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk := &fakeClock{now}
+	lim, err := limiter.New(0, 2*w, limiter.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	got := map[int64]int64{}
+	for clk.t < end {
+		next, _ := a.Next(clk.t, 0) // no Commit: the releases are in the view already
+		if err := Enforce(lim, next, "a", clk.t, clk.t, w); err != nil {
+			t.Fatal(err)
+		}
+		got[WindowOf(clk.t, w)] += int64(admit(lim, 1000))
+		clk.t += int64(w) / 4
+	}
+	for kk := WindowOf(now, w) + 1; StartOf(kk, w) < end; kk++ {
+		if kk < e.Start {
+			continue
+		}
+		if want := s.Allowance("a", e.Seq, kk); got[kk] != want {
+			t.Errorf("window %d: a admitted %d, the ledger grants it %d", kk, got[kk], want)
+		}
 	}
 }

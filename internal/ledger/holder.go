@@ -3,6 +3,7 @@ package ledger
 import (
 	"cmp"
 	"maps"
+	"math"
 	"slices"
 	"time"
 )
@@ -28,26 +29,24 @@ func (s *State) Schedule(holder string, now int64) (pieces []Piece, end int64) {
 		k   int64
 	}
 	var cuts []cut
-	for _, era := range s.holderEras(holder) {
+	eras := s.holderEras(holder)
+	for i, era := range eras {
 		p := s.Pubs[era.pub]
 		ks := s.holderEdges(holder, era.seq)
-		for i, k := range ks {
+		until := s.laterStart(holder, eras[i+1:])
+		for j, k := range ks {
 			// The piece from k lasts until the next edge; the last edge
 			// starts the nothing after every grant.
-			if i+1 == len(ks) || StartOf(ks[i+1], p.Window) > now {
-				cuts = append(cuts, cut{StartOf(k, p.Window), era.seq, p.Window, k})
+			at := StartOf(k, p.Window)
+			if at < until && (j+1 == len(ks) || StartOf(ks[j+1], p.Window) > now) {
+				cuts = append(cuts, cut{at, era.seq, p.Window, k})
 			}
 		}
 	}
 	slices.SortFunc(cuts, func(a, b cut) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.era, b.era)) })
 	for _, c := range cuts {
 		q := s.Allowance(holder, c.era, c.k)
-		if n := len(pieces); n > 0 && pieces[n-1].At == c.at {
-			// Two eras meet here: the later era's windows start.
-			if q > 0 || pieces[n-1].Quota == 0 {
-				pieces[n-1] = Piece{c.at, c.w, q}
-			}
-		} else if n == 0 || pieces[n-1].Quota != q || pieces[n-1].Window != c.w {
+		if n := len(pieces); n == 0 || pieces[n-1].Quota != q || pieces[n-1].Window != c.w {
 			pieces = append(pieces, Piece{c.at, c.w, q})
 		}
 	}
@@ -67,6 +66,22 @@ func (s *State) Schedule(holder string, now int64) (pieces []Piece, end int64) {
 }
 
 type holderEra struct{ seq, pub int64 }
+
+// laterStart returns when holder's first grant in any of the later eras
+// begins (ns), the end of time with none. From then on the later eras
+// govern: the ledger ends every grant of an earlier era before a later
+// era starts, so what an earlier era's records say there, the end of a
+// publish or a release, is 0 and must not replace the later era's
+// pieces with a piece of its own window length.
+func (s *State) laterStart(holder string, later []holderEra) int64 {
+	until := int64(math.MaxInt64)
+	for _, era := range later {
+		if ks := s.holderEdges(holder, era.seq); len(ks) > 0 {
+			until = min(until, StartOf(ks[0], s.Pubs[era.pub].Window))
+		}
+	}
+	return until
+}
 
 // holderEras returns the eras holder has grants in, each with one of its
 // publishes.

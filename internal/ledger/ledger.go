@@ -69,6 +69,11 @@ type Head struct {
 	Seq  int64 `json:"seq"`
 	Pubs int64 `json:"pubs"` // the last publish number used: none is used twice
 	Eras []Era `json:"eras"` // by Seq; the last is current
+	// Staged is the publish whose grants are being written ahead of it,
+	// when they are more than one transaction holds (0: none). A grant
+	// counts only once its publish is written; only this number, of
+	// those not written, ever will be.
+	Staged int64 `json:"staged,omitempty"`
 }
 
 // Current returns the current era; ok is false when there is none.

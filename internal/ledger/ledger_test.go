@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -33,17 +35,19 @@ func apply(s *State, c Change) {
 	for _, g := range c.Grants {
 		s.Grants[GrantKey{g.Pub, g.Holder}] = g
 	}
-	for _, r := range c.Orphans {
-		delete(s.Releases, GrantKey{r.Pub, r.Holder})
-	}
-	for _, p := range c.Deletes {
-		delete(s.Pubs, p.Seq)
-		for k := range s.Grants {
-			if k.Pub == p.Seq {
-				delete(s.Grants, k)
-				delete(s.Releases, k)
-			}
+	for _, r := range c.DelReleases {
+		rs := s.Releases[GrantKey{r.Pub, r.Holder}]
+		rs.Steps = slices.DeleteFunc(slices.Clone(rs.Steps), func(st Step) bool { return st == Step{From: r.From, Limit: r.Limit} })
+		s.Releases[GrantKey{r.Pub, r.Holder}] = rs
+		if len(rs.Steps) == 0 {
+			delete(s.Releases, GrantKey{r.Pub, r.Holder})
 		}
+	}
+	for _, g := range c.DelGrants {
+		delete(s.Grants, GrantKey{g.Pub, g.Holder})
+	}
+	for _, p := range c.DelPubs {
+		delete(s.Pubs, p.Seq)
 	}
 }
 
@@ -221,5 +225,24 @@ func TestAReleaseWrittenLateOnlyLowers(t *testing.T) {
 	}
 	if got := s.Allowance("a", 1, 12); got != 7 {
 		t.Fatalf("a's cap after releases to 7 and then (late) to 8: %d, want 7", got)
+	}
+}
+
+// TestAuditFlagsAPublishWhoseWindowIsNotItsEras: Audit counts a
+// publish's grants in its era's windows, its holders enforce them per the
+// publish's; a publish of 100 ms windows in an era of 1 s would let its
+// holder admit ten times the limit in one aligned window.
+func TestAuditFlagsAPublishWhoseWindowIsNotItsEras(t *testing.T) {
+	s := NewState()
+	s.Head = Head{Seq: 1, Pubs: 1, Eras: []Era{{Seq: 1, Window: w, Start: 10, Floor: 10, Limits: []Step{{From: 10, Limit: 100}}}}}
+	s.Pubs[1] = Pub{Seq: 1, Era: 1, Window: w / 10, A: 100, B: 109}
+	s.Grants[GrantKey{1, "a"}] = Grant{Pub: 1, Holder: "a", Quota: 100, From: 100}
+	vs := Audit(s)
+	if len(vs) != 1 || !strings.Contains(vs[0].Reason, "publish 1 has windows of 100ms, its era's are 1s") {
+		t.Fatalf("a publish of 100ms windows in an era of 1s: audit says %v", vs)
+	}
+	s.Pubs[1] = Pub{Seq: 1, Era: 1, Window: w, A: 10, B: 10}
+	if vs := Audit(s); len(vs) != 0 {
+		t.Fatalf("the same publish with its era's window: audit says %v", vs)
 	}
 }

@@ -2,6 +2,10 @@ package ledger
 
 import "slices"
 
+// DefaultMaxOps is etcd's default limit on the operations of one
+// transaction (--max-txn-ops).
+const DefaultMaxOps = 128
+
 // Op is one write of a Change: a put of Value at Key, or a delete of Key
 // when Value is nil.
 type Op struct {
@@ -9,11 +13,11 @@ type Op struct {
 	Value []byte
 }
 
-// Ops returns the writes of c, decided from s, in the order a transaction
-// makes them: the head, the publishes and grants, then the deletes sorted
-// by key. Every driver writes a Change through it, so the simulation and
-// etcd store the same records.
-func (k Keys) Ops(s *State, c Change) ([]Op, error) {
+// Ops returns the writes of c in the order a transaction makes them: the
+// head, the publishes and grants, then the deletes sorted by key: c.Size()
+// of them, which Plan keeps within its policy's MaxOps. Every driver writes a Change through it, so the simulation and etcd store the
+// same records.
+func (k Keys) Ops(c Change) ([]Op, error) {
 	var ops []Op
 	put := func(key string, v any) error {
 		b, err := Encode(v)
@@ -34,23 +38,13 @@ func (k Keys) Ops(s *State, c Change) ([]Op, error) {
 		}
 	}
 	var gone []string
-	for _, p := range c.Deletes {
+	for _, p := range c.DelPubs {
 		gone = append(gone, k.Pub(p.Seq))
-		for gk := range s.Grants {
-			if gk.Pub == p.Seq {
-				gone = append(gone, k.Grant(gk.Holder, p.Seq))
-			}
-		}
-		for gk, rs := range s.Releases {
-			if gk.Pub != p.Seq {
-				continue
-			}
-			for _, st := range rs.Steps {
-				gone = append(gone, k.Release(Release{Pub: p.Seq, Holder: gk.Holder, From: st.From, Limit: st.Limit}))
-			}
-		}
 	}
-	for _, r := range c.Orphans {
+	for _, g := range c.DelGrants {
+		gone = append(gone, k.Grant(g.Holder, g.Pub))
+	}
+	for _, r := range c.DelReleases {
 		gone = append(gone, k.Release(r))
 	}
 	slices.Sort(gone)

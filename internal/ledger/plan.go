@@ -17,6 +17,10 @@ var ErrViolated = errors.New("ledger: the ledger read breaks its invariant")
 // MaxHorizon is the most windows Plan grants ahead, or keeps behind.
 const MaxHorizon = 1 << 20
 
+// MinOps is the fewest operations of one transaction Plan works with: a
+// head, a publish and one grant.
+const MinOps = 3
+
 // Policy is what configd asks of the ledger of one limit.
 type Policy struct {
 	Limit   int64         // permits per window
@@ -25,22 +29,31 @@ type Policy struct {
 	Lead    int64         // extend once fewer windows than this remain granted ahead (0: Horizon/2)
 	Keep    int64         // windows behind the current one kept before a publish may go (≥ 1)
 	Slack   int64         // a changed target within Slack of a holder's quota needs no new publish
+	MaxOps  int           // the most operations of one transaction: etcd's --max-txn-ops (0: DefaultMaxOps)
 }
+
+// maxOps returns the policy's MaxOps, its default for 0.
+func (p Policy) maxOps() int { return cmp.Or(p.MaxOps, DefaultMaxOps) }
 
 // Change is one Plan's writes: one transaction, conditioned on the
 // head's revision as read.
 type Change struct {
-	Head    Head      // the head to write: Seq is one more than read
-	Pubs    []Pub     // publishes new or extended
-	Grants  []Grant   // new grants
-	Deletes []Pub     // publishes ended below the floor: delete with their grants and releases
-	Orphans []Release // releases of publishes already gone: delete
-	Why     []string
+	Head        Head      // the head to write: Seq is one more than read
+	Pubs        []Pub     // publishes new or extended
+	Grants      []Grant   // new grants
+	DelPubs     []Pub     // publishes ended below the floor whose grants are gone or go here: delete
+	DelGrants   []Grant   // grants of such publishes, or of a publish never to be written: delete
+	DelReleases []Release // releases of grants that go here or are gone: delete
+	Why         []string
 }
 
 // Empty reports whether c writes nothing.
-func (c Change) Empty() bool {
-	return len(c.Pubs) == 0 && len(c.Grants) == 0 && len(c.Deletes) == 0 && len(c.Orphans) == 0 && len(c.Why) == 0
+func (c Change) Empty() bool { return c.Size() == 1 && len(c.Why) == 0 }
+
+// Size returns the number of operations c's transaction makes, the
+// head's write included.
+func (c Change) Size() int {
+	return 1 + len(c.Pubs) + len(c.Grants) + len(c.DelPubs) + len(c.DelGrants) + len(c.DelReleases)
 }
 
 // Plan decides what configd writes so that the holders in target (quota
@@ -56,13 +69,16 @@ func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error
 	if p.Limit < 0 || p.Horizon < 1 || p.Horizon > MaxHorizon || p.Keep < 0 || p.Keep > MaxHorizon {
 		return Change{}, fmt.Errorf("%w: policy with limit %d, horizon %d, keep %d: want a limit ≥ 0 and a horizon from 1 to %d windows", ErrInvalid, p.Limit, p.Horizon, p.Keep, MaxHorizon)
 	}
+	if p.MaxOps != 0 && p.MaxOps < MinOps {
+		return Change{}, fmt.Errorf("%w: policy with at most %d operations a transaction: want 0 (%d) or at least %d", ErrInvalid, p.MaxOps, DefaultMaxOps, MinOps)
+	}
 	if k := WindowOf(now, p.Window); !inRange(k+p.Horizon, p.Window) || !inRange(k-p.Keep-1, p.Window) {
 		return Change{}, fmt.Errorf("%w: time %d is out of the range of %v windows", ErrInvalid, now, p.Window)
 	}
 	if vs := Audit(s); len(vs) > 0 {
 		return Change{}, fmt.Errorf("%w: %v", ErrViolated, vs[0])
 	}
-	pl := &planner{t: s.Clone(), p: p, k: WindowOf(now, p.Window), target: positive(target)}
+	pl := &planner{t: s.Clone(), p: p, k: WindowOf(now, p.Window), target: positive(target), left: p.maxOps() - 1}
 	pl.era()
 	pl.limit()
 	pl.publish()
@@ -70,6 +86,9 @@ func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error
 	pl.collect()
 	if vs := Audit(pl.t); len(vs) > 0 {
 		return Change{}, fmt.Errorf("ledger: plan broke its own invariant: %v", vs[0]) // unreachable by construction
+	}
+	if n := pl.c.Size(); n > p.maxOps() {
+		return Change{}, fmt.Errorf("ledger: plan made %d operations, over its %d", n, p.maxOps()) // unreachable by construction
 	}
 	if pl.c.Empty() {
 		return pl.c, nil
@@ -85,6 +104,7 @@ type planner struct {
 	k      int64 // configd's current window
 	target map[string]int64
 	c      Change
+	left   int // operations the transaction still has room for
 }
 
 func positive(m map[string]int64) map[string]int64 {
@@ -237,7 +257,9 @@ func (pl *planner) holds(seq int64) map[string]int64 {
 }
 
 // publish extends the open publish while its grants are the target, or
-// starts a new one after it with the target's quotas.
+// starts a new one after it with the target's quotas: in this change when
+// the publish and its grants fit in it, else by writing the grants ahead
+// (stage) over as many changes as they take.
 func (pl *planner) publish() {
 	if len(pl.target) == 0 {
 		return
@@ -250,25 +272,91 @@ func (pl *planner) publish() {
 	if ok {
 		a = max(a, open.B+1)
 	}
-	np := Pub{Seq: pl.nextSeq(), Era: pl.cur().Seq, Window: pl.cur().Window, A: a, B: max(a, pl.k+pl.p.Horizon)}
-	pl.t.Pubs[np.Seq] = np
+	np := Pub{Seq: pl.staged(), Era: pl.cur().Seq, Window: pl.cur().Window, A: a, B: max(a, pl.k+pl.p.Horizon)}
+	var missing []Grant
 	for _, h := range slices.Sorted(maps.Keys(pl.target)) {
-		pl.t.Grants[GrantKey{np.Seq, h}] = Grant{Pub: np.Seq, Holder: h, Quota: pl.target[h], From: a}
-	}
-	if len(auditEra(pl.t, *pl.cur())) > 0 {
-		// A lowering ahead not yet in force: wait for it.
-		delete(pl.t.Pubs, np.Seq)
-		for h := range pl.target {
-			delete(pl.t.Grants, GrantKey{np.Seq, h})
+		if _, ok := pl.t.Grants[GrantKey{np.Seq, h}]; !ok {
+			missing = append(missing, Grant{Pub: np.Seq, Holder: h, Quota: pl.target[h], From: a})
 		}
+	}
+	if !pl.fits(np, missing) {
+		// A lowering ahead not yet in force: wait for it.
 		pl.c.Why = append(pl.c.Why, "no publish: the target does not fit yet")
 		return
 	}
-	pl.c.Pubs = append(pl.c.Pubs, np)
-	for _, h := range slices.Sorted(maps.Keys(pl.target)) {
-		pl.c.Grants = append(pl.c.Grants, pl.t.Grants[GrantKey{np.Seq, h}])
+	if 1+len(missing) > pl.left {
+		pl.stage(np.Seq, missing[:pl.left])
+		return
 	}
+	pl.t.Head.Staged = 0
+	pl.t.Pubs[np.Seq] = np
+	pl.c.Pubs = append(pl.c.Pubs, np)
+	pl.left--
+	pl.grant(missing)
 	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: %d holders from window %d", np.Seq, len(pl.target), a))
+}
+
+// staged returns the number of the next publish: the one staged, when
+// every grant written ahead for it is a grant of the target as it is;
+// else a new one. A grant written ahead is never changed, so what a
+// holder has read of it is what counts once its publish is written.
+func (pl *planner) staged() int64 {
+	seq := pl.t.Head.Staged
+	if _, live := pl.t.Pubs[seq]; seq != 0 && (live || !pl.allWanted(seq)) {
+		// Never to be written: its grants go as orphans.
+		pl.t.Head.Staged, seq = 0, 0
+	}
+	if seq == 0 {
+		seq = pl.nextSeq()
+	}
+	for !pl.allWanted(seq) {
+		seq = pl.nextSeq() // grants no change of Plan wrote: not trusted
+	}
+	return seq
+}
+
+// allWanted reports whether every grant of publish seq read is one of
+// the target, with the target's quota.
+func (pl *planner) allWanted(seq int64) bool {
+	for key, g := range pl.t.Grants {
+		if q, ok := pl.target[key.Holder]; key.Pub == seq && (!ok || g.Quota != q) {
+			return false
+		}
+	}
+	return true
+}
+
+// fits reports whether the grants of publish np, those written ahead and
+// missing, fit within the limits once np is written.
+func (pl *planner) fits(np Pub, missing []Grant) bool {
+	pl.t.Pubs[np.Seq] = np
+	for _, g := range missing {
+		pl.t.Grants[GrantKey{g.Pub, g.Holder}] = g
+	}
+	ok := len(auditEra(pl.t, *pl.cur())) == 0
+	delete(pl.t.Pubs, np.Seq)
+	for _, g := range missing {
+		delete(pl.t.Grants, GrantKey{g.Pub, g.Holder})
+	}
+	return ok
+}
+
+// stage writes part of publish seq's grants ahead of it. They count for
+// nothing until the publish is written, by the change that finds every
+// other grant of it written too.
+func (pl *planner) stage(seq int64, part []Grant) {
+	pl.t.Head.Staged = seq
+	pl.grant(part)
+	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: %d holders' grants written ahead of it", seq, len(part)))
+}
+
+// grant adds gs to the ledger and to the change.
+func (pl *planner) grant(gs []Grant) {
+	for _, g := range gs {
+		pl.t.Grants[GrantKey{g.Pub, g.Holder}] = g
+	}
+	pl.c.Grants = append(pl.c.Grants, gs...)
+	pl.left -= len(gs)
 }
 
 // matches reports whether quotas are the target's, within the slack.
@@ -318,6 +406,7 @@ func (pl *planner) extend(open Pub) bool {
 		return false
 	}
 	pl.c.Pubs = append(pl.c.Pubs, open)
+	pl.left--
 	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d extended to window %d", open.Seq, lo))
 	return true
 }
@@ -380,18 +469,26 @@ func (pl *planner) lack(k int64) map[string]int64 {
 	return fill(need, e.Limit(k)-pl.t.Sum(e.Seq, k))
 }
 
-// topUpPiece writes a top-up publish of give over windows a..b.
+// topUpPiece writes a top-up publish of give over windows a..b, to as
+// many holders as the change has room for: the next round tops up the
+// others from what is left.
 func (pl *planner) topUpPiece(a, b int64, give map[string]int64) {
+	if pl.left < 2 {
+		return
+	}
 	e := pl.cur()
 	tp := Pub{Seq: pl.nextSeq(), Era: e.Seq, Window: e.Window, A: a, B: b, TopUp: true}
 	pl.t.Pubs[tp.Seq] = tp
 	pl.c.Pubs = append(pl.c.Pubs, tp)
-	for _, h := range slices.Sorted(maps.Keys(give)) {
-		g := Grant{Pub: tp.Seq, Holder: h, Quota: give[h], From: a}
-		pl.t.Grants[GrantKey{tp.Seq, h}] = g
-		pl.c.Grants = append(pl.c.Grants, g)
+	pl.left--
+	hs := slices.Sorted(maps.Keys(give))
+	hs = hs[:min(len(hs), pl.left)]
+	gs := make([]Grant, 0, len(hs))
+	for _, h := range hs {
+		gs = append(gs, Grant{Pub: tp.Seq, Holder: h, Quota: give[h], From: a})
 	}
-	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: %d holders topped up in windows %d..%d", tp.Seq, len(give), a, b))
+	pl.grant(gs)
+	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: %d holders topped up in windows %d..%d", tp.Seq, len(gs), a, b))
 }
 
 // fill divides room among needs max-min fairly, in holder order for the
@@ -421,22 +518,18 @@ func fill(need map[string]int64, room int64) map[string]int64 {
 	return give
 }
 
-// collect raises the floor to Keep windows behind the current one when a
-// publish has ended below it, and deletes every such publish.
+// collect deletes, as far as the change has room, the releases and
+// grants of publishes gone or never to be written, and the publishes
+// ended below the floor, which it raises to Keep windows behind the
+// current one. What does not fit waits for a later change: the floor
+// already says that nothing is granted below it, so a record of a window
+// below it may go at any time, or later, without changing any room.
 func (pl *planner) collect() {
-	if orphans := pl.orphans(); len(orphans) > 0 {
-		pl.c.Orphans = orphans
-		for _, r := range orphans {
-			delete(pl.t.Releases, GrantKey{r.Pub, r.Holder})
-		}
-		pl.c.Why = append(pl.c.Why, fmt.Sprintf("%d releases of publishes gone go", len(orphans)))
-	}
-	keep := max(pl.p.Keep, 1)
+	rels, grants := pl.orphans()
+	pl.dropReleases(rels)
+	pl.dropGrants(grants)
 	e := pl.cur()
-	floor := pl.k - keep
-	if floor <= e.Floor {
-		return
-	}
+	floor := max(e.Floor, pl.k-max(pl.p.Keep, 1))
 	floorAt := StartOf(floor, e.Window)
 	var gone []Pub
 	for _, p := range pl.t.Pubs {
@@ -447,18 +540,51 @@ func (pl *planner) collect() {
 	if len(gone) == 0 {
 		return
 	}
-	e.Floor = floor
-	slices.SortFunc(gone, func(a, b Pub) int { return int(a.Seq - b.Seq) })
+	if floor > e.Floor {
+		e.Floor = floor
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("floor at window %d", floor))
+	}
+	slices.SortFunc(gone, func(a, b Pub) int { return cmp.Compare(a.Seq, b.Seq) })
 	for _, p := range gone {
-		delete(pl.t.Pubs, p.Seq)
-		for key := range pl.t.Grants {
-			if key.Pub == p.Seq {
-				delete(pl.t.Grants, key)
-				delete(pl.t.Releases, key)
-			}
+		if !pl.dropPub(p) {
+			break
 		}
 	}
-	pl.c.Deletes = gone
+	pl.dropEras()
+}
+
+// dropPub deletes p's grants, each with its releases, then p, as far as
+// the change has room; it reports whether p went.
+func (pl *planner) dropPub(p Pub) bool {
+	var gs []Grant
+	for _, g := range pl.t.sortedGrants() {
+		if g.Pub == p.Seq {
+			gs = append(gs, g)
+		}
+	}
+	for _, g := range gs {
+		rels := pl.releasesOf(GrantKey{g.Pub, g.Holder})
+		if 1+len(rels) > pl.left {
+			return false
+		}
+		// A grant goes with its releases: a release left without its
+		// grant caps nothing, a grant left without its release would
+		// count again what it released.
+		pl.dropGrants([]Grant{g})
+		pl.dropReleases(rels)
+	}
+	if pl.left < 1 {
+		return false
+	}
+	delete(pl.t.Pubs, p.Seq)
+	pl.c.DelPubs = append(pl.c.DelPubs, p)
+	pl.left--
+	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d ended below the floor goes", p.Seq))
+	return true
+}
+
+// dropEras forgets the eras before the current one with no publish left.
+func (pl *planner) dropEras() {
 	var eras []Era
 	for i, era := range pl.t.Head.Eras {
 		if i == len(pl.t.Head.Eras)-1 || pl.hasPubs(era.Seq) {
@@ -466,25 +592,76 @@ func (pl *planner) collect() {
 		}
 	}
 	pl.t.Head.Eras = eras
-	pl.c.Why = append(pl.c.Why, fmt.Sprintf("floor at window %d: %d ended publishes go", floor, len(gone)))
 }
 
-// orphans returns the releases of publishes that are gone: a release
-// written after its publish went, or whose answer came late.
-func (pl *planner) orphans() []Release {
+// releasesOf returns the releases of the grant key, in order.
+func (pl *planner) releasesOf(key GrantKey) []Release {
 	var out []Release
-	for key, rs := range pl.t.Releases {
-		if _, ok := pl.t.Pubs[key.Pub]; ok || key.Pub > pl.t.Head.Pubs {
-			continue
-		}
-		for _, st := range rs.Steps {
-			out = append(out, Release{Pub: key.Pub, Holder: key.Holder, From: st.From, Limit: st.Limit})
+	for _, st := range pl.t.Releases[key].Steps {
+		out = append(out, Release{Pub: key.Pub, Holder: key.Holder, From: st.From, Limit: st.Limit})
+	}
+	slices.SortFunc(out, func(a, b Release) int { return cmp.Or(cmp.Compare(a.From, b.From), cmp.Compare(a.Limit, b.Limit)) })
+	return out
+}
+
+// dropReleases deletes as many of rels, in order, as the change has
+// room for.
+func (pl *planner) dropReleases(rels []Release) {
+	rels = rels[:min(len(rels), pl.left)]
+	for _, r := range rels {
+		key := GrantKey{r.Pub, r.Holder}
+		rs := pl.t.Releases[key]
+		rs.Steps = slices.DeleteFunc(slices.Clone(rs.Steps), func(st Step) bool { return st == Step{From: r.From, Limit: r.Limit} })
+		if len(rs.Steps) == 0 {
+			delete(pl.t.Releases, key)
+		} else {
+			pl.t.Releases[key] = rs
 		}
 	}
-	slices.SortFunc(out, func(a, b Release) int {
+	pl.c.DelReleases = append(pl.c.DelReleases, rels...)
+	pl.left -= len(rels)
+	if len(rels) > 0 {
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("%d releases go", len(rels)))
+	}
+}
+
+// dropGrants deletes as many of gs, in order, as the change has room for.
+func (pl *planner) dropGrants(gs []Grant) {
+	gs = gs[:min(len(gs), pl.left)]
+	for _, g := range gs {
+		delete(pl.t.Grants, GrantKey{g.Pub, g.Holder})
+	}
+	pl.c.DelGrants = append(pl.c.DelGrants, gs...)
+	pl.left -= len(gs)
+	if len(gs) > 0 {
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("%d grants go", len(gs)))
+	}
+}
+
+// orphans returns the releases of publishes gone, written after their
+// publish went or answered late, and the grants of publishes never to be
+// written: numbers used, not written, and not staged.
+func (pl *planner) orphans() ([]Release, []Grant) {
+	var rels []Release
+	var grants []Grant
+	gone := func(seq int64) bool {
+		_, ok := pl.t.Pubs[seq]
+		return !ok && seq <= pl.t.Head.Pubs && seq != pl.t.Head.Staged
+	}
+	for key := range pl.t.Releases {
+		if gone(key.Pub) {
+			rels = append(rels, pl.releasesOf(key)...)
+		}
+	}
+	for _, g := range pl.t.sortedGrants() {
+		if gone(g.Pub) {
+			grants = append(grants, g)
+		}
+	}
+	slices.SortFunc(rels, func(a, b Release) int {
 		return cmp.Or(cmp.Compare(a.Pub, b.Pub), strings.Compare(a.Holder, b.Holder), cmp.Compare(a.From, b.From), cmp.Compare(a.Limit, b.Limit))
 	})
-	return out
+	return rels, grants
 }
 
 func (pl *planner) hasPubs(era int64) bool {

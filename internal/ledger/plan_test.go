@@ -3,6 +3,7 @@ package ledger
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -150,5 +151,46 @@ func TestALateReleaseOfAPublishGoneCapsNothing(t *testing.T) {
 	}
 	if _, left := s.Releases[GrantKey{used, "a"}]; left {
 		t.Errorf("the release of publish %d, gone, is still in the ledger", used)
+	}
+}
+
+// TestAPublishLargerThanATransactionIsWrittenAhead: with five operations
+// a transaction, a publish to ten holders writes their grants ahead of it
+// over several changes; none counts before the publish is written, a
+// changed target starts the grants over under a new number, the one
+// abandoned never counts, and its grants go.
+func TestAPublishLargerThanATransactionIsWrittenAhead(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 2, MaxOps: 5}
+	target := func(q int64) map[string]int64 {
+		m := map[string]int64{}
+		for i := range 10 {
+			m[fmt.Sprintf("h%d", i)] = q
+		}
+		return m
+	}
+	for i := range 12 {
+		q := int64(10)
+		if i < 2 {
+			q = 5 // the target moves after two changes
+		}
+		c := plan(t, s, p, target(q), 10)
+		if c.Size() > p.MaxOps {
+			t.Fatalf("change %d: %d operations: %v", i, c.Size(), c.Why)
+		}
+		if len(s.Pubs) == 0 && s.Sum(1, 10) != 0 {
+			t.Fatalf("change %d: grants of no publish count %d", i, s.Sum(1, 10))
+		}
+	}
+	if got := s.Sum(1, 10); got != 100 {
+		t.Errorf("the ten holders hold %d in window 10, want 100", got)
+	}
+	for key := range s.Grants {
+		if _, ok := s.Pubs[key.Pub]; !ok {
+			t.Errorf("grant of %s in publish %d, never written, is still there", key.Holder, key.Pub)
+		}
+	}
+	if _, err := Plan(s, Policy{Limit: 100, Window: w, Horizon: 4, MaxOps: MinOps - 1}, target(10), StartOf(10, w)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a policy of %d operations a transaction: %v, want ErrInvalid", MinOps-1, err)
 	}
 }

@@ -1,6 +1,7 @@
 package world
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -8,10 +9,13 @@ import (
 
 // etcd is a model of one etcd cluster as its clients see it: one
 // revision counter, keys with create and mod revisions, leases, and
-// transactions that compare mod revisions. It never fails by itself: the
-// world decides what a client hears (an answer lost, a write refused) and
-// when each watcher's events arrive.
+// transactions that compare mod revisions. It fails by itself only as
+// etcd does a transaction of more than maxOps operations (--max-txn-ops):
+// it refuses it. The world decides what else a client hears (an answer
+// lost, a write refused) and when each watcher's events arrive.
 type etcd struct {
+	maxOps  int
+	refused []string // the transactions refused for their size: their first key and size
 	rev     int64
 	kvs     map[string]kv
 	leases  map[int64]int64 // lease → expiry (true ns)
@@ -53,13 +57,23 @@ type watch struct {
 	closed  bool
 }
 
-func newEtcd() *etcd {
-	return &etcd{rev: 1, kvs: map[string]kv{}, leases: map[int64]int64{}}
+func newEtcd(maxOps int) *etcd {
+	return &etcd{maxOps: maxOps, rev: 1, kvs: map[string]kv{}, leases: map[int64]int64{}}
 }
 
 // txn applies ops if every cond holds, and returns whether it did and the
-// revision after it.
+// revision after it. A transaction of more than maxOps operations is
+// refused whatever its conditions.
 func (e *etcd) txn(cmps []cond, ops []op) (bool, int64) {
+	if len(ops) > e.maxOps || len(cmps) > e.maxOps {
+		e.refused = append(e.refused, fmt.Sprintf("%s and %d more", ops[0].key, len(ops)-1))
+		return false, e.rev
+	}
+	return e.commit(cmps, ops)
+}
+
+// commit applies ops if every cond holds.
+func (e *etcd) commit(cmps []cond, ops []op) (bool, int64) {
 	for _, c := range cmps {
 		if e.kvs[c.key].mod != c.mod {
 			return false, e.rev
@@ -152,7 +166,7 @@ func (e *etcd) revoke(lease int64) {
 			ops = append(ops, op{key: k})
 		}
 	}
-	e.txn(nil, ops)
+	e.commit(nil, ops) // etcd's own: not a client's transaction
 }
 
 // expire ends every lease whose expiry is at or before now.

@@ -212,7 +212,8 @@ func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 	m.send()
 }
 
-// send writes the releases not yet known stored: each its own record.
+// send writes the releases not yet known stored: each its own record, as
+// many as one transaction holds; the next sync sends the rest.
 func (m *member) send() {
 	w := m.w
 	if m.sending || w.now < m.cut {
@@ -226,6 +227,8 @@ func (m *member) send() {
 	if len(sent) == 0 {
 		return
 	}
+	n := min(len(sent), w.cfg.MaxOps)
+	sent, lops = sent[:n], lops[:n]
 	ops := make([]op, 0, len(lops))
 	for _, o := range lops {
 		ops = append(ops, op{key: o.Key, value: o.Value})

@@ -39,7 +39,7 @@ func (r *replica) tick() {
 		return
 	}
 	st, headMod := w.read()
-	p := ledger.Policy{Limit: w.limit, Window: w.window, Horizon: w.horizon(), Keep: 3, Slack: w.limit / 50}
+	p := ledger.Policy{Limit: w.limit, Window: w.window, Horizon: w.horizon(), Keep: 3, Slack: w.limit / 50, MaxOps: w.cfg.MaxOps}
 	ch, err := ledger.Plan(st, p, r.target(), r.clock())
 	if err != nil {
 		w.fail("replica %d: %v", r.id, err)
@@ -48,12 +48,12 @@ func (r *replica) tick() {
 	if ch.Empty() {
 		return
 	}
-	ops, err := r.ops(st, ch)
+	ops, err := r.ops(ch)
 	if err != nil {
 		w.fail("replica %d: %v", r.id, err)
 		return
 	}
-	w.tracef("replica %d writes on head %d: %s", r.id, headMod, strings.Join(ch.Why, "; "))
+	w.tracef("replica %d writes %d ops on head %d: %s", r.id, len(ops), headMod, strings.Join(ch.Why, "; "))
 	r.busy = w.now
 	// Sometimes the process stops between its read and its write.
 	var pause int64
@@ -97,8 +97,8 @@ func (r *replica) target() map[string]int64 {
 }
 
 // ops turns a change into etcd operations.
-func (r *replica) ops(st *ledger.State, ch ledger.Change) ([]op, error) {
-	lops, err := r.w.keys.Ops(st, ch)
+func (r *replica) ops(ch ledger.Change) ([]op, error) {
+	lops, err := r.w.keys.Ops(ch)
 	if err != nil {
 		return nil, err
 	}

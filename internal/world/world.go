@@ -63,6 +63,10 @@ type Config struct {
 	ApplyLag time.Duration
 	// FixedWindow: the window length never changes.
 	FixedWindow bool
+	// MaxOps is etcd's limit on the operations of one transaction
+	// (--max-txn-ops, default ledger.DefaultMaxOps); configd plans within
+	// it and members write their releases in transactions within it.
+	MaxOps int
 }
 
 func (c *Config) defaults() {
@@ -74,6 +78,7 @@ func (c *Config) defaults() {
 	c.Faults = cmp.Or(c.Faults, 20*time.Second)
 
 	c.SkewBound = cmp.Or(c.SkewBound, 20*time.Millisecond)
+	c.MaxOps = cmp.Or(c.MaxOps, ledger.DefaultMaxOps)
 }
 
 // Result is what a history showed.
@@ -120,7 +125,7 @@ type World struct {
 func Run(cfg Config) Result {
 	cfg.defaults()
 	w := &World{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		now: epoch, etcd: newEtcd(), keys: "L/", limit: cfg.Limit, window: cfg.Window,
+		now: epoch, etcd: newEtcd(cfg.MaxOps), keys: "L/", limit: cfg.Limit, window: cfg.Window,
 		admitted: map[time.Duration]map[int64]int64{}, eras: map[int64][]ledger.Era{}}
 	w.res.Seed = cfg.Seed
 	w.ledger = ledger.NewState()
@@ -151,6 +156,9 @@ func Run(cfg Config) Result {
 		e.fn()
 	}
 	w.checkWindows()
+	if n := len(w.etcd.refused); n > 0 {
+		w.fail("etcd refused %d transactions of more than %d operations, the first: %s", n, cfg.MaxOps, w.etcd.refused[0])
+	}
 	return w.res
 }
 

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/ledger"
 )
 
 var (
@@ -21,6 +23,7 @@ var (
 	repFlag     = flag.Int("world.replicas", 0, "configd replicas (0: Config's default)")
 	faultsFlag  = flag.Duration("world.faults", 0, "how long faults are drawn (0: Config's default)")
 	fixedFlag   = flag.Bool("world.fixed", false, "never change the window length")
+	maxOpsFlag  = flag.Int("world.maxops", 0, "etcd's --max-txn-ops (0: 3 to 10 in every third history, else 128)")
 )
 
 // TestHistories plays random histories of the real ledger code under every
@@ -42,9 +45,13 @@ func TestHistories(t *testing.T) {
 		seed := first + uint64(i)
 		cfg := Config{Seed: seed, Loss: *lossFlag, Refuse: *refuseFlag, Members: *memFlag,
 			SkewBound: *skewFlag, Horizon: *horizonFlag, ConfigdOff: *offFlag, ApplyLag: *lagFlag,
-			Replicas: *repFlag, Faults: *faultsFlag, FixedWindow: *fixedFlag}
+			Replicas: *repFlag, Faults: *faultsFlag, FixedWindow: *fixedFlag, MaxOps: *maxOpsFlag}
 		if cfg.ApplyLag == 0 && seed%4 == 3 {
 			cfg.ApplyLag = 400 * time.Millisecond
+		}
+		if cfg.MaxOps == 0 && seed%3 == 2 {
+			// Publishes to more holders than a transaction holds.
+			cfg.MaxOps = ledger.MinOps + int(seed/3%8)
 		}
 		if testing.Verbose() && n == 1 {
 			cfg.Trace = func(s string) { t.Log(s) }

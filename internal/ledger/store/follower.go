@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -29,13 +32,46 @@ type Follower struct {
 	lim  Limiter
 	idle time.Duration
 	log  *slog.Logger
+	// maxOps is the most operations of one transaction it writes.
+	maxOps int
 }
 
-// NewFollower returns the follower of holder's grants in the ledger under
-// keys, enforcing on lim. idle is the window length lim keeps with
-// nothing granted.
-func NewFollower(cli *clientv3.Client, keys ledger.Keys, holder string, lim Limiter, idle time.Duration, log *slog.Logger) *Follower {
-	return &Follower{cli: cli, keys: keys, hold: ledger.NewHolder(keys, holder), lim: lim, idle: idle, log: log}
+// FollowerOption configures a Follower.
+type FollowerOption func(*Follower)
+
+// WithMaxOps makes the follower write its releases in transactions of at
+// most n operations: etcd's --max-txn-ops (default ledger.DefaultMaxOps).
+func WithMaxOps(n int) FollowerOption { return func(f *Follower) { f.maxOps = n } }
+
+// ErrName is returned by NewFollower for a name no holder can carry.
+var ErrName = errors.New("store: invalid holder name")
+
+// NewFollower returns the follower of one incarnation of the process
+// named name in the ledger under keys, enforcing on lim. idle is the
+// window length lim keeps with nothing granted.
+//
+// Its holder name (Holder().Name()) is name, a dot and an incarnation id
+// drawn from crypto/rand, which a restart never reuses: a new process's
+// limiter has not counted what the last one admitted under its grants, so
+// it must not inherit them, and starts with none. The process reports its
+// demand to configd under that holder name.
+func NewFollower(cli *clientv3.Client, keys ledger.Keys, name string, lim Limiter, idle time.Duration, log *slog.Logger, opts ...FollowerOption) (*Follower, error) {
+	if name == "" || strings.Contains(name, "/") {
+		return nil, fmt.Errorf("%w: %q: want a non-empty name without '/'", ErrName, name)
+	}
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("store: drawing an incarnation id for %q: %w", name, err)
+	}
+	holder := name + "." + hex.EncodeToString(id[:])
+	f := &Follower{cli: cli, keys: keys, hold: ledger.NewHolder(keys, holder), lim: lim, idle: idle, log: log, maxOps: ledger.DefaultMaxOps}
+	for _, o := range opts {
+		o(f)
+	}
+	if f.maxOps < 1 {
+		return nil, fmt.Errorf("%w: at most %d operations a transaction: want at least 1", ledger.ErrInvalid, f.maxOps)
+	}
+	return f, nil
 }
 
 // Holder returns the follower's holder: what it has read and released.
@@ -156,14 +192,20 @@ func (f *Follower) sync(ctx context.Context) {
 	}
 	f.hold.Commit(next, rels, f.lim.Now().UnixNano())
 	sent, ops, err := f.hold.Unsent()
-	if err != nil || len(sent) == 0 {
+	if err != nil {
 		return
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*f.tick())
 	defer cancel()
-	if err := Put(wctx, f.cli, ops); err != nil {
-		f.log.Warn("ledger: releases not written yet", "holder", f.hold.Name(), "err", err)
-		return
+	// Each release is its own record that only lowers: any of them may be
+	// stored before the others.
+	for len(sent) > 0 {
+		n := min(len(sent), f.maxOps)
+		if err := Put(wctx, f.cli, ops[:n]); err != nil {
+			f.log.Warn("ledger: releases not written yet", "holder", f.hold.Name(), "err", err)
+			return
+		}
+		f.hold.Stored(sent[:n])
+		sent, ops = sent[n:], ops[n:]
 	}
-	f.hold.Stored(sent)
 }

@@ -29,7 +29,10 @@ func NewPublisher(kv clientv3.KV, keys ledger.Keys, now func() time.Time) *Publi
 }
 
 // Round makes one decision: it gives the holders in target their quotas
-// within the room the ledger leaves, under p, and writes the change. It
+// within the room the ledger leaves, under p, and writes the change, in
+// one transaction of at most p.MaxOps operations (etcd's --max-txn-ops):
+// a publish to more holders than that, or more to collect, takes several
+// rounds. It
 // returns the change written (empty when nothing was to be written),
 // ErrMoved when another writer wrote first, and an error wrapping the
 // cause when the outcome is not known. extra conditions (a fence) join
@@ -47,7 +50,7 @@ func (pb *Publisher) Round(ctx context.Context, p ledger.Policy, target map[stri
 	if err != nil || ch.Empty() {
 		return ledger.Change{}, err
 	}
-	ops, err := pb.keys.Ops(s, ch)
+	ops, err := pb.keys.Ops(ch)
 	if err != nil {
 		return ledger.Change{}, err
 	}

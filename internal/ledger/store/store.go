@@ -5,6 +5,10 @@
 // Follower, a member's. The decisions are ledger's own: this package only
 // moves records, so the simulation (internal/world), which runs the same
 // decisions, checks what runs here.
+//
+// A holder name names one incarnation of a process: a Follower draws a
+// new incarnation id for it, so a process that restarts never enforces
+// grants its last incarnation may already have used up.
 package store
 
 import (

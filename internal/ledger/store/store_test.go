@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -84,6 +85,7 @@ func TestLedgerOverEtcdHoldsTheLimit(t *testing.T) {
 
 	names := []string{"a", "b", "c", "d"}
 	proxies := make([]*netcut.Proxy, len(names))
+	holders := map[string]string{} // name → its follower's holder name
 	ta := &tally{n: map[int64]int64{}}
 	var admitted atomic.Int64
 	for i, name := range names {
@@ -100,7 +102,11 @@ func TestLedgerOverEtcdHoldsTheLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { lim.Close() })
-		f := NewFollower(cli, keys, name, lim, win, log)
+		f, err := NewFollower(cli, keys, name, lim, win, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holders[name] = f.Holder().Name()
 		wg.Go(func() { f.Run(ctx) })
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -123,7 +129,7 @@ func TestLedgerOverEtcdHoldsTheLimit(t *testing.T) {
 			for ctx.Err() == nil {
 				i := int(at.Load())
 				p := ledger.Policy{Limit: phases[i].limit, Window: win, Horizon: 10, Keep: 3, Slack: 2}
-				ch, err := pb.Round(ctx, p, stale(i, r))
+				ch, err := pb.Round(ctx, p, rename(stale(i, r), holders))
 				switch {
 				case errors.Is(err, ErrMoved):
 					moved.Add(1)
@@ -220,6 +226,15 @@ func stale(i, r int) map[string]int64 {
 	return phases[i-1].target
 }
 
+// rename returns target with each name replaced by its holder name.
+func rename(target map[string]int64, holders map[string]string) map[string]int64 {
+	out := make(map[string]int64, len(target))
+	for name, q := range target {
+		out[holders[name]] = q
+	}
+	return out
+}
+
 // limitAt returns the limit the ledger's head puts in force for window k
 // (the largest limit of the run where no era covers k).
 func limitAt(s *ledger.State, k int64, w time.Duration) int64 {
@@ -229,4 +244,208 @@ func limitAt(s *ledger.State, k int64, w time.Duration) int64 {
 		}
 	}
 	return 100
+}
+
+// fixedClock is a clock that stands still unless moved.
+type fixedClock struct{ t atomic.Int64 }
+
+func (c *fixedClock) Now() time.Time { return time.Unix(0, c.t.Load()) }
+
+// signalLim tells when an Enforce has finished (it makes one SetSchedule).
+type signalLim struct {
+	*limiter.Limiter
+	done chan struct{}
+}
+
+func (l *signalLim) SetSchedule(steps []limiter.Step, expiry time.Time) error {
+	err := l.Limiter.SetSchedule(steps, expiry)
+	select {
+	case l.done <- struct{}{}:
+	default:
+	}
+	return err
+}
+
+// TestARestartedProcessDoesNotInheritItsGrants: a member process uses up
+// its grant of 60 in a window, dies and starts again within the window
+// under the same name. Its new limiter has admitted nothing; were the
+// grant still its own, the window would admit 120 of a limit of 100.
+func TestARestartedProcessDoesNotInheritItsGrants(t *testing.T) {
+	const win = time.Second
+	srv := etcdtest.Start(t)
+	keys := ledger.Keys("/test/ledger/")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	clk := &fixedClock{}
+	clk.t.Store(ledger.StartOf(1000, win) + int64(win)/2)
+	pb := NewPublisher(srv.Client(t), keys, clk.Now)
+	p := ledger.Policy{Limit: 100, Window: win, Horizon: 4, Keep: 1}
+	var got []int
+	var names []string
+	for inc := range 2 {
+		lim, err := limiter.New(0, win, limiter.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sl := &signalLim{Limiter: lim, done: make(chan struct{}, 1)}
+		f, err := NewFollower(srv.Client(t), keys, "a", sl, win, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, f.Holder().Name())
+		if inc == 0 {
+			if _, err := pb.Round(context.Background(), p, map[string]int64{f.Holder().Name(): 60, "b": 40}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ended := make(chan struct{})
+		go func() { f.Run(ctx); close(ended) }()
+		<-sl.done // the first Enforce after the first read
+		got = append(got, admit(lim, 1000))
+		cancel() // the process dies
+		<-ended
+		lim.Close()
+	}
+	if names[0] == names[1] {
+		t.Errorf("both incarnations of a are holder %s", names[0])
+	}
+	if got[0] != 60 || got[1] != 0 {
+		t.Errorf("a admitted %v in one window as incarnations %v under a grant of 60 to the first (b holds the other 40 of 100), want [60 0]", got, names)
+	}
+}
+
+// TestAFollowerNeedsAName: a holder name is a key's segment.
+func TestAFollowerNeedsAName(t *testing.T) {
+	for _, name := range []string{"", "a/b"} {
+		if _, err := NewFollower(nil, "/l/", name, nil, time.Second, nil); !errors.Is(err, ErrName) {
+			t.Errorf("NewFollower(%q): %v, want ErrName", name, err)
+		}
+	}
+}
+
+func admit(lim *limiter.Limiter, most int) int {
+	n := 0
+	for n < most && lim.TryAcquire() {
+		n++
+	}
+	return n
+}
+
+// holders returns a target of n holders with quota q each.
+func holders(n int, q int64) map[string]int64 {
+	m := map[string]int64{}
+	for i := range n {
+		m[fmt.Sprintf("h%03d", i)] = q
+	}
+	return m
+}
+
+// auditAt reads the ledger and fails t when it breaks its invariant.
+func auditAt(t *testing.T, kv clientv3.KV, keys ledger.Keys) *ledger.State {
+	t.Helper()
+	s, _, _, bad, err := Read(context.Background(), kv, keys)
+	if err != nil || len(bad) > 0 {
+		t.Fatalf("reading the ledger: %v %v", err, bad)
+	}
+	if vs := ledger.Audit(s); len(vs) > 0 {
+		t.Fatalf("the ledger is over: %v", vs)
+	}
+	return s
+}
+
+// TestACollectOfMoreThanATransactionTakesSeveralRounds: 40 holders whose
+// shares move leave publishes of 40 grants each; once they end below the
+// floor, deleting them all takes more operations than etcd's 128 a
+// transaction. Every round is written, the open publish is extended, and
+// the ended publishes go over several rounds.
+func TestACollectOfMoreThanATransactionTakesSeveralRounds(t *testing.T) {
+	const win = time.Second
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := ledger.Keys("/test/ledger/")
+	now := time.Unix(0, ledger.StartOf(1000, win))
+	pb := NewPublisher(cli, keys, func() time.Time { return now })
+	p := ledger.Policy{Limit: 100, Window: win, Horizon: 4, Keep: 1}
+	round := func(q int64) ledger.Change {
+		t.Helper()
+		ch, err := pb.Round(context.Background(), p, holders(40, q))
+		if err != nil {
+			t.Fatalf("round at window %d: %v: %v", ledger.WindowOf(now.UnixNano(), win), ch.Why, err)
+		}
+		if ch.Size() > ledger.DefaultMaxOps {
+			t.Fatalf("a change of %d operations", ch.Size())
+		}
+		auditAt(t, cli, keys)
+		return ch
+	}
+	for _, q := range []int64{2, 1, 2, 1} {
+		round(q)
+		now = now.Add(win)
+	}
+	now = now.Add(4 * win)
+	for range 6 {
+		round(1)
+	}
+	s := auditAt(t, cli, keys)
+	k := ledger.WindowOf(now.UnixNano(), win)
+	e, _ := s.Head.Current()
+	if got := s.Sum(e.Seq, k+1); got != 40 {
+		t.Errorf("the holders hold %d in window %d, want 40", got, k+1)
+	}
+	for _, pub := range s.Pubs {
+		if pub.B < e.Floor {
+			t.Errorf("publish %d ended at window %d, below the floor %d, is still there", pub.Seq, pub.B, e.Floor)
+		}
+	}
+}
+
+// TestAPublishToMoreHoldersThanATransactionHolds: a publish to 300
+// holders is 302 operations, more than etcd's 128 a transaction. Two
+// publishers deciding different quotas take turns writing its grants
+// ahead of it; none counts until one publish is written with all of its
+// own, and the ledger is never over.
+func TestAPublishToMoreHoldersThanATransactionHolds(t *testing.T) {
+	const win = time.Second
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := ledger.Keys("/test/ledger/")
+	now := time.Unix(0, ledger.StartOf(1000, win))
+	clock := func() time.Time { return now }
+	a, b := NewPublisher(cli, keys, clock), NewPublisher(srv.Client(t), keys, clock)
+	p := ledger.Policy{Limit: 1000, Window: win, Horizon: 4, Keep: 1}
+	k := ledger.WindowOf(now.UnixNano(), win)
+	rounds := 0
+	for i := 0; i < 40; i++ {
+		pb, q := a, int64(1)
+		if i < 6 && i%2 == 1 {
+			pb, q = b, 3 // another decision between a's rounds
+		}
+		ch, err := pb.Round(context.Background(), p, holders(300, q))
+		if err != nil {
+			t.Fatalf("round %d: %v: %v", i, ch.Why, err)
+		}
+		s := auditAt(t, cli, keys)
+		if e, ok := s.Head.Current(); ok && len(s.Pubs) == 0 && s.Sum(e.Seq, k) != 0 {
+			t.Fatalf("round %d: grants of no publish count %d", i, s.Sum(e.Seq, k))
+		}
+		if rounds = i + 1; i >= 6 && ch.Empty() {
+			break
+		}
+	}
+	t.Logf("%d rounds until nothing was left to write", rounds)
+	s := auditAt(t, cli, keys)
+	e, _ := s.Head.Current()
+	if got := s.Sum(e.Seq, k); got != 300 {
+		t.Errorf("the 300 holders hold %d in window %d, want 300", got, k)
+	}
+	for h := range holders(300, 1) {
+		if got := s.Allowance(h, e.Seq, k); got != 1 {
+			t.Fatalf("%s holds %d, want 1", h, got)
+		}
+	}
+	for key := range s.Grants {
+		if _, ok := s.Pubs[key.Pub]; !ok {
+			t.Errorf("grant of %s in publish %d, never written, is still there", key.Holder, key.Pub)
+		}
+	}
 }
