@@ -123,23 +123,30 @@ type Step struct {
 	Window time.Duration
 }
 
-// SetSchedule replaces every limit change and the expiry in one change.
-// The last step whose At is not after the limiter's clock governs the
-// current window at once, as SetLimit with a zero at does; the later
-// steps take effect at their times, as SetLimit schedules them; the
-// expiry is set as by SetExpiry. Because the step in force is chosen under
-// the same lock as every other change, a window boundary that passes
-// while the caller builds the steps cannot give the new window the quota
-// of the one before. Steps must be in order of At; nothing changes when
-// one is invalid or steps is empty.
-func (l *Limiter) SetSchedule(steps []Step, expiry time.Time) error {
+// SetSchedule replaces every limit change and the expiry in one change,
+// and returns the start of the first window it governs whole: a caller
+// that lowers its quota may count on the lower quota from there on, not
+// before, since the window under way may have admitted more already.
+//
+// The last step whose At is not after the current window's start, or the
+// limiter's clock if later, governs the current window at once, as
+// SetLimit with a zero at does; the later steps take effect at their
+// times, as SetLimit schedules them; the expiry is set as by SetExpiry. A
+// step of another window length takes effect at the first boundary both
+// lengths share, and the windows until then keep the length and quota in
+// force: the start returned is that boundary. Because the step in force
+// is chosen under the same lock as every other change, a window boundary
+// that passes while the caller builds the steps cannot give the new
+// window the quota of the one before. Steps must be in order of At;
+// nothing changes when one is invalid or steps is empty.
+func (l *Limiter) SetSchedule(steps []Step, expiry time.Time) (time.Time, error) {
 	if err := validateSteps(steps); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	l.lockChange()
 	defer l.unlockChange()
 	if l.closed {
-		return ErrClosed
+		return time.Time{}, ErrClosed
 	}
 	now := l.now()
 	l.advanceLocked(now)
@@ -148,24 +155,31 @@ func (l *Limiter) SetSchedule(steps []Step, expiry time.Time) error {
 	if l.sched.expires {
 		l.sched.expiry = clampUnixNano(expiry)
 	}
+	// A clock set back leaves the limiter in its window: that window is
+	// the one under way, whatever the clock reads.
+	ref := max(now, l.cur.start)
 	cur := 0
 	for i, s := range steps {
-		if clampUnixNano(s.At) <= now {
+		if clampUnixNano(s.At) <= ref {
 			cur = i
 		}
 	}
+	from := l.cur.end
 	l.sched.changes = nil
 	for i, s := range steps[cur:] {
 		p := params{quota: s.Quota, window: int64(s.Window)}
-		if at := clampUnixNano(s.At); i > 0 || at > now || p.window != l.sched.cur.window {
-			l.sched.setFrom(max(at, l.cur.end), p)
+		if at := clampUnixNano(s.At); i > 0 || at > ref || p.window != l.sched.cur.window {
+			b := l.sched.setFrom(max(at, l.cur.end), p)
+			if i == 0 {
+				from = b
+			}
 			continue
 		}
 		l.sched.cur = p
 	}
 	l.setCurrentQuotaLocked()
 	l.replaceLocked(rs, now, 0)
-	return nil
+	return time.Unix(0, from), nil
 }
 
 func validateSteps(steps []Step) error {

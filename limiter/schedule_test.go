@@ -26,8 +26,12 @@ func TestSetSchedule(t *testing.T) {
 		{At: at(101), Quota: 2, Window: time.Second},
 		{At: at(102), Quota: 6, Window: 2 * time.Second},
 	}
-	if err := l.SetSchedule(steps, at(106)); err != nil {
+	from, err := l.SetSchedule(steps, at(106))
+	if err != nil {
 		t.Fatal(err)
+	}
+	if !from.Equal(at(101)) {
+		t.Errorf("SetSchedule at 100.5s governs whole the windows from %v, want 101s", from)
 	}
 	for _, c := range []struct {
 		t    int64
@@ -50,7 +54,7 @@ func TestSetSchedule(t *testing.T) {
 		{{Quota: 1, Window: 7 * time.Second}},
 		{{At: at(201), Quota: 1, Window: time.Second}, {At: at(200), Quota: 1, Window: time.Second}},
 	} {
-		if err := l.SetSchedule(bad, time.Time{}); !errors.Is(err, ErrInvalid) {
+		if _, err := l.SetSchedule(bad, time.Time{}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("SetSchedule(%v): %v, want ErrInvalid", bad, err)
 		}
 	}
@@ -58,7 +62,86 @@ func TestSetSchedule(t *testing.T) {
 		t.Error("an invalid schedule changed the expiry")
 	}
 	l.Close()
-	if err := l.SetSchedule(steps, time.Time{}); !errors.Is(err, ErrClosed) {
+	if _, err := l.SetSchedule(steps, time.Time{}); !errors.Is(err, ErrClosed) {
 		t.Errorf("after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestSetScheduleAfterTheClockStepsBack: a clock set back leaves the
+// limiter in window [10s,11s) while it reads 9.7s. The step of that
+// window governs it, not the step of the window its clock reads, and the
+// schedule governs whole only the windows from 11s on.
+func TestSetScheduleAfterTheClockStepsBack(t *testing.T) {
+	const sec = int64(time.Second)
+	for _, viaOffset := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clock steps back", true: "SetClockOffset back"}[viaOffset], func(t *testing.T) {
+			clk := &settableClock{}
+			clk.ns.Store(10*sec + sec/5)
+			l, err := New(0, time.Second, WithClock(clk))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if l.TryAcquire() { // opens window [10s,11s)
+				t.Fatal("quota 0 admitted")
+			}
+			if viaOffset {
+				l.SetClockOffset(-time.Second / 2)
+			} else {
+				clk.ns.Store(9*sec + 7*sec/10)
+			}
+			from, err := l.SetSchedule([]Step{
+				{Quota: 0, Window: time.Second},
+				{At: time.Unix(0, 0), Quota: 60, Window: time.Second},
+				{At: time.Unix(10, 0), Quota: 30, Window: time.Second},
+			}, time.Time{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := time.Unix(11, 0); !from.Equal(want) {
+				t.Errorf("SetSchedule governs whole the windows from %v, want %v: window [10s,11s) was under way", from, want)
+			}
+			got := 0
+			for _, at := range []int64{10*sec + sec/10, 10*sec + 9*sec/10} {
+				if viaOffset {
+					at += sec / 2
+				}
+				clk.ns.Store(at)
+				got += drain(l)
+			}
+			if got != 30 {
+				t.Errorf("window [10s,11s) admitted %d after SetSchedule, the schedule gives it 30", got)
+			}
+		})
+	}
+}
+
+// TestSetScheduleOfAnotherLength: a step of 10 per 4s, set at 100.5s
+// under 100 per 1s, governs from 104s, the first boundary both lengths
+// share, and SetSchedule says so; the 1s windows until then keep 100.
+func TestSetScheduleOfAnotherLength(t *testing.T) {
+	const sec = int64(time.Second)
+	clk := &settableClock{}
+	clk.ns.Store(100*sec + sec/2)
+	l, err := New(100, time.Second, WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	from, err := l.SetSchedule([]Step{{Quota: 10, Window: 4 * time.Second}}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := time.Unix(104, 0); !from.Equal(want) {
+		t.Errorf("SetSchedule governs whole the windows from %v, want %v", from, want)
+	}
+	for _, c := range []struct {
+		t    int64
+		want int
+	}{{101, 100}, {103, 100}, {104, 10}, {107, 0}, {108, 10}} {
+		clk.ns.Store(c.t*sec + sec/2)
+		if got := drain(l); got != c.want {
+			t.Errorf("at %ds admitted %d, want %d", c.t, got, c.want)
+		}
 	}
 }

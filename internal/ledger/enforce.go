@@ -11,9 +11,10 @@ import (
 )
 
 // Limiter is what a holder's limiter must do to enforce a schedule:
-// *limiter.Limiter does it.
+// *limiter.Limiter does it. SetSchedule returns the start of the first
+// window the schedule governs whole.
 type Limiter interface {
-	SetSchedule(steps []limiter.Step, expiry time.Time) error
+	SetSchedule(steps []limiter.Step, expiry time.Time) (time.Time, error)
 }
 
 // Holder is one holder's side of the ledger: the records it has read and
@@ -60,8 +61,8 @@ func (h *Holder) Forget() {
 
 // Next returns the state the holder enforces from now (its clock) on,
 // and the releases its newest grant asks of it, already applied to that
-// state. The driver enforces the state, then calls Commit with the time
-// its limiter had by then.
+// state. The driver enforces the state, then calls Commit with the start
+// of the first window its limiter governs whole by then (Enforce's).
 func (h *Holder) Next(now int64, margin time.Duration) (*State, []Release) {
 	next := h.view.Clone()
 	rels := next.ToRelease(h.name, now, margin)
@@ -71,16 +72,17 @@ func (h *Holder) Next(now int64, margin time.Duration) (*State, []Release) {
 	return next, rels
 }
 
-// Commit keeps, of rels enforced by the holder's limiter at applied (its
-// clock), those enforced before their window began, and queues them to
-// be written. A release enforced late is not true of the window under
-// way, so it is dropped: the next Next asks for it again from a later
-// window. It returns the releases kept.
-func (h *Holder) Commit(next *State, rels []Release, applied int64) []Release {
+// Commit keeps, of rels enforced by a limiter that governs whole the
+// windows from from on, those whose first window starts there or later,
+// and queues them to be written. A release from a window already under
+// way is not true of it, since the limiter may have admitted more there,
+// so it is dropped: the next Next asks for it again from a later window.
+// It returns the releases kept.
+func (h *Holder) Commit(next *State, rels []Release, from int64) []Release {
 	var kept []Release
 	for _, r := range rels {
 		p, ok := next.Pubs[r.Pub]
-		if !ok || StartOf(r.From, p.Window) <= applied {
+		if !ok || StartOf(r.From, p.Window) < from {
 			continue
 		}
 		h.view.Apply(r)
@@ -119,8 +121,9 @@ func (h *Holder) Stored(rels []Release) {
 // clock, so a boundary passing meanwhile costs nothing. Before the first
 // piece nothing is enforced, in windows of length idle; the expiry is the
 // end of the last grant, or t (lim's clock when last read, later than now
-// when the holder was slow) when there is none.
-func Enforce(lim Limiter, view *State, holder string, now, t int64, idle time.Duration) error {
+// when the holder was slow) when there is none. It returns the start of
+// the first window lim governs whole, for Commit.
+func Enforce(lim Limiter, view *State, holder string, now, t int64, idle time.Duration) (from int64, err error) {
 	pieces, end := view.Schedule(holder, now)
 	steps := make([]limiter.Step, 0, len(pieces)+1)
 	steps = append(steps, limiter.Step{Quota: 0, Window: idle})
@@ -131,8 +134,9 @@ func Enforce(lim Limiter, view *State, holder string, now, t int64, idle time.Du
 	if end > 0 {
 		expiry = time.Unix(0, end)
 	}
-	if err := lim.SetSchedule(steps, expiry); err != nil {
-		return fmt.Errorf("ledger: enforcing %d pieces of %s's grants: %w", len(pieces), holder, err)
+	f, err := lim.SetSchedule(steps, expiry)
+	if err != nil {
+		return 0, fmt.Errorf("ledger: enforcing %d pieces of %s's grants: %w", len(pieces), holder, err)
 	}
-	return nil
+	return f.UnixNano(), nil
 }

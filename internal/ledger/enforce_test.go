@@ -52,7 +52,7 @@ func TestAHolderEnforcesItsGrantsAndReleasesInTime(t *testing.T) {
 	if len(rels) != 0 {
 		t.Fatalf("nothing to release yet, got %v", rels)
 	}
-	if err := Enforce(lim, next, "a", clk.t, clk.t, w); err != nil {
+	if _, err := Enforce(lim, next, "a", clk.t, clk.t, w); err != nil {
 		t.Fatal(err)
 	}
 	if n := admit(lim, 1000); n != 60 {
@@ -69,10 +69,11 @@ func TestAHolderEnforcesItsGrantsAndReleasesInTime(t *testing.T) {
 	if len(rels) == 0 {
 		t.Fatal("a was not asked to release the room b needs")
 	}
-	if err := Enforce(lim, next, "a", clk.t, clk.t, w); err != nil {
+	from, err := Enforce(lim, next, "a", clk.t, clk.t, w)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if kept := a.Commit(next, rels, clk.t); len(kept) != len(rels) {
+	if kept := a.Commit(next, rels, from); len(kept) != len(rels) {
 		t.Fatalf("releases from window 12 enforced in window 11: kept %v of %v", kept, rels)
 	}
 	sent, ops, err := a.Unsent()
@@ -130,14 +131,14 @@ type crossing struct {
 	admitted int
 }
 
-func (c *crossing) SetSchedule(steps []limiter.Step, expiry time.Time) error {
+func (c *crossing) SetSchedule(steps []limiter.Step, expiry time.Time) (time.Time, error) {
 	if c.before {
 		c.clk.t = c.to
 	}
-	err := c.Limiter.SetSchedule(steps, expiry)
+	from, err := c.Limiter.SetSchedule(steps, expiry)
 	c.clk.t = c.to
 	c.admitted += admit(c.Limiter, 1000)
-	return err
+	return from, err
 }
 
 // A holder lowers its grant from window 11 by a release and the room goes
@@ -162,10 +163,11 @@ func TestEnforceLetsTheLimiterPickThePieceByItsClock(t *testing.T) {
 			}
 			defer lim.Close()
 			next, rels := a.Next(clk.t, 0)
-			if err := Enforce(lim, next, "a", clk.t, clk.t, w); err != nil {
+			from, err := Enforce(lim, next, "a", clk.t, clk.t, w)
+			if err != nil {
 				t.Fatal(err)
 			}
-			if kept := a.Commit(next, rels, clk.t); len(kept) == 0 {
+			if kept := a.Commit(next, rels, from); len(kept) == 0 {
 				t.Fatal("a released nothing of its 60")
 			}
 			for _, r := range rels {
@@ -179,7 +181,7 @@ func TestEnforceLetsTheLimiterPickThePieceByItsClock(t *testing.T) {
 			clk.t = StartOf(11, w) - 1
 			c := &crossing{Limiter: lim, clk: clk, to: StartOf(11, w) + 1, before: before}
 			next, _ = a.Next(clk.t, 0)
-			if err := Enforce(c, next, "a", clk.t, clk.t, w); err != nil {
+			if _, err := Enforce(c, next, "a", clk.t, clk.t, w); err != nil {
 				t.Fatal(err)
 			}
 			c.admitted += admit(lim, 1000)
@@ -300,7 +302,7 @@ func TestAShorterWindowKeepsTheNewEraEnforced(t *testing.T) {
 	got := map[int64]int64{}
 	for clk.t < end {
 		next, _ := a.Next(clk.t, 0) // no Commit: the releases are in the view already
-		if err := Enforce(lim, next, "a", clk.t, clk.t, w); err != nil {
+		if _, err := Enforce(lim, next, "a", clk.t, clk.t, w); err != nil {
 			t.Fatal(err)
 		}
 		got[WindowOf(clk.t, w)] += int64(admit(lim, 1000))
@@ -313,5 +315,51 @@ func TestAShorterWindowKeepsTheNewEraEnforced(t *testing.T) {
 		if want := s.Allowance("a", e.Seq, kk); got[kk] != want {
 			t.Errorf("window %d: a admitted %d, the ledger grants it %d", kk, got[kk], want)
 		}
+	}
+}
+
+// A clock set back by half a window leaves the limiter in window 10,
+// where a admitted 40 under its 60 already, while it reads 9.7s. a must not
+// keep a release to 30 from window 10: b would get 70 of a window where a
+// may admit 60.
+func TestCommitKeepsNoReleaseOfAWindowUnderWay(t *testing.T) {
+	const k Keys = "/l/"
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3}
+	a := NewHolder(k, "a")
+	store(t, k, NewState(), plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 9), a)
+	clk := &fakeClock{StartOf(9, w) + int64(w)/2}
+	lim, err := limiter.New(0, w, limiter.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	sync := func() []Release {
+		now := lim.Now().UnixNano()
+		next, rels := a.Next(now, 0)
+		from, err := Enforce(lim, next, "a", now, now, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Commit(next, rels, from)
+	}
+	sync()
+	clk.t = StartOf(10, w) + int64(w)/5
+	sync()
+	got := admit(lim, 40)
+	lim.SetClockOffset(-w / 2)
+
+	old := s.Clone()
+	store(t, k, old, plan(t, s, p, map[string]int64{"a": 30, "b": 70}, 9), a)
+	for _, r := range sync() {
+		s.Apply(r)
+	}
+	plan(t, s, p, map[string]int64{"a": 30, "b": 70}, 9)
+	for _, at := range []int64{StartOf(10, w) + int64(w)/10, StartOf(10, w) + 9*int64(w)/10} {
+		clk.t = at + int64(w)/2
+		got += admit(lim, 1000)
+	}
+	if a, b := int64(got), s.Allowance("b", 1, 10); a+b > p.Limit {
+		t.Errorf("window 10: a admitted %d and the ledger lets b hold %d: %d of %d", a, b, a+b, p.Limit)
 	}
 }

@@ -2,6 +2,7 @@ package world
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -200,8 +201,7 @@ func (m *member) sync() {
 // sends the releases that were enforced before their windows began.
 func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 	w := m.w
-	m.enforceFrom(next, now)
-	kept := m.hold.Commit(next, rels, m.clock())
+	kept := m.hold.Commit(next, rels, m.enforceFrom(next, now))
 	for _, r := range rels {
 		if slices.Contains(kept, r) {
 			w.tracef("%s releases publish %d to %d from window %d", m.holder, r.Pub, r.Limit, r.From)
@@ -246,13 +246,17 @@ func (m *member) send() {
 	})
 }
 
-// enforceFrom sets the limiter to view's schedule as computed at now.
-func (m *member) enforceFrom(view *ledger.State, now int64) {
+// enforceFrom sets the limiter to view's schedule as computed at now, and
+// returns the start of the first window the limiter governs whole.
+func (m *member) enforceFrom(view *ledger.State, now int64) int64 {
 	if m.w.cfg.Break == "unenforced" {
 		view = view.Clone()
 		clear(view.Releases)
 	}
-	if err := ledger.Enforce(m.lim, view, m.holder, now, m.clock(), m.w.window); err != nil {
+	from, err := ledger.Enforce(m.lim, view, m.holder, now, m.clock(), m.w.window)
+	if err != nil {
 		m.w.fail("%s: %v", m.holder, err)
+		return math.MaxInt64 // nothing enforced: no release is true
 	}
+	return from
 }

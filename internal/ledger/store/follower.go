@@ -186,11 +186,12 @@ func (f *Follower) events(wr clientv3.WatchResponse, ok bool) error {
 func (f *Follower) sync(ctx context.Context) {
 	now := f.lim.Now().UnixNano()
 	next, rels := f.hold.Next(now, 0)
-	if err := ledger.Enforce(f.lim, next, f.hold.Name(), now, f.lim.Now().UnixNano(), f.idle); err != nil {
+	from, err := ledger.Enforce(f.lim, next, f.hold.Name(), now, f.lim.Now().UnixNano(), f.idle)
+	if err != nil {
 		f.log.Error("ledger: cannot enforce", "holder", f.hold.Name(), "err", err)
 		return
 	}
-	f.hold.Commit(next, rels, f.lim.Now().UnixNano())
+	f.hold.Commit(next, rels, from)
 	sent, ops, err := f.hold.Unsent()
 	if err != nil {
 		return

@@ -257,13 +257,13 @@ type signalLim struct {
 	done chan struct{}
 }
 
-func (l *signalLim) SetSchedule(steps []limiter.Step, expiry time.Time) error {
-	err := l.Limiter.SetSchedule(steps, expiry)
+func (l *signalLim) SetSchedule(steps []limiter.Step, expiry time.Time) (time.Time, error) {
+	from, err := l.Limiter.SetSchedule(steps, expiry)
 	select {
 	case l.done <- struct{}{}:
 	default:
 	}
-	return err
+	return from, err
 }
 
 // TestARestartedProcessDoesNotInheritItsGrants: a member process uses up
