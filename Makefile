@@ -166,7 +166,9 @@ fuzz:
 ## budget (about 7 s per 10,000) and LAYOUT_N histories of configd's
 ## writes of share records on an embedded etcd (about 6 s per 100) and
 ## WORLD_N histories of the ledger in the simulated world (internal/world,
-## about 5 s per 100). A
+## about 5 s per 100), and the protocol search's found scenarios on the
+## ledger under four seeds each, liveness waited for after every configd
+## clock (tens of minutes: a clock 44 minutes ahead is played out). A
 ## failure prints its seed and how to replay it.
 ORACLE_N ?= 200000
 MULTI_N  ?= 50000
@@ -181,6 +183,7 @@ oracle:
 	$(GO) test -count=1 -run '^TestBudgetOracle$$' -v -timeout 60m ./limiter/cluster -budget.n=$(BUDGET_N)
 	$(GO) test -count=1 -run '^TestShareLayoutOracle$$' -v -timeout 60m ./configd -layout.n=$(LAYOUT_N)
 	$(GO) test -count=1 -run '^TestHistories$$' -v -timeout 60m ./internal/world -world.n=$(WORLD_N)
+	WORLD_FOUND_LONG=1 $(GO) test -count=1 -run '^TestFoundScenarios$$' -v -timeout 120m ./internal/world
 
 ## rebalance: the Kafka consumer's rebalance oracle over REBALANCE_ROUNDS
 ## random rounds (make test runs 4), on kfake; ~1 s a round.

@@ -13,7 +13,11 @@ func (w *World) fault() {
 	}
 	defer w.at(w.now+w.rng.Int64N(int64(w.window)), w.fault)
 	live := w.live()
-	switch r := w.rng.IntN(100); {
+	r := w.rng.IntN(100)
+	if w.cfg.Script != nil && r >= 56 {
+		return // the script decides the fleet, the limit and the window
+	}
+	switch {
 	case r < 10 && len(live) > 1:
 		m := live[w.rng.IntN(len(live))]
 		w.tracef("%s crashes", m.holder)
@@ -31,9 +35,9 @@ func (w *World) fault() {
 		m := live[w.rng.IntN(len(live))]
 		m.cut = w.now + w.rng.Int64N(8*int64(time.Second))
 		w.tracef("%s is cut off until %.3fs", m.holder, float64(m.cut-epoch)/1e9)
-	case r < 36 && len(w.mems) < 10:
+	case r < 36 && len(w.mems) < 10 && w.cfg.Script == nil:
 		w.join()
-	case r < 40 && len(live) > 1:
+	case r < 40 && len(live) > 1 && w.cfg.Script == nil:
 		m := live[w.rng.IntN(len(live))]
 		w.tracef("%s leaves", m.holder)
 		w.etcd.revoke(m.lease)
@@ -100,18 +104,32 @@ func (w *World) heal() {
 	}
 	for i, rp := range w.reps {
 		rp.paused, rp.leader = 0, i == 0
+		if w.cfg.Script != nil {
+			// A script's configd clock is a fault: it ends too.
+			rp.off = w.rng.Int64N(2*int64(w.cfg.SkewBound)+1) - int64(w.cfg.SkewBound)
+		}
 	}
 	settle := w.cfg.Settle
 	if settle == 0 {
 		settle = 2*w.cfg.Horizon + 4*max(w.longest, w.window)
 	}
-	w.settle = leaseTTL + settle
+	// A replica whose clock ran ahead e granted windows up to e ahead and
+	// raised the floor by as much: the whole limit is free again once true
+	// time gets there.
+	w.settle = leaseTTL + settle + w.ahead
+	if w.cfg.LiveAhead > 0 && w.ahead > w.cfg.LiveAhead {
+		w.settle = leaseTTL + settle
+		w.tracef("configd's clock ran %v ahead: safety only", w.ahead)
+		w.at(w.now+int64(w.settle), func() { w.stopAt = w.now })
+		return
+	}
 	w.at(w.now+int64(w.settle), w.checkLive)
 }
 
 // checkLive fails when the grants of the current window do not add up to
 // the limit, less the slack the policy leaves each holder.
 func (w *World) checkLive() {
+	w.res.Live = true
 	st, _ := w.read()
 	e, ok := st.Head.Current()
 	if !ok {

@@ -18,6 +18,7 @@ import (
 type member struct {
 	w       *World
 	name    string
+	group   string // the script's group, if any
 	inc     int
 	holder  string
 	skew    int64

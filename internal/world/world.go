@@ -67,6 +67,14 @@ type Config struct {
 	// (--max-txn-ops, default ledger.DefaultMaxOps); configd plans within
 	// it and members write their releases in transactions within it.
 	MaxOps int
+	// Script, when set, plays its groups and changes in place of the
+	// members, joins, leaves, limits and windows the seed would draw.
+	Script *Script
+	// LiveAhead, when set, is the most a scripted configd clock may have
+	// run ahead for the liveness check to wait for it: the wait grows by
+	// that much (see heal), and a longer one ends the history a settle
+	// after the faults with only the safety oracles checked.
+	LiveAhead time.Duration
 }
 
 func (c *Config) defaults() {
@@ -88,6 +96,7 @@ type Result struct {
 	Windows    int      // aligned windows checked
 	Admitted   int64    // permits admitted in all
 	Worst      float64  // the fullest window against its bound
+	Live       bool     // the liveness check ran (see Config.LiveAhead)
 	Violations []string // broken invariants; empty when the history passed
 }
 
@@ -117,8 +126,10 @@ type World struct {
 	stopAt    int64         // when the liveness check ran: the history ends
 	ledger    *ledger.State // etcd's ledger records, decoded as they change
 	longest   time.Duration
-	settle    time.Duration // the liveness check's wait after the faults
-	calm      bool          // the faults ended: no lost, refused or slow messages, no pauses
+	settle    time.Duration   // the liveness check's wait after the faults
+	calm      bool            // the faults ended: no lost, refused or slow messages, no pauses
+	lengths   []time.Duration // the window lengths admissions are counted in
+	ahead     time.Duration   // the most a script set a replica's clock ahead
 }
 
 // Run plays the history of cfg and returns what it showed.
@@ -142,10 +153,27 @@ func Run(cfg Config) Result {
 		w.reps = append(w.reps, newReplica(w, i))
 	}
 	w.reps[0].leader = true
-	for range cfg.Members {
-		w.join()
+	w.lengths = append(w.lengths, windows...)
+	w.lengths = append(w.lengths, cfg.Window)
+	if s := cfg.Script; s != nil {
+		if err := s.Validate(); err != nil {
+			w.fail("%v", err)
+			return w.res
+		}
+		w.faultsEnd = epoch + int64(s.Duration)
+		for _, e := range s.Events {
+			w.lengths = append(w.lengths, e.Window)
+		}
+		w.play(s)
+		w.at(w.now+int64(cfg.Window)/2, w.fault)
+	} else {
+		for range cfg.Members {
+			w.join()
+		}
+		w.at(w.now+int64(cfg.Window)/2, w.fault)
 	}
-	w.at(w.now+int64(cfg.Window)/2, w.fault)
+	slices.Sort(w.lengths)
+	w.lengths = slices.DeleteFunc(slices.Compact(w.lengths), func(d time.Duration) bool { return d <= 0 })
 	w.at(w.faultsEnd, w.heal)
 	// A violation ends the history: replaying its seed shows the rest.
 	for w.q.Len() > 0 && w.stopAt == 0 && len(w.res.Violations) == 0 {
@@ -258,7 +286,7 @@ var windows = []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Seco
 // count records n permits admitted at true time t.
 func (w *World) count(t, n int64) {
 	w.res.Admitted += n
-	for _, win := range windows {
+	for _, win := range w.lengths {
 		m := w.admitted[win]
 		if m == nil {
 			m = map[int64]int64{}
@@ -315,7 +343,7 @@ func (w *World) checkWindows() {
 // (share.In): coarser than checkWindows, it also covers windows between
 // eras and an era's windows past a later era's start.
 func (w *World) checkAny() {
-	for _, win := range windows {
+	for _, win := range w.lengths {
 		var bound int64
 		for _, vs := range w.eras {
 			for _, v := range vs {
