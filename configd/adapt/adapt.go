@@ -1,0 +1,256 @@
+// Package adapt decides a provider's effective limit from the fleet's
+// pushback: the 429s and 503s the provider answered, its Retry-After, and
+// the remaining/reset of its rate-limit headers. It is pure: no I/O, no
+// clock (each round carries its time), no randomness, standard library
+// only, so configd's leader and the simulator run the very same code.
+//
+// The effective limit always lies in [Floor, Ceiling]. It is meant as a
+// retune: configd writes it as the limit in force, so the guarantee that
+// covers any limit change covers it, and the ceiling bounds every window.
+//
+// One round (Step) per report interval or so:
+//
+//   - pushback lowers the limit multiplicatively (Decrease), but not below
+//     what the provider accepted in the round (less Margin), so a drop from
+//     1000 to 600 lands near 600 at once instead of halving to 500 and
+//     below; without an admitted count it halves;
+//     pushback that only reflects a higher limit still in force (the limit
+//     is already below what was accepted) changes nothing;
+//   - a Retry-After, or a remaining of 0 with a reset, pauses probing until
+//     it has passed (at most MaxPause ahead);
+//   - a fresh remaining above 0 raises the limit by it, since the provider
+//     just said it had that much room in its window; a remaining of 0
+//     holds the limit where it is;
+//   - otherwise the limit probes up towards the ceiling in steps that grow
+//     by Probe·Ceiling each quiet round (1, 2, 3 … steps), slow near the
+//     level that was pushed back and quick beyond, so the ceiling is
+//     reached within RoundsToCeiling quiet rounds after the pause.
+package adapt
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Sentinel errors of Config.Validate, matched with errors.Is.
+var (
+	ErrCeiling  = errors.New("adapt: ceiling must be at least 1")
+	ErrFloor    = errors.New("adapt: floor must be from 1 to the ceiling")
+	ErrWindow   = errors.New("adapt: window must be positive")
+	ErrDecrease = errors.New("adapt: decrease must be a factor above 0 and below 1")
+	ErrProbe    = errors.New("adapt: probe must be above 0 and at most 1")
+	ErrMargin   = errors.New("adapt: margin must be from 0 to below 1")
+	ErrMaxPause = errors.New("adapt: max pause must be from 0 to 1h")
+)
+
+// Defaults of DefaultConfig.
+const (
+	DefaultDecrease = 0.5
+	DefaultProbe    = 0.02
+	DefaultMargin   = 0.02
+	DefaultMaxPause = time.Minute
+	// DefaultFloorShare is the floor as a share of the ceiling when none is
+	// given: a provider rarely cuts a quota by more than 90%, and a fleet
+	// sent to 0 could not learn that it has room again.
+	DefaultFloorShare = 0.1
+)
+
+// Config is the controller's setting for one provider.
+type Config struct {
+	Ceiling int64         // the configured limit: never exceeded
+	Floor   int64         // never lowered below it; 1..Ceiling
+	Window  time.Duration // the provider's window; counts are scaled to it
+	// Decrease is the factor a pushback multiplies the limit by at most:
+	// the limit falls to Decrease·limit, or to what the provider accepted
+	// in the round less Margin if that is higher.
+	Decrease float64
+	// Probe is the growth of the probe step per quiet round, as a share of
+	// the ceiling: the k-th quiet round in a row adds k·Probe·Ceiling.
+	Probe float64
+	// Margin is how far below what the provider accepted a pushback sets
+	// the limit, as a share, so that the next round does not meet it again.
+	Margin float64
+	// MaxPause bounds how far ahead a Retry-After or a reset pauses the
+	// probing; a provider's absurd Retry-After cannot freeze the fleet.
+	MaxPause time.Duration
+}
+
+// DefaultConfig returns a Config for a provider of limit ceiling per window
+// w, with the floor at DefaultFloorShare of it.
+func DefaultConfig(ceiling int64, w time.Duration) Config {
+	return Config{
+		Ceiling:  ceiling,
+		Floor:    max(1, int64(float64(ceiling)*DefaultFloorShare)),
+		Window:   w,
+		Decrease: DefaultDecrease,
+		Probe:    DefaultProbe,
+		Margin:   DefaultMargin,
+		MaxPause: DefaultMaxPause,
+	}
+}
+
+// Validate checks every field; the error wraps one of the Err values.
+func (c Config) Validate() error {
+	switch {
+	case c.Ceiling < 1:
+		return fmt.Errorf("%w, got %d", ErrCeiling, c.Ceiling)
+	case c.Floor < 1 || c.Floor > c.Ceiling:
+		return fmt.Errorf("%w (%d), got %d", ErrFloor, c.Ceiling, c.Floor)
+	case c.Window <= 0:
+		return fmt.Errorf("%w, got %v", ErrWindow, c.Window)
+	case !(c.Decrease > 0 && c.Decrease < 1):
+		return fmt.Errorf("%w, got %v", ErrDecrease, c.Decrease)
+	case !(c.Probe > 0 && c.Probe <= 1):
+		return fmt.Errorf("%w, got %v", ErrProbe, c.Probe)
+	case !(c.Margin >= 0 && c.Margin < 1):
+		return fmt.Errorf("%w, got %v", ErrMargin, c.Margin)
+	case c.MaxPause < 0 || c.MaxPause > time.Hour:
+		return fmt.Errorf("%w, got %v", ErrMaxPause, c.MaxPause)
+	}
+	return nil
+}
+
+// RoundsToCeiling returns how many quiet rounds, once any pause has passed,
+// take the limit from the floor to the ceiling at most: the least k with
+// Probe·Ceiling·k(k+1)/2 ≥ Ceiling − Floor (each step at least 1).
+func (c Config) RoundsToCeiling() int {
+	gap := c.Ceiling - c.Floor
+	var sum int64
+	k := 0
+	for sum < gap {
+		k++
+		sum += c.step(k)
+	}
+	return k
+}
+
+// step is the k-th quiet round's growth.
+func (c Config) step(k int) int64 {
+	s := math.Ceil(c.Probe * float64(c.Ceiling) * float64(k))
+	if s >= float64(c.Ceiling) {
+		return c.Ceiling
+	}
+	return max(1, int64(s))
+}
+
+// Round is what the fleet saw since the previous round: counts are for the
+// interval between the rounds' At.
+type Round struct {
+	At        time.Time
+	Pushbacks int64 // calls the provider answered 429 or 503
+	Admitted  int64 // permits the fleet admitted (calls made); 0: not known
+	// RetryUntil is the latest instant a Retry-After named; zero: none.
+	RetryUntil time.Time
+	// Remaining is the freshest remaining the provider's headers reported,
+	// valid when HasRemaining; Reset is when its window resets (zero: not
+	// said).
+	Remaining    int64
+	HasRemaining bool
+	Reset        time.Time
+}
+
+// State is the controller's state between rounds. The zero State is not
+// valid: start from Start.
+type State struct {
+	Limit      int64     // the effective limit, in [Floor, Ceiling]
+	PauseUntil time.Time // no probing before it
+	Last       time.Time // the previous round's At; zero before the first
+	Quiet      int       // quiet rounds in a row since the last pushback
+}
+
+// Start returns the state of a fleet that has seen no pushback: at the
+// ceiling.
+func (c Config) Start() State { return State{Limit: c.Ceiling} }
+
+// Step returns the state after round r and, when the limit moved or a pause
+// began, why (for history), else "". A state out of [Floor, Ceiling], from
+// a config changed since, is brought back into it first. A round whose At is
+// not after the previous one's counts as a zero-length interval.
+func (c Config) Step(s State, r Round) (State, string) {
+	old := s.Limit
+	s.Limit = min(max(s.Limit, c.Floor), c.Ceiling)
+	r.Pushbacks, r.Admitted = max(r.Pushbacks, 0), max(r.Admitted, 0)
+	interval := r.At.Sub(s.Last)
+	if s.Last.IsZero() || interval <= 0 {
+		interval = 0
+	}
+	if r.At.After(s.Last) {
+		s.Last = r.At
+	}
+	why := ""
+	pause := func(until time.Time, what string) {
+		until = minTime(until, r.At.Add(c.MaxPause))
+		if until.After(s.PauseUntil) && until.After(r.At) {
+			s.PauseUntil = until
+			why = join(why, fmt.Sprintf("paused until %s: %s", until.UTC().Format("15:04:05.000"), what))
+		}
+	}
+	if !r.RetryUntil.IsZero() {
+		pause(r.RetryUntil, "Retry-After")
+	}
+	if r.HasRemaining && r.Remaining <= 0 && !r.Reset.IsZero() {
+		pause(r.Reset, "remaining 0 until reset")
+	}
+
+	switch {
+	case r.Pushbacks > 0:
+		s.Quiet = 0
+		next := int64(float64(s.Limit) * c.Decrease)
+		if accepted, ok := c.perWindow(r.Admitted-r.Pushbacks, interval); ok && r.Admitted > 0 {
+			floorAt := int64(float64(accepted) * (1 - c.Margin))
+			if s.Limit <= floorAt {
+				break // already below what was accepted: pushback of a limit no longer in force
+			}
+			next = max(next, floorAt)
+		}
+		s.Limit = min(max(next, c.Floor), c.Ceiling)
+		if s.Limit != old {
+			why = join(why, fmt.Sprintf("lowered %d → %d: %d pushbacks in %v", old, s.Limit, r.Pushbacks, interval.Round(time.Millisecond)))
+		}
+	case r.At.Before(s.PauseUntil):
+		// Paused: the provider asked for time; probing would only meet it.
+	case r.HasRemaining && r.Remaining > 0:
+		s.Quiet++
+		s.Limit += min(r.Remaining, c.Ceiling-s.Limit) // no overflow on an absurd remaining
+		if s.Limit != old {
+			why = join(why, fmt.Sprintf("raised %d → %d: remaining %d", old, s.Limit, r.Remaining))
+		}
+	case r.HasRemaining:
+		// The provider says the limit is taken exactly: stay.
+	default:
+		s.Quiet++
+		s.Limit = min(s.Limit+c.step(s.Quiet), c.Ceiling)
+		if s.Limit != old {
+			why = join(why, fmt.Sprintf("raised %d → %d: probing, %d quiet rounds", old, s.Limit, s.Quiet))
+		}
+	}
+	return s, why
+}
+
+// perWindow scales n calls seen in interval to calls per window.
+func (c Config) perWindow(n int64, interval time.Duration) (int64, bool) {
+	if interval <= 0 || n < 0 {
+		return 0, false
+	}
+	v := float64(n) * float64(c.Window) / float64(interval)
+	if v > math.MaxInt64/2 {
+		return math.MaxInt64 / 2, true
+	}
+	return int64(v), true
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func join(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
