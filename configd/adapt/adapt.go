@@ -20,7 +20,8 @@
 //     it has passed (at most MaxPause ahead);
 //   - a fresh remaining above 0 raises the limit by it, since the provider
 //     just said it had that much room in its window; a remaining of 0
-//     holds the limit where it is;
+//     holds the limit where it is; a remaining said before the last change
+//     had two windows to take effect is ignored;
 //   - otherwise the limit probes up towards the ceiling in steps that grow
 //     by Probe·Ceiling each quiet round (1, 2, 3 … steps), slow near the
 //     level that was pushed back and quick beyond, so the ceiling is
@@ -148,6 +149,7 @@ type Round struct {
 	// said).
 	Remaining    int64
 	HasRemaining bool
+	RemainingAt  time.Time // when the provider said it
 	Reset        time.Time
 }
 
@@ -158,6 +160,7 @@ type State struct {
 	PauseUntil time.Time // no probing before it
 	Last       time.Time // the previous round's At; zero before the first
 	Quiet      int       // quiet rounds in a row since the last pushback
+	Changed    time.Time // when Limit last moved
 }
 
 // Start returns the state of a fleet that has seen no pushback: at the
@@ -172,6 +175,12 @@ func (c Config) Step(s State, r Round) (State, string) {
 	old := s.Limit
 	s.Limit = min(max(s.Limit, c.Floor), c.Ceiling)
 	r.Pushbacks, r.Admitted = max(r.Pushbacks, 0), max(r.Admitted, 0)
+	// A remaining said before the last change had two windows to be in
+	// force describes a limit no longer there: raising by it again would
+	// overshoot.
+	if r.HasRemaining && !s.Changed.IsZero() && r.RemainingAt.Before(s.Changed.Add(2*c.Window)) {
+		r.HasRemaining = false
+	}
 	interval := r.At.Sub(s.Last)
 	if s.Last.IsZero() || interval <= 0 {
 		interval = 0
@@ -225,6 +234,9 @@ func (c Config) Step(s State, r Round) (State, string) {
 		if s.Limit != old {
 			why = join(why, fmt.Sprintf("raised %d → %d: probing, %d quiet rounds", old, s.Limit, s.Quiet))
 		}
+	}
+	if s.Limit != old {
+		s.Changed = r.At
 	}
 	return s, why
 }

@@ -365,6 +365,20 @@ type InstanceRecord struct {
 	// that reads the common record says so: one of an older release
 	// refuses a field it does not know, and would keep its last record.
 	ReadsUnmoved bool `json:"reads_unmoved,omitempty"`
+	// Pushbacks is the provider's answers that pushed back (429, 503)
+	// since the instance started (a running total, as Admitted), and
+	// RetryUntil the latest end of a Retry-After among them: what an
+	// adaptive provider's effective limit follows. Written only once
+	// there was one, so a configd of an older release, which refuses a
+	// field it does not know, reads the records of a fleet without.
+	Pushbacks  int64     `json:"pushbacks,omitempty"`
+	RetryUntil time.Time `json:"retry_until,omitzero"`
+	// Remaining is the freshest remaining the provider's rate-limit
+	// headers reported to the instance, at RemainingAt (zero: none), and
+	// Reset when the provider's window resets (zero: not said).
+	Remaining   int64     `json:"remaining,omitempty"`
+	RemainingAt time.Time `json:"remaining_at,omitzero"`
+	Reset       time.Time `json:"reset,omitzero"`
 }
 
 // Sources of the quota an instance enforces (InstanceRecord.Source).
@@ -406,6 +420,10 @@ func (r InstanceRecord) Validate() error {
 		return invalid("enforced", r.Enforced, ErrInvalidField)
 	case r.ClockUncertainty < 0 || r.ClockUncertainty.D() > time.Hour:
 		return invalid("clock_uncertainty", r.ClockUncertainty, ErrInvalidClockOffset)
+	case r.Pushbacks < 0 || r.Pushbacks > MaxLimit:
+		return invalid("pushbacks", r.Pushbacks, ErrInvalidField)
+	case r.Remaining < 0 || r.Remaining > MaxLimit:
+		return invalid("remaining", r.Remaining, ErrInvalidField)
 	}
 	return nil
 }
