@@ -398,6 +398,9 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 	leadCtx, stopLeading := context.WithCancel(ctx)
 	defer stopLeading()
 	wg.Go(func() { el.run(leadCtx) })
+	ad := &adaptor{cli: cli, keys: keys, store: st, replica: cfg.ReplicaID, log: log.With("replica", cfg.ReplicaID),
+		metrics: m, now: clk.now, every: DefaultAdaptEvery}
+	wg.Go(func() { ad.run(leadCtx) })
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- srv.Serve(ln) })
 	log.Info("configd serving", "listen", ln.Addr().String(), "replica", cfg.ReplicaID,

@@ -131,6 +131,9 @@ type ProviderConfig struct {
 	// lane provider's config, the provider it is a lane of.
 	Lanes []Lane `json:"lanes,omitempty"`
 	Of    string `json:"of,omitempty"`
+	// Adaptive, when set, makes Limit the effective limit configd keeps
+	// between a floor and the operator's ceiling (see Adaptive).
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
 }
 
 // DimensionOrDefault returns Dimension, or limiter.Requests when empty.
@@ -247,6 +250,11 @@ func (c ProviderConfig) Validate() error {
 	}
 	if c.FailStatic < 0 || c.FailStatic.D() > MaxFailStatic {
 		return invalid("fail_static", c.FailStatic, ErrInvalidFailStatic)
+	}
+	if c.Adaptive != nil {
+		if err := c.Adaptive.validate(c.Limit, len(c.Lanes)); err != nil {
+			return err
+		}
 	}
 	return c.validateLanes()
 }
