@@ -144,6 +144,7 @@ func (a *adaptor) provider(ctx context.Context, name string) error {
 	}
 	r := adapt.Round{At: a.now()}
 	seen := map[string]instTotals{}
+	var ends []schema.InstanceRecord
 	for _, kv := range ins.Kvs {
 		rec, err := schema.DecodeInstanceRecord(kv.Value)
 		if err != nil {
@@ -160,8 +161,22 @@ func (a *adaptor) provider(ctx context.Context, name string) error {
 		if rec.RetryUntil.After(r.RetryUntil) {
 			r.RetryUntil = rec.RetryUntil
 		}
-		if !rec.RemainingAt.IsZero() && rec.RemainingAt.After(r.RemainingAt) {
-			r.HasRemaining, r.Remaining, r.RemainingAt, r.Reset = true, rec.Remaining, rec.RemainingAt, rec.Reset
+		if !rec.RemainingAt.IsZero() {
+			ends = append(ends, rec)
+		}
+	}
+	// The provider's last window that ended, as the instances saw it:
+	// each computes its end from a reset, so the ends agree to within a
+	// tenth of a window. The least remaining said in it is what the
+	// fleet as a whole left unused.
+	for _, rec := range ends {
+		if rec.RemainingAt.After(r.RemainingAt) {
+			r.RemainingAt = rec.RemainingAt
+		}
+	}
+	for _, rec := range ends {
+		if r.RemainingAt.Sub(rec.RemainingAt) <= cfg.Window.D()/10 && (!r.HasRemaining || rec.Remaining < r.Remaining) {
+			r.HasRemaining, r.Remaining = true, rec.Remaining
 		}
 	}
 	st.totals = seen
@@ -173,7 +188,7 @@ func (a *adaptor) provider(ctx context.Context, name string) error {
 		a.metrics.effective.WithLabelValues(name).Set(float64(st.s.Limit))
 		return nil
 	}
-	// Remaining and Retry-After reported before the last round were seen
+	// A remaining of a window that ended before the last round was seen
 	// by it already.
 	if r.HasRemaining && !r.RemainingAt.After(st.s.Last) {
 		r.HasRemaining = false

@@ -15,10 +15,16 @@ func TestObserve(t *testing.T) {
 	}
 	defer l.Close()
 	l.Observe(Signal{HasRemaining: true, Remaining: 7, Reset: 500 * time.Millisecond})
+	l.Observe(Signal{HasRemaining: true, Remaining: 99}) // no reset: which window is not known
+	if st := l.Stats(); !st.ProviderWindowEnd.IsZero() {
+		t.Errorf("a window reported before its reset passed: %v", st.ProviderWindowEnd)
+	}
 	l.Pushback(3 * time.Second)
 	l.Pushback(time.Second) // an earlier end keeps the later
 	clk.ns.Add(int64(100 * time.Millisecond))
-	l.Observe(Signal{HasRemaining: true, Remaining: -4}) // the freshest wins; negative is none left
+	l.Observe(Signal{HasRemaining: true, Remaining: 3, Reset: 400 * time.Millisecond})
+	clk.ns.Add(int64(450 * time.Millisecond)) // past the reset: the next window
+	l.Observe(Signal{HasRemaining: true, Remaining: -4, Reset: time.Second})
 	st := l.Stats()
 	if st.Pushbacks != 2 {
 		t.Errorf("Pushbacks = %d, want 2", st.Pushbacks)
@@ -26,8 +32,8 @@ func TestObserve(t *testing.T) {
 	if want := t0.Add(3 * time.Second); !st.RetryUntil.Equal(want) || !st.BackoffUntil.Equal(want) {
 		t.Errorf("RetryUntil %v, BackoffUntil %v, want both %v", st.RetryUntil, st.BackoffUntil, want)
 	}
-	if at := t0.Add(100 * time.Millisecond); st.ProviderRemaining != 0 || !st.ProviderRemainingAt.Equal(at) || !st.ProviderReset.IsZero() {
-		t.Errorf("remaining %d at %v reset %v, want 0 at %v, no reset", st.ProviderRemaining, st.ProviderRemainingAt, st.ProviderReset, at)
+	if end := t0.Add(500 * time.Millisecond); st.ProviderRemaining != 3 || !st.ProviderWindowEnd.Equal(end) {
+		t.Errorf("remaining %d at %v, want the window's least, 3, at its end %v", st.ProviderRemaining, st.ProviderWindowEnd, end)
 	}
 	if l.TryAcquire() {
 		t.Error("TryAcquire admitted during the pushback's pause")

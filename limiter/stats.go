@@ -122,12 +122,12 @@ type Stats struct {
 	// (zero: none).
 	Pushbacks  int64
 	RetryUntil time.Time
-	// ProviderRemaining is the freshest remaining the provider's headers
-	// reported (Observe), at ProviderRemainingAt (zero: none yet), and
-	// ProviderReset when its window resets (zero: not said).
-	ProviderRemaining   int64
-	ProviderRemainingAt time.Time
-	ProviderReset       time.Time
+	// ProviderRemaining is the least remaining the provider's headers
+	// said (Observe) in its last window that ended, at ProviderWindowEnd
+	// (zero: none yet): the room left unused in it. The answers' resets
+	// delimit the provider's windows.
+	ProviderRemaining int64
+	ProviderWindowEnd time.Time
 }
 
 // Stats returns a snapshot of the Limiter's counters and settings.
@@ -188,6 +188,6 @@ func (l *Limiter) Stats() Stats {
 	if l.backoffUntil > now {
 		st.BackoffUntil = time.Unix(0, l.backoffUntil)
 	}
-	l.fb.fill(&st)
+	l.fb.fill(&st, now)
 	return st
 }

@@ -16,12 +16,13 @@
 //     below; without an admitted count it halves;
 //     pushback that only reflects a higher limit still in force (the limit
 //     is already below what was accepted) changes nothing;
-//   - a Retry-After, or a remaining of 0 with a reset, pauses probing until
-//     it has passed (at most MaxPause ahead);
-//   - a fresh remaining above 0 raises the limit by it, since the provider
-//     just said it had that much room in its window; a remaining of 0
-//     holds the limit where it is; a remaining said before the last change
-//     had two windows to take effect is ignored;
+//   - a Retry-After pauses probing until it has passed (at most MaxPause
+//     ahead);
+//   - a remaining the provider's headers said at the end of its window is
+//     room the fleet left unused: the limit rises to what the fleet sent
+//     per window plus it, at once; a remaining of 0 holds the limit where
+//     it is; a remaining of a window that ended before the last change had
+//     two windows to take effect is ignored;
 //   - otherwise the limit probes up towards the ceiling in steps that grow
 //     by Probe·Ceiling each quiet round (1, 2, 3 … steps), slow near the
 //     level that was pushed back and quick beyond, so the ceiling is
@@ -144,13 +145,12 @@ type Round struct {
 	Admitted  int64 // permits the fleet admitted (calls made); 0: not known
 	// RetryUntil is the latest instant a Retry-After named; zero: none.
 	RetryUntil time.Time
-	// Remaining is the freshest remaining the provider's headers reported,
-	// valid when HasRemaining; Reset is when its window resets (zero: not
-	// said).
+	// Remaining is the room the provider's headers said the fleet left
+	// unused in its window that ended at RemainingAt (the least any
+	// instance was told in it), valid when HasRemaining.
 	Remaining    int64
 	HasRemaining bool
-	RemainingAt  time.Time // when the provider said it
-	Reset        time.Time
+	RemainingAt  time.Time
 }
 
 // State is the controller's state between rounds. The zero State is not
@@ -199,9 +199,6 @@ func (c Config) Step(s State, r Round) (State, string) {
 	if !r.RetryUntil.IsZero() {
 		pause(r.RetryUntil, "Retry-After")
 	}
-	if r.HasRemaining && r.Remaining <= 0 && !r.Reset.IsZero() {
-		pause(r.Reset, "remaining 0 until reset")
-	}
 
 	switch {
 	case r.Pushbacks > 0:
@@ -220,14 +217,12 @@ func (c Config) Step(s State, r Round) (State, string) {
 		}
 	case r.At.Before(s.PauseUntil):
 		// Paused: the provider asked for time; probing would only meet it.
-	case r.HasRemaining && r.Remaining > 0:
+	case r.HasRemaining && c.room(s.Limit, r, interval) > s.Limit:
 		s.Quiet++
-		s.Limit += min(r.Remaining, c.Ceiling-s.Limit) // no overflow on an absurd remaining
-		if s.Limit != old {
-			why = join(why, fmt.Sprintf("raised %d → %d: remaining %d", old, s.Limit, r.Remaining))
-		}
-	case r.HasRemaining:
-		// The provider says the limit is taken exactly: stay.
+		s.Limit = c.room(s.Limit, r, interval)
+		why = join(why, fmt.Sprintf("raised %d → %d: %d left unused in the provider's window", old, s.Limit, r.Remaining))
+	case r.HasRemaining && r.Remaining == 0:
+		// The provider says its limit was taken exactly: stay.
 	default:
 		s.Quiet++
 		s.Limit = min(s.Limit+c.step(s.Quiet), c.Ceiling)
@@ -239,6 +234,17 @@ func (c Config) Step(s State, r Round) (State, string) {
 		s.Changed = r.At
 	}
 	return s, why
+}
+
+// room returns what the provider's last window allowed, at most the
+// ceiling: what the fleet sent per window (limit when not known) and the
+// remaining it left unused.
+func (c Config) room(limit int64, r Round, interval time.Duration) int64 {
+	sent := limit
+	if n, ok := c.perWindow(r.Admitted-r.Pushbacks, interval); ok && r.Admitted > 0 {
+		sent = min(n, c.Ceiling)
+	}
+	return sent + min(max(r.Remaining, 0), c.Ceiling-sent) // no overflow on an absurd remaining
 }
 
 // perWindow scales n calls seen in interval to calls per window.

@@ -72,16 +72,20 @@ func TestStep(t *testing.T) {
 			Round{At: at(1), RetryUntil: at(1e6)}, 600, at(61), "paused", 0},
 		{"paused: no probe", State{Limit: 600, Last: at(0), PauseUntil: at(3)},
 			Round{At: at(1)}, 600, at(3), "", 0},
-		{"remaining raises", State{Limit: 600, Last: at(0)},
-			Round{At: at(1), HasRemaining: true, Remaining: 300}, 900, time.Time{}, "raised 600 → 900: remaining 300", 1},
+		{"remaining raises to what was sent and left", State{Limit: 600, Last: at(0)},
+			Round{At: at(1), Admitted: 590, HasRemaining: true, Remaining: 310}, 900, time.Time{}, "raised 600 → 900: 310 left unused", 1},
+		{"remaining without an admitted count adds to the limit", State{Limit: 600, Last: at(0)},
+			Round{At: at(1), HasRemaining: true, Remaining: 300}, 900, time.Time{}, "raised 600 → 900", 1},
+		{"remaining of a fleet that sends little probes", State{Limit: 600, Last: at(0)},
+			Round{At: at(1), Admitted: 100, HasRemaining: true, Remaining: 300}, 620, time.Time{}, "probing", 1},
 		{"absurd remaining stops at the ceiling", State{Limit: 600, Last: at(0)},
-			Round{At: at(1), HasRemaining: true, Remaining: 1 << 62}, 1000, time.Time{}, "raised 600 → 1000", 1},
-		{"remaining 0 holds and pauses to reset", State{Limit: 600, Last: at(0)},
-			Round{At: at(1), HasRemaining: true, Remaining: 0, Reset: at(2)}, 600, at(2), "remaining 0 until reset", 0},
+			Round{At: at(1), Admitted: 600, HasRemaining: true, Remaining: 1 << 62}, 1000, time.Time{}, "raised 600 → 1000", 1},
+		{"remaining 0 holds", State{Limit: 600, Last: at(0)},
+			Round{At: at(1), Admitted: 600, HasRemaining: true, Remaining: 0}, 600, time.Time{}, "", 0},
 		{"remaining from before the last change is ignored", State{Limit: 900, Last: at(0), Changed: at(0)},
 			Round{At: at(1), HasRemaining: true, Remaining: 300, RemainingAt: at(1)}, 920, time.Time{}, "probing", 1},
 		{"remaining after the change took effect counts", State{Limit: 900, Last: at(2), Changed: at(0)},
-			Round{At: at(3), HasRemaining: true, Remaining: 50, RemainingAt: at(2)}, 950, time.Time{}, "remaining 50", 1},
+			Round{At: at(3), HasRemaining: true, Remaining: 50, RemainingAt: at(2)}, 950, time.Time{}, "50 left unused", 1},
 		{"first quiet round probes by Probe", State{Limit: 600, Last: at(0)},
 			Round{At: at(1)}, 620, time.Time{}, "raised 600 → 620: probing, 1 quiet rounds", 1},
 		{"third quiet round probes by 3·Probe", State{Limit: 600, Last: at(0), Quiet: 2},
@@ -149,7 +153,7 @@ func TestRandomHistories(t *testing.T) {
 			}
 			if rng.IntN(4) == 0 {
 				r.HasRemaining, r.Remaining = true, rng.Int64N(2*ceiling)-ceiling/4
-				r.Reset = at.Add(time.Duration(rng.Int64N(int64(5 * time.Second))))
+				r.RemainingAt = at.Add(-time.Duration(rng.Int64N(int64(5 * time.Second))))
 			}
 			s, _ = c.Step(s, r)
 			if s.Limit < c.Floor || s.Limit > c.Ceiling {

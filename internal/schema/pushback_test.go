@@ -14,13 +14,13 @@ func TestInstanceRecordPushback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"pushbacks", "retry_until", "remaining", "reset"} {
+	for _, k := range []string{"pushbacks", "retry_until", "remaining"} {
 		if strings.Contains(string(b), `"`+k) {
 			t.Errorf("a record without pushback carries %q (an older configd refuses it): %s", k, b)
 		}
 	}
 	rec := base
-	rec.Pushbacks, rec.RetryUntil, rec.Remaining, rec.RemainingAt, rec.Reset = 42, at.Add(3*time.Second), 7, at, at.Add(time.Second)
+	rec.Pushbacks, rec.RetryUntil, rec.Remaining, rec.RemainingAt = 42, at.Add(3*time.Second), 7, at
 	if b, err = Encode(rec); err != nil {
 		t.Fatal(err)
 	}

@@ -381,12 +381,12 @@ type InstanceRecord struct {
 	// field it does not know, reads the records of a fleet without.
 	Pushbacks  int64     `json:"pushbacks,omitempty"`
 	RetryUntil time.Time `json:"retry_until,omitzero"`
-	// Remaining is the freshest remaining the provider's rate-limit
-	// headers reported to the instance, at RemainingAt (zero: none), and
-	// Reset when the provider's window resets (zero: not said).
+	// Remaining is the least remaining the provider's rate-limit headers
+	// said to the instance in the provider's last window that ended, at
+	// RemainingAt, that window's end (zero: none): the room the fleet left
+	// unused in it (limiter.Stats.ProviderRemaining).
 	Remaining   int64     `json:"remaining,omitempty"`
 	RemainingAt time.Time `json:"remaining_at,omitzero"`
-	Reset       time.Time `json:"reset,omitzero"`
 }
 
 // Sources of the quota an instance enforces (InstanceRecord.Source).

@@ -85,11 +85,8 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 	if !st.RetryUntil.IsZero() {
 		rec.RetryUntil = st.RetryUntil.UTC()
 	}
-	if !st.ProviderRemainingAt.IsZero() {
-		rec.RemainingAt = st.ProviderRemainingAt.UTC()
-	}
-	if !st.ProviderReset.IsZero() {
-		rec.Reset = st.ProviderReset.UTC()
+	if !st.ProviderWindowEnd.IsZero() {
+		rec.RemainingAt = st.ProviderWindowEnd.UTC()
 	}
 	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) {
 		return nil
@@ -174,8 +171,8 @@ func (m *Member) register(ctx context.Context, lease clientv3.LeaseID, put clien
 func onlyProgress(prev, rec schema.InstanceRecord) bool {
 	prev.Updated, prev.Demand, prev.Admitted, prev.AppliedGeneration, prev.AppliedFrom, prev.Enforced =
 		rec.Updated, rec.Demand, rec.Admitted, rec.AppliedGeneration, rec.AppliedFrom, rec.Enforced
-	prev.Pushbacks, prev.RetryUntil, prev.Remaining, prev.RemainingAt, prev.Reset =
-		rec.Pushbacks, rec.RetryUntil, rec.Remaining, rec.RemainingAt, rec.Reset
+	prev.Pushbacks, prev.RetryUntil, prev.Remaining, prev.RemainingAt =
+		rec.Pushbacks, rec.RetryUntil, rec.Remaining, rec.RemainingAt
 	return prev == rec
 }
 
