@@ -52,10 +52,10 @@ type adaptState struct {
 	totals map[string]instTotals // by instance ID: the counters of its last record
 }
 
-// instTotals is an instance incarnation's running totals.
+// instTotals is an instance incarnation's running total of pushbacks.
 type instTotals struct {
-	started             time.Time
-	admitted, pushbacks int64
+	started   time.Time
+	pushbacks int64
 }
 
 // run calls round every a.every until ctx ends; it returns then.
@@ -150,14 +150,19 @@ func (a *adaptor) provider(ctx context.Context, name string) error {
 		if err != nil {
 			continue // the publisher logs and shows malformed records
 		}
-		cur := instTotals{started: rec.Started, admitted: rec.Admitted, pushbacks: rec.Pushbacks}
+		cur := instTotals{started: rec.Started, pushbacks: rec.Pushbacks}
 		seen[rec.ID] = cur
 		prev, ok := st.totals[rec.ID]
-		if !ok || !prev.started.Equal(cur.started) || cur.admitted < prev.admitted || cur.pushbacks < prev.pushbacks {
+		if !ok || !prev.started.Equal(cur.started) || cur.pushbacks < prev.pushbacks {
 			prev = instTotals{} // a new incarnation: all it counted is new
 		}
-		r.Admitted += cur.admitted - prev.admitted
 		r.Pushbacks += cur.pushbacks - prev.pushbacks
+		// What it sends per window: its quota, or its demand if less. Both
+		// are in its record whenever they move, where a count of
+		// admissions is only as fresh as the record's last write.
+		if rec.Enforced > 0 {
+			r.Sent += min(rec.Enforced, rec.Demand)
+		}
 		if rec.RetryUntil.After(r.RetryUntil) {
 			r.RetryUntil = rec.RetryUntil
 		}
@@ -187,11 +192,6 @@ func (a *adaptor) provider(ctx context.Context, name string) error {
 		st.s.Last = r.At
 		a.metrics.effective.WithLabelValues(name).Set(float64(st.s.Limit))
 		return nil
-	}
-	// A remaining of a window that ended before the last round was seen
-	// by it already.
-	if r.HasRemaining && !r.RemainingAt.After(st.s.Last) {
-		r.HasRemaining = false
 	}
 	next, why := c.Step(st.s, r)
 	st.s = next

@@ -45,11 +45,11 @@ func newAdaptFixture(t *testing.T, ad schema.Adaptive) *adaptFixture {
 	return f
 }
 
-// round writes the instance's record with admitted and pushbacks more,
-// advances the clock a second and runs a round.
-func (f *adaptFixture) round(admitted, pushbacks int64, retryUntil time.Time) schema.ProviderConfig {
+// round writes the instance's record with pushbacks more, sending sent
+// per window, advances the clock a second and runs a round.
+func (f *adaptFixture) round(sent, pushbacks int64, retryUntil time.Time) schema.ProviderConfig {
 	f.t.Helper()
-	f.rec.Admitted += admitted
+	f.rec.Enforced, f.rec.Demand = sent, 2*sent
 	f.rec.Pushbacks += pushbacks
 	f.rec.RetryUntil = retryUntil
 	b, err := schema.Encode(f.rec)
@@ -81,10 +81,10 @@ func (f *adaptFixture) config() schema.ProviderConfig {
 
 func TestAdaptiveLowersProbesAndRecords(t *testing.T) {
 	f := newAdaptFixture(t, schema.Adaptive{Ceiling: 1000, Floor: 200})
-	// The provider's limit fell to 600: the fleet admitted 1000, 400 came back.
+	// The provider's limit fell: 400 calls came back, with a Retry-After.
 	c := f.round(1000, 400, f.at.Add(2500*time.Millisecond))
-	if c.Limit != 588 || c.Adaptive.Ceiling != 1000 || !strings.Contains(c.Adaptive.Reason, "lowered 1000 → 588: 400 pushbacks in 1s") {
-		t.Fatalf("after pushback: limit %d, %+v; want 588 with the reason", c.Limit, *c.Adaptive)
+	if c.Limit != 500 || c.Adaptive.Ceiling != 1000 || !strings.Contains(c.Adaptive.Reason, "lowered 1000 → 500: 400 pushbacks in 1s") {
+		t.Fatalf("after pushback: limit %d, %+v; want 500 with the reason", c.Limit, *c.Adaptive)
 	}
 	if c.Adaptive.PauseUntil.IsZero() {
 		t.Error("no pause for the Retry-After")
@@ -94,32 +94,38 @@ func TestAdaptiveLowersProbesAndRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	last := hist[len(hist)-1]
-	if last.Who != adaptWho || last.Old.Limit != 1000 || last.New.Limit != 588 {
-		t.Errorf("history entry %s: %d → %d; want %s: 1000 → 588", last.Who, last.Old.Limit, last.New.Limit, adaptWho)
+	if last.Who != adaptWho || last.Old.Limit != 1000 || last.New.Limit != 500 {
+		t.Errorf("history entry %s: %d → %d; want %s: 1000 → 500", last.Who, last.Old.Limit, last.New.Limit, adaptWho)
 	}
-	// Pushback of the old limit still in force changes nothing.
-	if c = f.round(650, 50, time.Time{}); c.Limit != 588 {
-		t.Errorf("pushback of the limit no longer in force moved it to %d", c.Limit)
+	// Pushback of the old limit, still in force in some window, changes nothing.
+	if c = f.round(500, 50, time.Time{}); c.Limit != 500 {
+		t.Errorf("pushback within the settle time moved the limit to %d", c.Limit)
 	}
-	if c = f.round(588, 0, time.Time{}); c.Limit != 588 {
+	if c = f.round(500, 0, time.Time{}); c.Limit != 500 {
 		t.Errorf("probed to %d while the Retry-After had not passed", c.Limit)
 	}
-	if c = f.round(588, 0, time.Time{}); c.Limit != 608 {
-		t.Errorf("first probe: limit %d, want 608", c.Limit)
+	if c = f.round(500, 0, time.Time{}); c.Limit != 520 {
+		t.Errorf("first probe: limit %d, want 520", c.Limit)
 	}
-	for range 10 {
-		c = f.round(600, 0, time.Time{})
+	// The provider's headers say what was left unused at the end of its
+	// window: of one that ended before the probe could be in force, the
+	// limit awaits a fresh word; of one two windows after, it goes to
+	// what the fleet sends and that, at once.
+	f.rec.Remaining, f.rec.RemainingAt = 300, f.at.Add(-500*time.Millisecond)
+	if c = f.round(520, 0, time.Time{}); c.Limit != 520 {
+		t.Errorf("limit %d while awaiting the provider's word on the probe, want 520", c.Limit)
 	}
-	if c.Limit != 1000 {
-		t.Errorf("after 10 quiet rounds: limit %d, want the ceiling 1000", c.Limit)
+	f.rec.Remaining, f.rec.RemainingAt = 80, f.at
+	if c = f.round(520, 0, time.Time{}); c.Limit != 600 || !strings.Contains(c.Adaptive.Reason, "80 left unused") {
+		t.Errorf("after a remaining of 80: limit %d (%s), want 600", c.Limit, c.Adaptive.Reason)
 	}
 }
 
 func TestAdaptiveShadowDoesNotEnforce(t *testing.T) {
 	f := newAdaptFixture(t, schema.Adaptive{Ceiling: 1000, Floor: 200, Shadow: true})
 	c := f.round(1000, 400, time.Time{})
-	if c.Limit != 1000 || c.Adaptive.Effective != 588 {
-		t.Errorf("shadow: limit %d, effective %d; want 1000 and 588", c.Limit, c.Adaptive.Effective)
+	if c.Limit != 1000 || c.Adaptive.Effective != 500 {
+		t.Errorf("shadow: limit %d, effective %d; want 1000 and 500", c.Limit, c.Adaptive.Effective)
 	}
 }
 

@@ -11,18 +11,19 @@
 // One round (Step) per report interval or so:
 //
 //   - pushback lowers the limit multiplicatively (Decrease), but not below
-//     what the provider accepted in the round (less Margin), so a drop from
-//     1000 to 600 lands near 600 at once instead of halving to 500 and
-//     below; without an admitted count it halves;
-//     pushback that only reflects a higher limit still in force (the limit
-//     is already below what was accepted) changes nothing;
+//     the level it probed up from (the last that met no pushback), so a
+//     probe that meets the provider's limit steps back one step, and a
+//     provider that lowers its limit is met by halving; pushback that comes
+//     within Settle of a decrease is the old limit's, still in force in
+//     some window, and changes nothing;
 //   - a Retry-After pauses probing until it has passed (at most MaxPause
 //     ahead);
 //   - a remaining the provider's headers said at the end of its window is
 //     room the fleet left unused: the limit rises to what the fleet sent
 //     per window plus it, at once; a remaining of 0 holds the limit where
 //     it is; a remaining of a window that ended before the last change had
-//     two windows to take effect is ignored;
+//     two windows to take effect is ignored, and the limit holds for three
+//     more windows awaiting a fresh one;
 //   - otherwise the limit probes up towards the ceiling in steps that grow
 //     by Probe·Ceiling each quiet round (1, 2, 3 … steps), slow near the
 //     level that was pushed back and quick beyond, so the ceiling is
@@ -43,7 +44,7 @@ var (
 	ErrWindow   = errors.New("adapt: window must be positive")
 	ErrDecrease = errors.New("adapt: decrease must be a factor above 0 and below 1")
 	ErrProbe    = errors.New("adapt: probe must be above 0 and at most 1")
-	ErrMargin   = errors.New("adapt: margin must be from 0 to below 1")
+	ErrSettle   = errors.New("adapt: settle must be from 0 to 1h")
 	ErrMaxPause = errors.New("adapt: max pause must be from 0 to 1h")
 )
 
@@ -51,7 +52,10 @@ var (
 const (
 	DefaultDecrease = 0.5
 	DefaultProbe    = 0.02
-	DefaultMargin   = 0.02
+	// DefaultSettle is in windows: a lowered limit is in force within
+	// about a window and propagation, and its pushbacks reach configd a
+	// report interval and a round later.
+	DefaultSettle   = 3
 	DefaultMaxPause = time.Minute
 	// DefaultFloorShare is the floor as a share of the ceiling when none is
 	// given: a provider rarely cuts a quota by more than 90%, and a fleet
@@ -65,15 +69,15 @@ type Config struct {
 	Floor   int64         // never lowered below it; 1..Ceiling
 	Window  time.Duration // the provider's window; counts are scaled to it
 	// Decrease is the factor a pushback multiplies the limit by at most:
-	// the limit falls to Decrease·limit, or to what the provider accepted
-	// in the round less Margin if that is higher.
+	// the limit falls to Decrease·limit, or to the level it probed up
+	// from if that is higher.
 	Decrease float64
 	// Probe is the growth of the probe step per quiet round, as a share of
 	// the ceiling: the k-th quiet round in a row adds k·Probe·Ceiling.
 	Probe float64
-	// Margin is how far below what the provider accepted a pushback sets
-	// the limit, as a share, so that the next round does not meet it again.
-	Margin float64
+	// Settle is how long after a decrease pushback is taken for the old
+	// limit's, still in force in some window, and ignored.
+	Settle time.Duration
 	// MaxPause bounds how far ahead a Retry-After or a reset pauses the
 	// probing; a provider's absurd Retry-After cannot freeze the fleet.
 	MaxPause time.Duration
@@ -88,7 +92,7 @@ func DefaultConfig(ceiling int64, w time.Duration) Config {
 		Window:   w,
 		Decrease: DefaultDecrease,
 		Probe:    DefaultProbe,
-		Margin:   DefaultMargin,
+		Settle:   DefaultSettle * w,
 		MaxPause: DefaultMaxPause,
 	}
 }
@@ -106,8 +110,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w, got %v", ErrDecrease, c.Decrease)
 	case !(c.Probe > 0 && c.Probe <= 1):
 		return fmt.Errorf("%w, got %v", ErrProbe, c.Probe)
-	case !(c.Margin >= 0 && c.Margin < 1):
-		return fmt.Errorf("%w, got %v", ErrMargin, c.Margin)
+	case c.Settle < 0 || c.Settle > time.Hour:
+		return fmt.Errorf("%w, got %v", ErrSettle, c.Settle)
 	case c.MaxPause < 0 || c.MaxPause > time.Hour:
 		return fmt.Errorf("%w, got %v", ErrMaxPause, c.MaxPause)
 	}
@@ -142,7 +146,10 @@ func (c Config) step(k int) int64 {
 type Round struct {
 	At        time.Time
 	Pushbacks int64 // calls the provider answered 429 or 503
-	Admitted  int64 // permits the fleet admitted (calls made); 0: not known
+	// Sent is the calls per window the fleet sends now (for sluice: the
+	// least of each instance's quota and demand, summed); 0: not known,
+	// taken as the limit.
+	Sent int64
 	// RetryUntil is the latest instant a Retry-After named; zero: none.
 	RetryUntil time.Time
 	// Remaining is the room the provider's headers said the fleet left
@@ -161,6 +168,10 @@ type State struct {
 	Last       time.Time // the previous round's At; zero before the first
 	Quiet      int       // quiet rounds in a row since the last pushback
 	Changed    time.Time // when Limit last moved
+	Lowered    time.Time // when Limit was last lowered
+	// Good is the level the last raise started from: it met no pushback.
+	// 0: none since the last decrease.
+	Good int64
 }
 
 // Start returns the state of a fleet that has seen no pushback: at the
@@ -174,12 +185,17 @@ func (c Config) Start() State { return State{Limit: c.Ceiling} }
 func (c Config) Step(s State, r Round) (State, string) {
 	old := s.Limit
 	s.Limit = min(max(s.Limit, c.Floor), c.Ceiling)
-	r.Pushbacks, r.Admitted = max(r.Pushbacks, 0), max(r.Admitted, 0)
-	// A remaining said before the last change had two windows to be in
-	// force describes a limit no longer there: raising by it again would
-	// overshoot.
+	r.Pushbacks, r.Sent = max(r.Pushbacks, 0), max(r.Sent, 0)
+	// A remaining describes the limit in force when its window ended: one
+	// of a window that ended less than two windows after the last change
+	// may describe the limit before it. While the provider's word on the
+	// new limit is awaited (three more windows: one ends, is reported, and
+	// read), the limit holds rather than probes; after that, a provider
+	// that stopped saying is probed.
+	awaiting := false
 	if r.HasRemaining && !s.Changed.IsZero() && r.RemainingAt.Before(s.Changed.Add(2*c.Window)) {
 		r.HasRemaining = false
+		awaiting = r.At.Before(s.Changed.Add(5 * c.Window))
 	}
 	interval := r.At.Sub(s.Last)
 	if s.Last.IsZero() || interval <= 0 {
@@ -203,29 +219,29 @@ func (c Config) Step(s State, r Round) (State, string) {
 	switch {
 	case r.Pushbacks > 0:
 		s.Quiet = 0
-		next := int64(float64(s.Limit) * c.Decrease)
-		if accepted, ok := c.perWindow(r.Admitted-r.Pushbacks, interval); ok && r.Admitted > 0 {
-			floorAt := int64(float64(accepted) * (1 - c.Margin))
-			if s.Limit <= floorAt {
-				break // already below what was accepted: pushback of a limit no longer in force
-			}
-			next = max(next, floorAt)
+		if !s.Lowered.IsZero() && r.At.Before(s.Lowered.Add(c.Settle)) {
+			break // the old limit's, still in force somewhere
 		}
-		s.Limit = min(max(next, c.Floor), c.Ceiling)
+		next := int64(float64(s.Limit) * c.Decrease)
+		if s.Good < s.Limit {
+			next = max(next, s.Good)
+		}
+		s.Limit, s.Good, s.Lowered = min(max(next, c.Floor), c.Ceiling), 0, r.At
 		if s.Limit != old {
 			why = join(why, fmt.Sprintf("lowered %d → %d: %d pushbacks in %v", old, s.Limit, r.Pushbacks, interval.Round(time.Millisecond)))
 		}
 	case r.At.Before(s.PauseUntil):
 		// Paused: the provider asked for time; probing would only meet it.
-	case r.HasRemaining && c.room(s.Limit, r, interval) > s.Limit:
+	case r.HasRemaining && c.room(s.Limit, r) > s.Limit:
 		s.Quiet++
-		s.Limit = c.room(s.Limit, r, interval)
+		s.Good, s.Limit = s.Limit, c.room(s.Limit, r)
 		why = join(why, fmt.Sprintf("raised %d → %d: %d left unused in the provider's window", old, s.Limit, r.Remaining))
-	case r.HasRemaining && r.Remaining == 0:
-		// The provider says its limit was taken exactly: stay.
+	case r.HasRemaining && r.Remaining == 0, awaiting:
+		// The provider says its limit was taken exactly, or its word on
+		// the last change is still to come: stay.
 	default:
 		s.Quiet++
-		s.Limit = min(s.Limit+c.step(s.Quiet), c.Ceiling)
+		s.Good, s.Limit = s.Limit, min(s.Limit+c.step(s.Quiet), c.Ceiling)
 		if s.Limit != old {
 			why = join(why, fmt.Sprintf("raised %d → %d: probing, %d quiet rounds", old, s.Limit, s.Quiet))
 		}
@@ -237,26 +253,14 @@ func (c Config) Step(s State, r Round) (State, string) {
 }
 
 // room returns what the provider's last window allowed, at most the
-// ceiling: what the fleet sent per window (limit when not known) and the
+// ceiling: what the fleet sends per window (limit when not known) and the
 // remaining it left unused.
-func (c Config) room(limit int64, r Round, interval time.Duration) int64 {
+func (c Config) room(limit int64, r Round) int64 {
 	sent := limit
-	if n, ok := c.perWindow(r.Admitted-r.Pushbacks, interval); ok && r.Admitted > 0 {
-		sent = min(n, c.Ceiling)
+	if r.Sent > 0 {
+		sent = min(r.Sent, c.Ceiling)
 	}
 	return sent + min(max(r.Remaining, 0), c.Ceiling-sent) // no overflow on an absurd remaining
-}
-
-// perWindow scales n calls seen in interval to calls per window.
-func (c Config) perWindow(n int64, interval time.Duration) (int64, bool) {
-	if interval <= 0 || n < 0 {
-		return 0, false
-	}
-	v := float64(n) * float64(c.Window) / float64(interval)
-	if v > math.MaxInt64/2 {
-		return math.MaxInt64 / 2, true
-	}
-	return int64(v), true
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -28,8 +28,8 @@ func TestValidate(t *testing.T) {
 		{"decrease NaN", func(c *Config) { c.Decrease = nan() }, ErrDecrease},
 		{"probe 0", func(c *Config) { c.Probe = 0 }, ErrProbe},
 		{"probe 2", func(c *Config) { c.Probe = 2 }, ErrProbe},
-		{"margin -0.1", func(c *Config) { c.Margin = -0.1 }, ErrMargin},
-		{"margin 1", func(c *Config) { c.Margin = 1 }, ErrMargin},
+		{"settle -1s", func(c *Config) { c.Settle = -time.Second }, ErrSettle},
+		{"settle 2h", func(c *Config) { c.Settle = 2 * time.Hour }, ErrSettle},
 		{"max pause 2h", func(c *Config) { c.MaxPause = 2 * time.Hour }, ErrMaxPause},
 	} {
 		c := ok
@@ -54,16 +54,16 @@ func TestStep(t *testing.T) {
 		why       string // a part of the reason; "" wants none
 		quietWant int
 	}{
-		{"drop lands on what was accepted", State{Limit: 1000, Last: at(0)},
-			Round{At: at(1), Pushbacks: 400, Admitted: 1000}, 588, time.Time{}, "lowered 1000 → 588: 400 pushbacks in 1s", 0},
-		{"no admitted count: multiplicative", State{Limit: 1000, Last: at(0)},
-			Round{At: at(1), Pushbacks: 42}, 500, time.Time{}, "lowered 1000 → 500: 42 pushbacks", 0},
-		{"accepted far below: at most Decrease", State{Limit: 1000, Last: at(0)},
-			Round{At: at(1), Pushbacks: 900, Admitted: 1000}, 500, time.Time{}, "lowered 1000 → 500", 0},
-		{"pushback of a limit no longer in force", State{Limit: 580, Last: at(0), Quiet: 3},
-			Round{At: at(1), Pushbacks: 50, Admitted: 650}, 580, time.Time{}, "", 0},
-		{"two-second round scales to the window", State{Limit: 1000, Last: at(0)},
-			Round{At: at(2), Pushbacks: 800, Admitted: 2000}, 588, time.Time{}, "lowered 1000 → 588: 800 pushbacks in 2s", 0},
+		{"a drop halves", State{Limit: 1000, Last: at(0)},
+			Round{At: at(1), Pushbacks: 42}, 500, time.Time{}, "lowered 1000 → 500: 42 pushbacks in 1s", 0},
+		{"a probe that meets the limit steps back", State{Limit: 620, Good: 580, Last: at(0)},
+			Round{At: at(1), Pushbacks: 8}, 580, time.Time{}, "lowered 620 → 580", 0},
+		{"a good level far below: at most Decrease", State{Limit: 1000, Good: 100, Last: at(0)},
+			Round{At: at(1), Pushbacks: 8}, 500, time.Time{}, "lowered 1000 → 500", 0},
+		{"pushback within Settle of a decrease is the old limit's", State{Limit: 500, Last: at(1), Lowered: at(1), Quiet: 3},
+			Round{At: at(2), Pushbacks: 50}, 500, time.Time{}, "", 0},
+		{"pushback after Settle lowers again", State{Limit: 500, Last: at(3), Lowered: at(1)},
+			Round{At: at(4), Pushbacks: 50}, 250, time.Time{}, "lowered 500 → 250", 0},
 		{"floor holds", State{Limit: 150, Last: at(0)},
 			Round{At: at(1), Pushbacks: 10}, 100, time.Time{}, "lowered 150 → 100", 0},
 		{"Retry-After pauses", State{Limit: 600, Last: at(0), Quiet: 2},
@@ -73,17 +73,19 @@ func TestStep(t *testing.T) {
 		{"paused: no probe", State{Limit: 600, Last: at(0), PauseUntil: at(3)},
 			Round{At: at(1)}, 600, at(3), "", 0},
 		{"remaining raises to what was sent and left", State{Limit: 600, Last: at(0)},
-			Round{At: at(1), Admitted: 590, HasRemaining: true, Remaining: 310}, 900, time.Time{}, "raised 600 → 900: 310 left unused", 1},
-		{"remaining without an admitted count adds to the limit", State{Limit: 600, Last: at(0)},
+			Round{At: at(1), Sent: 590, HasRemaining: true, Remaining: 310}, 900, time.Time{}, "raised 600 → 900: 310 left unused", 1},
+		{"remaining without a sent count adds to the limit", State{Limit: 600, Last: at(0)},
 			Round{At: at(1), HasRemaining: true, Remaining: 300}, 900, time.Time{}, "raised 600 → 900", 1},
 		{"remaining of a fleet that sends little probes", State{Limit: 600, Last: at(0)},
-			Round{At: at(1), Admitted: 100, HasRemaining: true, Remaining: 300}, 620, time.Time{}, "probing", 1},
+			Round{At: at(1), Sent: 100, HasRemaining: true, Remaining: 300}, 620, time.Time{}, "probing", 1},
 		{"absurd remaining stops at the ceiling", State{Limit: 600, Last: at(0)},
-			Round{At: at(1), Admitted: 600, HasRemaining: true, Remaining: 1 << 62}, 1000, time.Time{}, "raised 600 → 1000", 1},
+			Round{At: at(1), Sent: 600, HasRemaining: true, Remaining: 1 << 62}, 1000, time.Time{}, "raised 600 → 1000", 1},
 		{"remaining 0 holds", State{Limit: 600, Last: at(0)},
-			Round{At: at(1), Admitted: 600, HasRemaining: true, Remaining: 0}, 600, time.Time{}, "", 0},
-		{"remaining from before the last change is ignored", State{Limit: 900, Last: at(0), Changed: at(0)},
-			Round{At: at(1), HasRemaining: true, Remaining: 300, RemainingAt: at(1)}, 920, time.Time{}, "probing", 1},
+			Round{At: at(1), Sent: 600, HasRemaining: true, Remaining: 0}, 600, time.Time{}, "", 0},
+		{"remaining from before the last change: await a fresh one", State{Limit: 900, Last: at(0), Changed: at(0)},
+			Round{At: at(1), HasRemaining: true, Remaining: 300, RemainingAt: at(1)}, 900, time.Time{}, "", 0},
+		{"no fresh remaining five windows after the change: probe", State{Limit: 900, Last: at(4), Changed: at(0)},
+			Round{At: at(5), HasRemaining: true, Remaining: 300, RemainingAt: at(1)}, 920, time.Time{}, "probing", 1},
 		{"remaining after the change took effect counts", State{Limit: 900, Last: at(2), Changed: at(0)},
 			Round{At: at(3), HasRemaining: true, Remaining: 50, RemainingAt: at(2)}, 950, time.Time{}, "50 left unused", 1},
 		{"first quiet round probes by Probe", State{Limit: 600, Last: at(0)},
@@ -93,7 +95,7 @@ func TestStep(t *testing.T) {
 		{"state above a lowered ceiling comes back", State{Limit: 5000, Last: at(0)},
 			Round{At: at(1), Pushbacks: 1}, 500, time.Time{}, "lowered 5000 → 500", 0},
 		{"negative counts are none", State{Limit: 1000, Last: at(0)},
-			Round{At: at(1), Pushbacks: -5, Admitted: -1}, 1000, time.Time{}, "", 1},
+			Round{At: at(1), Pushbacks: -5, Sent: -1}, 1000, time.Time{}, "", 1},
 	} {
 		got, why := c.Step(tc.s, tc.r)
 		if got.Limit != tc.limit || !got.PauseUntil.Equal(tc.pause) || got.Quiet != tc.quietWant {
@@ -135,7 +137,7 @@ func TestRandomHistories(t *testing.T) {
 		c.Floor = 1 + rng.Int64N(ceiling)
 		c.Decrease = 0.05 + 0.9*rng.Float64()
 		c.Probe = 0.001 + 0.2*rng.Float64()
-		c.Margin = 0.1 * rng.Float64()
+		c.Settle = time.Duration(rng.Int64N(int64(5 * time.Second)))
 		c.MaxPause = time.Duration(rng.Int64N(int64(10 * time.Second)))
 		if err := c.Validate(); err != nil {
 			t.Fatalf("history %d: %v", h, err)
@@ -146,7 +148,7 @@ func TestRandomHistories(t *testing.T) {
 			r := Round{At: at}
 			if rng.IntN(2) == 0 {
 				r.Pushbacks = rng.Int64N(2 * ceiling)
-				r.Admitted = rng.Int64N(3 * ceiling)
+				r.Sent = rng.Int64N(3 * ceiling)
 			}
 			if rng.IntN(4) == 0 {
 				r.RetryUntil = at.Add(time.Duration(rng.Int64N(int64(time.Hour))))

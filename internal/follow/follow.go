@@ -342,11 +342,12 @@ type Record struct {
 	Source   string
 	Enforced int64
 	// Pushbacks is the provider's pushbacks so far, and Remaining what
-	// its headers last said is left (HasRemaining): what an adaptive
-	// provider's effective limit follows.
+	// its headers said was left at the end of its window that ended at
+	// RemainingEnd (Unix ns; 0: none): what an adaptive provider's
+	// effective limit follows.
 	Pushbacks    int64
 	Remaining    int64
-	HasRemaining bool
+	RemainingEnd int64
 }
 
 // RefreshEvery is how many report intervals an unchanged record goes
@@ -367,7 +368,8 @@ func Due(old, cur Record, age, interval time.Duration) bool {
 // instance's expiry counts with (configd holds a lapsed share by it), or
 // the quota it enforces and its source (a clock cut moves it without a
 // new generation; an operator must see it), a new pushback of the
-// provider, or its remaining by more than 2% and one permit. Each is
+// provider, or the end of another of its windows with a remaining (the
+// controller needs every instance's word on the same window). Each is
 // written at most once per report interval whatever the request rate.
 func Meaningful(old, cur Record) bool {
 	dd := cur.Demand - old.Demand
@@ -382,13 +384,5 @@ func Meaningful(old, cur Record) bool {
 		(dd > 1 && float64(dd) > 0.02*float64(max(old.Demand, 1))) ||
 		do > time.Millisecond || cur.ClockKnown != old.ClockKnown ||
 		cur.FailStatic != old.FailStatic || cur.Source != old.Source || cur.Enforced != old.Enforced ||
-		cur.Pushbacks != old.Pushbacks || cur.HasRemaining != old.HasRemaining ||
-		(cur.Remaining != old.Remaining && abs(cur.Remaining-old.Remaining) > max(1, old.Remaining/50))
-}
-
-func abs(n int64) int64 {
-	if n < 0 {
-		return -n
-	}
-	return n
+		cur.Pushbacks != old.Pushbacks || cur.RemainingEnd != old.RemainingEnd
 }

@@ -194,7 +194,7 @@ func TestDue(t *testing.T) {
 		{"enforced (a clock cut)", with(func(r *Record) { r.Enforced = 1 }), true},
 		{"source", with(func(r *Record) { r.Source = SourceEven }), true},
 		{"a pushback", with(func(r *Record) { r.Pushbacks = 1 }), true},
-		{"remaining known", with(func(r *Record) { r.HasRemaining = true }), true},
+		{"another provider window's remaining", with(func(r *Record) { r.RemainingEnd = 1 }), true},
 	}
 	for _, c := range cases {
 		if got := Due(base, c.cur, time.Second, time.Second); got != c.want {
@@ -202,10 +202,6 @@ func TestDue(t *testing.T) {
 		}
 	}
 	// One permit is never meaningful, however small the demand.
-	rem := Record{Remaining: 500, HasRemaining: true}
-	if Meaningful(rem, Record{Remaining: 510, HasRemaining: true}) || !Meaningful(rem, Record{Remaining: 489, HasRemaining: true}) {
-		t.Error("remaining: moves of 2% and less are not worth a write, more are")
-	}
 	if Meaningful(Record{Demand: 1}, Record{Demand: 2}) || !Meaningful(Record{Demand: 1}, Record{Demand: 3}) {
 		t.Errorf("small demands: a change of one permit counts, or one of two does not")
 	}

@@ -195,6 +195,15 @@ func written(rec schema.InstanceRecord) follow.Record {
 		Enforced:     rec.Enforced,
 		Pushbacks:    rec.Pushbacks,
 		Remaining:    rec.Remaining,
-		HasRemaining: !rec.RemainingAt.IsZero(),
+		RemainingEnd: remainingEnd(rec),
 	}
+}
+
+// remainingEnd is the end of the provider window rec's remaining is of, in
+// Unix ns; 0: none.
+func remainingEnd(rec schema.InstanceRecord) int64 {
+	if rec.RemainingAt.IsZero() {
+		return 0
+	}
+	return rec.RemainingAt.UnixNano()
 }
