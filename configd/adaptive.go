@@ -14,9 +14,10 @@ import (
 )
 
 // DefaultAdaptEvery is how often configd runs the controller of each
-// adaptive provider it leads: the instances' default report interval, so
-// each round sees about one fresh record of each.
-const DefaultAdaptEvery = time.Second
+// adaptive provider it leads: half the instances' default report interval,
+// so a record waits at most that long to be read (three reads per
+// provider and round, all from configd).
+const DefaultAdaptEvery = 500 * time.Millisecond
 
 // adaptWho is the history's "who" of the controller's retunes.
 const adaptWho = "configd adaptive"

@@ -152,7 +152,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	})
 	fs.DurationVar(&c.NTPInterval, "ntp-interval", c.NTPInterval, "time between two measurements of configd's clock (with --ntp-server)")
 	fs.Int64Var(&c.HistoryKeep, "history-keep", c.HistoryKeep, "history entries kept per provider; the leader deletes older ones")
-	fs.DurationVar(&c.AdaptiveInterval, "adaptive-interval", c.AdaptiveInterval, "between two rounds of an adaptive provider's controller (10ms..1m; about the instances' report interval)")
+	fs.DurationVar(&c.AdaptiveInterval, "adaptive-interval", c.AdaptiveInterval, "between two rounds of an adaptive provider's controller (10ms..1m; at most the instances' report interval)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown may take")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")

@@ -74,7 +74,7 @@ func main() {
 	flag.DurationVar(&c.phase, "phase", 15*time.Second, "how long each limit lasts")
 	flag.DurationVar(&c.warmup, "warmup", 5*time.Second, "before the first phase: the instances join")
 	flag.DurationVar(&c.report, "report-interval", time.Second, "instances' report interval (cluster.DefaultReportInterval is 1s)")
-	flag.DurationVar(&c.round, "adaptive-interval", time.Second, "configd serve --adaptive-interval (the default is 1s)")
+	flag.DurationVar(&c.round, "adaptive-interval", 500*time.Millisecond, "configd serve --adaptive-interval (the default is 500ms)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the temp dir (etcd data, binaries, configd log)")
 	flag.StringVar(&c.only, "only", "", "run only the contenders whose names contain this")
 	flag.Parse()

@@ -20,8 +20,9 @@
 //     ahead);
 //   - a remaining the provider's headers said at the end of its window is
 //     room the fleet left unused: the limit rises to what the fleet sent
-//     per window plus it, at once; a remaining of 0 holds the limit where
-//     it is; a remaining of a window that ended before the last change had
+//     per window plus it, at once; a remaining below the first probe step
+//     (Probe·Ceiling: one window's hiccup leaves that much) holds the
+//     limit where it is; a remaining of a window that ended before the last change had
 //     two windows to take effect is ignored, and the limit holds for three
 //     more windows awaiting a fresh one;
 //   - otherwise the limit probes up towards the ceiling in steps that grow
@@ -232,13 +233,14 @@ func (c Config) Step(s State, r Round) (State, string) {
 		}
 	case r.At.Before(s.PauseUntil):
 		// Paused: the provider asked for time; probing would only meet it.
-	case r.HasRemaining && c.room(s.Limit, r) > s.Limit:
+	case r.HasRemaining && c.room(s.Limit, r)-s.Limit >= c.step(1):
 		s.Quiet++
 		s.Good, s.Limit = s.Limit, c.room(s.Limit, r)
 		why = join(why, fmt.Sprintf("raised %d → %d: %d left unused in the provider's window", old, s.Limit, r.Remaining))
-	case r.HasRemaining && r.Remaining == 0, awaiting:
-		// The provider says its limit was taken exactly, or its word on
-		// the last change is still to come: stay.
+	case r.HasRemaining && r.Remaining < c.step(1), awaiting:
+		// The provider says its limit was taken, but for less than a
+		// probe's step (one window's hiccup leaves that much), or its
+		// word on the last change is still to come: stay.
 	default:
 		s.Quiet++
 		s.Good, s.Limit = s.Limit, min(s.Limit+c.step(s.Quiet), c.Ceiling)

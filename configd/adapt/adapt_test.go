@@ -82,6 +82,8 @@ func TestStep(t *testing.T) {
 			Round{At: at(1), Sent: 600, HasRemaining: true, Remaining: 1 << 62}, 1000, time.Time{}, "raised 600 → 1000", 1},
 		{"remaining 0 holds", State{Limit: 600, Last: at(0)},
 			Round{At: at(1), Sent: 600, HasRemaining: true, Remaining: 0}, 600, time.Time{}, "", 0},
+		{"remaining below a probe step holds", State{Limit: 600, Last: at(0)},
+			Round{At: at(1), Sent: 600, HasRemaining: true, Remaining: 19}, 600, time.Time{}, "", 0},
 		{"remaining from before the last change: await a fresh one", State{Limit: 900, Last: at(0), Changed: at(0)},
 			Round{At: at(1), HasRemaining: true, Remaining: 300, RemainingAt: at(1)}, 900, time.Time{}, "", 0},
 		{"no fresh remaining five windows after the change: probe", State{Limit: 900, Last: at(4), Changed: at(0)},
