@@ -23,6 +23,7 @@
 // 429s > 1% of it); "never" if the phase's last window missed.
 //
 //	go run ./bench/adaptive
+//	go run ./bench/adaptive -remaining=false   # a provider that only says 429
 //	go run ./bench/adaptive -phase 20s -schedule 1000,500,800
 //
 // etcd is embedded in this process; configd serve and each instance are
@@ -62,6 +63,7 @@ type config struct {
 	only      string
 	report    time.Duration
 	round     time.Duration
+	remaining bool
 }
 
 func main() {
@@ -75,6 +77,7 @@ func main() {
 	flag.DurationVar(&c.warmup, "warmup", 5*time.Second, "before the first phase: the instances join")
 	flag.DurationVar(&c.report, "report-interval", time.Second, "instances' report interval (cluster.DefaultReportInterval is 1s)")
 	flag.DurationVar(&c.round, "adaptive-interval", 500*time.Millisecond, "configd serve --adaptive-interval (the default is 500ms)")
+	flag.BoolVar(&c.remaining, "remaining", true, "the stub says what is left of its window on every answer (off: only 429 and Retry-After)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the temp dir (etcd data, binaries, configd log)")
 	flag.StringVar(&c.only, "only", "", "run only the contenders whose names contain this")
 	flag.Parse()
@@ -111,8 +114,8 @@ type result struct {
 
 func run(c config) error {
 	fmt.Printf("# bench/adaptive, %s\n", harness.Facts())
-	fmt.Printf("instances %d offering %d calls/s each, report interval %v; configd --adaptive-interval %v; ceiling %d/s; hidden limit %v per second, %v each\n",
-		c.instances, c.rate, c.report, c.round, c.ceiling, c.schedule, c.phase)
+	fmt.Printf("instances %d offering %d calls/s each, report interval %v; configd --adaptive-interval %v; ceiling %d/s; hidden limit %v per second, %v each; remaining headers %v\n",
+		c.instances, c.rate, c.report, c.round, c.ceiling, c.schedule, c.phase, c.remaining)
 	tmp, bins, cleanup, err := harness.WorkDir("sluice-adaptive-", c.keep, "./configd", "./bench/adaptive/instance")
 	if err != nil {
 		return err
@@ -130,7 +133,7 @@ func run(c config) error {
 	defer cd.Stop()
 	fmt.Printf("etcd %s embedded in this process; configd serve pid %d; instances: separate processes\n\n", version.Version, cd.Cmd.Process.Pid)
 
-	st := &stub{window: time.Second}
+	st := &stub{window: time.Second, remaining: c.remaining}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -323,10 +326,11 @@ type window struct {
 
 // stub is the provider: a hidden limit per aligned window.
 type stub struct {
-	window time.Duration
-	mu     sync.Mutex
-	limit  int64
-	wins   map[int64]*window
+	window    time.Duration
+	remaining bool // send x-ratelimit-remaining-requests and -reset-requests
+	mu        sync.Mutex
+	limit     int64
+	wins      map[int64]*window
 }
 
 func (s *stub) reset(limit int64) {
@@ -374,8 +378,10 @@ func (s *stub) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	left := w.limit - w.accepted
 	s.mu.Unlock()
 	reset := w.start.Add(s.window).Sub(now)
-	rw.Header().Set("x-ratelimit-remaining-requests", strconv.FormatInt(left, 10))
-	rw.Header().Set("x-ratelimit-reset-requests", reset.Round(time.Millisecond).String())
+	if s.remaining {
+		rw.Header().Set("x-ratelimit-remaining-requests", strconv.FormatInt(left, 10))
+		rw.Header().Set("x-ratelimit-reset-requests", reset.Round(time.Millisecond).String())
+	}
 	if !ok {
 		rw.Header().Set("Retry-After", strconv.FormatInt(int64((reset+time.Second-1)/time.Second), 10))
 		rw.WriteHeader(http.StatusTooManyRequests)
