@@ -49,14 +49,8 @@ type adaptor struct {
 }
 
 type adaptState struct {
-	s      adapt.State
-	totals map[string]instTotals // by instance ID: the counters of its last record
-}
-
-// instTotals is an instance incarnation's running total of pushbacks.
-type instTotals struct {
-	started   time.Time
-	pushbacks int64
+	s     adapt.State
+	tally adapt.Tally // the instances' counters of the last round
 }
 
 // run calls round every a.every until ctx ends; it returns then.
@@ -127,7 +121,7 @@ func (a *adaptor) provider(ctx context.Context, name string) error {
 	st := a.states[name]
 	first := st == nil
 	if first {
-		st = &adaptState{s: c.Start(), totals: map[string]instTotals{}}
+		st = &adaptState{s: c.Start()}
 		a.states[name] = st
 	}
 	// The stored config is the truth: an operator may have moved it.
@@ -143,53 +137,19 @@ func (a *adaptor) provider(ctx context.Context, name string) error {
 	if err != nil {
 		return etcdError(err)
 	}
-	r := adapt.Round{At: a.now()}
-	seen := map[string]instTotals{}
-	var ends []schema.InstanceRecord
+	var reps []adapt.Report
 	for _, kv := range ins.Kvs {
 		rec, err := schema.DecodeInstanceRecord(kv.Value)
 		if err != nil {
 			continue // the publisher logs and shows malformed records
 		}
-		cur := instTotals{started: rec.Started, pushbacks: rec.Pushbacks}
-		seen[rec.ID] = cur
-		prev, ok := st.totals[rec.ID]
-		if !ok || !prev.started.Equal(cur.started) || cur.pushbacks < prev.pushbacks {
-			prev = instTotals{} // a new incarnation: all it counted is new
-		}
-		r.Pushbacks += cur.pushbacks - prev.pushbacks
-		// What it sends per window: its quota, or its demand if less. Both
-		// are in its record whenever they move, where a count of
-		// admissions is only as fresh as the record's last write.
-		if rec.Enforced > 0 {
-			r.Sent += min(rec.Enforced, rec.Demand)
-		}
-		if rec.RetryUntil.After(r.RetryUntil) {
-			r.RetryUntil = rec.RetryUntil
-		}
-		if !rec.RemainingAt.IsZero() {
-			ends = append(ends, rec)
-		}
+		reps = append(reps, adapt.Report{ID: rec.ID, Started: rec.Started, Pushbacks: rec.Pushbacks,
+			Enforced: rec.Enforced, Demand: rec.Demand, RetryUntil: rec.RetryUntil,
+			Remaining: rec.Remaining, RemainingAt: rec.RemainingAt})
 	}
-	// The provider's last window that ended, as the instances saw it:
-	// each computes its end from a reset, so the ends agree to within a
-	// tenth of a window. The least remaining said in it is what the
-	// fleet as a whole left unused.
-	for _, rec := range ends {
-		if rec.RemainingAt.After(r.RemainingAt) {
-			r.RemainingAt = rec.RemainingAt
-		}
-	}
-	for _, rec := range ends {
-		if r.RemainingAt.Sub(rec.RemainingAt) <= cfg.Window.D()/10 && (!r.HasRemaining || rec.Remaining < r.Remaining) {
-			r.HasRemaining, r.Remaining = true, rec.Remaining
-		}
-	}
-	st.totals = seen
+	r, ok := st.tally.Round(a.now(), cfg.Window.D(), reps)
 	a.metrics.ceiling.WithLabelValues(name).Set(float64(ad.Ceiling))
-	if first {
-		// The first round only takes the baselines: what the instances
-		// counted before is not this interval's.
+	if !ok { // the baselines only
 		st.s.Last = r.At
 		a.metrics.effective.WithLabelValues(name).Set(float64(st.s.Limit))
 		return nil
