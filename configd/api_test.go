@@ -250,6 +250,8 @@ func TestConfigValidate(t *testing.T) {
 		{"shutdown", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown-timeout"},
 		{"history keep zero", func(c *Config) { c.HistoryKeep = 0 }, "history-keep"},
 		{"history keep huge", func(c *Config) { c.HistoryKeep = maxHistoryKeep + 1 }, "history-keep"},
+		{"adaptive interval zero", func(c *Config) { c.AdaptiveInterval = 0 }, "adaptive-interval"},
+		{"adaptive interval an hour", func(c *Config) { c.AdaptiveInterval = 3600e9 }, "adaptive-interval"},
 	}
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)

@@ -18,7 +18,7 @@ import (
 const setUsage = `Usage: configd set NAME --limit [DIM=]N[/W] [--limit [DIM=]N/W ...] [--only] [--window 1s]
                    [--mode enforce|shadow] [--algorithm even|fair]
                    [--pacing] [--floor N] [--max-clock-offset D] [--fail-static D]
-                   [--if-revision R] [--dry-run]
+                   [--adaptive floor=N[,shadow]|off] [--if-revision R] [--dry-run]
 
 Creates provider NAME or changes it, and prints the change (old → new). Flags
 not given keep their current values (or defaults for a new provider: window
@@ -46,6 +46,7 @@ Examples:
   configd set payments --limit 100/1s --only
   configd set payments --limit 250000 --window 100ms --pacing
   configd set payments --mode shadow --if-revision 42
+  configd set llm --limit 1000/1s --adaptive floor=200
 
 Flags:
 `
@@ -79,6 +80,9 @@ func (o *optString) revision(cmd string, least int64) (int64, error) {
 type edit struct {
 	limit, window, mode, algorithm, floor, maxOffset, failStatic optString
 	pacing                                                       *bool // nil: not given
+	// adaptive is --adaptive: "off", or floor=N[,shadow|enforce]
+	// [,decrease=F][,probe=F] (applyAdaptive).
+	adaptive optString
 	// more are the --limit flags after the first, and only says the
 	// limits given are all the provider's: then the provider's limits
 	// become those given (setLimits). A lone --limit changes the one it
@@ -102,6 +106,18 @@ func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 		}
 	case e.only:
 		return cfg, usageErrorf("--only says the --limit flags given are all the provider's limits: give them")
+	}
+	if e.limit.set && cfg.Adaptive != nil {
+		// The operator's limit is the ceiling; the effective limit starts
+		// from it again.
+		a := *cfg.Adaptive
+		a.Ceiling, a.Effective, a.PauseUntil, a.Reason = cfg.Limit, 0, time.Time{}, ""
+		cfg.Adaptive = &a
+	}
+	if e.adaptive.set {
+		if cfg, err = applyAdaptive(cfg, e.adaptive.val); err != nil {
+			return cfg, err
+		}
 	}
 	if e.window.set {
 		w, err := schema.ParseWindow(e.window.val)
@@ -141,6 +157,58 @@ func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 		cfg.FailStatic = schema.Duration(d)
 	}
 	return cfg, cfg.Validate()
+}
+
+// applyAdaptive applies an --adaptive value to cfg: "off" restores the
+// ceiling as the limit; otherwise comma-separated settings: floor=N (the
+// least effective limit; default 10% of the ceiling), shadow or enforce,
+// decrease=F and probe=F (the controller's; see configd/adapt). Turning
+// it on makes the limit the ceiling; the effective limit stays within
+// the new floor and the ceiling.
+func applyAdaptive(cfg schema.ProviderConfig, spec string) (schema.ProviderConfig, error) {
+	bad := func(why string) error {
+		return &schema.ValidationError{Field: "adaptive", Value: strconv.Quote(spec), Err: fmt.Errorf("%w: %s", schema.ErrInvalidAdaptive, why)}
+	}
+	if strings.TrimSpace(spec) == "off" {
+		if cfg.Adaptive != nil {
+			cfg.Limit, cfg.Adaptive = cfg.Adaptive.Ceiling, nil
+		}
+		return cfg, nil
+	}
+	var a schema.Adaptive
+	if cfg.Adaptive != nil {
+		a = *cfg.Adaptive
+	} else {
+		a = schema.Adaptive{Ceiling: cfg.Limit, Floor: max(1, cfg.Limit/10)}
+	}
+	for part := range strings.SplitSeq(spec, ",") {
+		k, v, hasValue := strings.Cut(strings.TrimSpace(part), "=")
+		var err error
+		switch {
+		case k == "shadow" && !hasValue:
+			a.Shadow = true
+		case k == "enforce" && !hasValue:
+			a.Shadow, a.Effective = false, 0
+		case k == "floor" && hasValue:
+			a.Floor, err = strconv.ParseInt(v, 10, 64)
+		case k == "decrease" && hasValue:
+			a.Decrease, err = strconv.ParseFloat(v, 64)
+		case k == "probe" && hasValue:
+			a.Probe, err = strconv.ParseFloat(v, 64)
+		default:
+			return cfg, bad(fmt.Sprintf("unknown setting %q (want off, or floor=N, shadow, enforce, decrease=F, probe=F)", part))
+		}
+		if err != nil {
+			return cfg, bad(fmt.Sprintf("%s: not a number: %q", k, v))
+		}
+	}
+	if a.Shadow {
+		cfg.Limit = a.Ceiling
+	} else {
+		cfg.Limit = min(max(cfg.Limit, a.Floor), a.Ceiling)
+	}
+	cfg.Adaptive = &a
+	return cfg, nil
 }
 
 // applyLimit sets cfg's limit from --limit, [DIMENSION=]N[/W]: "100/1s"
@@ -305,6 +373,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(&e.floor, "floor", "least share an idle instance keeps under fair (0: allocator default)")
 	fs.Var(&e.maxOffset, "max-clock-offset", "clock measurement uncertainty beyond which an instance's share is cut (0: the default, 2% of the window)")
 	fs.Var(&e.failStatic, "fail-static", "how long an instance cut off from etcd keeps its share past its lease, and configd keeps an expired instance's share reserved (0: the default, 10s; at most 1h)")
+	fs.Var(&e.adaptive, "adaptive", "follow the provider's pushback: floor=N[,shadow][,decrease=F][,probe=F] keeps an effective limit between N and --limit (the ceiling); off turns it off")
 	fs.Var(&ifRevision, "if-revision", "write only if the provider is at this revision (0: only if it does not exist)")
 	dryRun := fs.Bool("dry-run", false, "print the change without making it")
 	pos, err := parseArgs(fs, setUsage, args, stdout)
@@ -420,7 +489,32 @@ func fields(c schema.ProviderConfig) [][2]string {
 		{"fail_static", c.FailStaticOrDefault().String()}, // 0 means the default: show what applies
 		{"more_limits", moreLimits(c)},
 		{"lane_of", c.Of},
+		{"adaptive", adaptiveSummary(c.Adaptive)},
 	}
+}
+
+// adaptiveSummary says an adaptive setting in a line: "off", or its
+// ceiling and floor, what shadow mode computed, the pause and why it last
+// moved.
+func adaptiveSummary(a *schema.Adaptive) string {
+	if a == nil {
+		return "off"
+	}
+	s := fmt.Sprintf("ceiling %d, floor %d", a.Ceiling, a.Floor)
+	if a.Shadow {
+		eff := a.Effective
+		if eff == 0 {
+			eff = a.Ceiling
+		}
+		s += fmt.Sprintf(", shadow (would be %d)", eff)
+	}
+	if !a.PauseUntil.IsZero() {
+		s += ", paused until " + a.PauseUntil.UTC().Format(time.RFC3339)
+	}
+	if a.Reason != "" {
+		s += " (" + a.Reason + ")"
+	}
+	return s
 }
 
 // moreLimits says c's further limits in force, as --limit takes them:
@@ -450,6 +544,7 @@ func summary(c schema.ProviderConfig) string {
 func shown(c schema.ProviderConfig) [][2]string {
 	fs := fields(c)
 	return slices.DeleteFunc(fs, func(f [2]string) bool {
-		return (f[0] == "dimension" && c.Dimension == "") || (f[0] == "more_limits" && f[1] == "none") || (f[0] == "lane_of" && f[1] == "")
+		return (f[0] == "dimension" && c.Dimension == "") || (f[0] == "more_limits" && f[1] == "none") || (f[0] == "lane_of" && f[1] == "") ||
+			(f[0] == "adaptive" && c.Adaptive == nil)
 	})
 }

@@ -63,6 +63,9 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 	} else {
 		fmt.Fprintf(w, "config:    none or malformed (revision %d)\n", v.ConfigRevision)
 	}
+	if v.Config != nil && v.Config.Adaptive != nil {
+		printAdaptive(w, v)
+	}
 	budget := v.Config != nil && v.Config.Budget()
 	if budget {
 		printBudget(w, v)
@@ -127,6 +130,33 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 		}
 	}
 	printMalformed(w, v.Malformed)
+}
+
+// printAdaptive says where an adaptive provider's effective limit stands
+// against its ceiling, and the fleet's pushback that moves it.
+func printAdaptive(w io.Writer, v statusView) {
+	a := v.Config.Adaptive
+	var pushbacks int64
+	for _, in := range v.Instances {
+		if in.Record != nil {
+			pushbacks += in.Record.Pushbacks
+		}
+	}
+	limit, how := v.Config.Limit, "enforced"
+	if a.Shadow {
+		limit, how = a.Ceiling, "shadow: not enforced"
+		if a.Effective != 0 {
+			limit = a.Effective
+		}
+	}
+	fmt.Fprintf(w, "adaptive:  effective %d of ceiling %d (floor %d; %s); %d pushbacks reported by the live instances", limit, a.Ceiling, a.Floor, how, pushbacks)
+	if !a.PauseUntil.IsZero() {
+		fmt.Fprintf(w, "; probing paused until %s", a.PauseUntil.UTC().Format(time.RFC3339Nano))
+	}
+	if a.Reason != "" {
+		fmt.Fprintf(w, "; last: %s", a.Reason)
+	}
+	fmt.Fprintln(w)
 }
 
 // printBudget says what the instances took of a budget lane's window

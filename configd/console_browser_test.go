@@ -393,3 +393,71 @@ func jsString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
 }
+
+// TestConsoleBrowserAdaptive: the console of an adaptive provider draws
+// its ceiling above the effective limit, says both and why the limit last
+// moved, and shows the controller's move in the history. The instance's
+// record is written as a member pushed back by its provider would write
+// it, and configd's own controller lowers the limit.
+func TestConsoleBrowserAdaptive(t *testing.T) {
+	b := newBrowser(t) // first: a skip costs nothing else
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	tokenFile := writeFile(t, "token", consoleTestToken)
+	r := itServe(t, srv, "solo", "--admin-token-file", tokenFile)
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	itCLI(t, "set", "llm", "--limit", "1000/1s", "--adaptive", "floor=100", "--server="+r.url(), "--token-file="+tokenFile)
+
+	b.do("opening the console", chromedp.Navigate(r.url()+"/console/#p=llm"))
+	b.until("the ceiling line", `document.querySelector('#chart path[data-line="ceiling"]') !== null`)
+	b.until("the adaptive note", `document.querySelector('#adaptive').textContent.startsWith('Adaptive: effective limit 1000 of the ceiling 1000 (floor 100)')`)
+
+	// The provider pushes back: the instance's count grows until a round
+	// of the controller reads it.
+	var pushbacks int64
+	started := time.Now().UTC()
+	polls := 0
+	itWait(t, "the controller to lower the limit", func() (bool, string) {
+		if polls++; polls%20 == 1 {
+			pushbacks += 42
+			forgeInstance(t, cli, "llm", "a", "host-a", func(rec *schema.InstanceRecord) {
+				rec.Started, rec.Pushbacks, rec.Enforced, rec.Demand = started, pushbacks, 1000, 1000
+			})
+		}
+		return lowered(t, cli, "llm")
+	})
+	b.until("the effective limit against the ceiling", `/^Adaptive: effective limit \d+ of the ceiling 1000 \(floor 100\) · last move: /.test(document.querySelector('#adaptive').textContent)`)
+	b.until("the controller's move in the history", `[...document.querySelectorAll('#history tr')].some(r => r.textContent.includes('configd adaptive') && r.textContent.includes('limit 1000 → 500'))`)
+	// Some bucket's limit lies below the ceiling (a greater y on screen).
+	b.until("a lowered effective limit under the ceiling in the chart", `(() => {
+	  const ys = (key) => { const p = document.querySelector('#chart path[data-line="' + key + '"]');
+	    return p ? p.getAttribute('d').match(/,[0-9.]+/g).map(s => +s.slice(1)) : []; };
+	  const lim = ys('limit'), ceil = ys('ceiling');
+	  return lim.length > 0 && ceil.length > 0 && Math.max(...lim) > Math.max(...ceil);
+	})()`)
+	if hidden := eval[bool](b, `document.querySelector('#legend-ceiling').hidden`); hidden {
+		t.Error("the chart draws a ceiling its legend does not name")
+	}
+	if got := eval[string](b, `document.querySelector('#legend-limit').textContent`); got != "effective limit" {
+		t.Errorf("the legend calls the limit line %q, want effective limit", got)
+	}
+	b.screenshot("console-adaptive.png")
+	b.checkClean()
+}
+
+// lowered reports whether configd's controller has lowered provider's
+// limit, by its history.
+func lowered(t *testing.T, cli *clientv3.Client, provider string) (bool, string) {
+	t.Helper()
+	resp, err := cli.Get(ctxT(t), itKeys.History(provider), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		h, err := schema.DecodeHistoryEntry(kv.Value)
+		if err == nil && h.Who == adaptWho && h.Old != nil && h.New != nil && h.New.Limit < h.Old.Limit {
+			return true, ""
+		}
+	}
+	return false, fmt.Sprintf("%d history entries, none a lowering by %s", len(resp.Kvs), adaptWho)
+}

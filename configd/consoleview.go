@@ -6,6 +6,7 @@ package main
 // and no clock, so that every figure and every sentence is tested.
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -66,6 +67,39 @@ type configView struct {
 	// MoreLimits are the further limits in force, as --limit takes them
 	// ("tokens=200000/1m,50000/1h"); empty: none.
 	MoreLimits string `json:"more_limits,omitempty"`
+	// Adaptive is set for an adaptive provider: Limit is then its
+	// effective limit (in shadow mode, the ceiling).
+	Adaptive *adaptiveView `json:"adaptive,omitempty"`
+}
+
+// adaptiveView is what configd's controller keeps of an adaptive
+// provider, as the console shows it.
+type adaptiveView struct {
+	Ceiling int64 `json:"ceiling"`
+	Floor   int64 `json:"floor"`
+	// Effective is the limit the controller decided: the config's limit,
+	// or in shadow mode what it would be (the ceiling until it moved).
+	Effective  int64     `json:"effective"`
+	Shadow     bool      `json:"shadow"`
+	Reason     string    `json:"reason,omitempty"` // why it last moved
+	PauseUntil time.Time `json:"pause_until,omitzero"`
+}
+
+// adaptiveOf returns the console's view of c's adaptive setting; nil:
+// not adaptive.
+func adaptiveOf(c schema.ProviderConfig) *adaptiveView {
+	a := c.Adaptive
+	if a == nil {
+		return nil
+	}
+	av := &adaptiveView{Ceiling: a.Ceiling, Floor: a.Floor, Effective: c.Limit, Shadow: a.Shadow, Reason: a.Reason}
+	if a.Shadow {
+		av.Effective = cmp.Or(a.Effective, a.Ceiling)
+	}
+	if !a.PauseUntil.IsZero() {
+		av.PauseUntil = a.PauseUntil.UTC()
+	}
+	return av
 }
 
 // sharesView is the shares record configd's leader published last.
@@ -146,13 +180,19 @@ type chartView struct {
 // the bucket's true count lies between Least and Most, which is all the
 // records can say.
 type chartPoint struct {
-	Start     time.Time `json:"start"`
-	Limit     *float64  `json:"limit"`
-	Granted   *float64  `json:"granted"`
-	Admitted  *float64  `json:"admitted"`
-	Estimated bool      `json:"estimated,omitempty"`
-	Least     *float64  `json:"least,omitempty"`
-	Most      *float64  `json:"most,omitempty"`
+	Start   time.Time `json:"start"`
+	Limit   *float64  `json:"limit"`
+	Granted *float64  `json:"granted"`
+	// Ceiling is an adaptive provider's ceiling, and Shadow the effective
+	// limit its controller computes in shadow mode (Limit being the
+	// ceiling then); nil where the provider was not adaptive, or not in
+	// shadow mode.
+	Ceiling   *float64 `json:"ceiling,omitempty"`
+	Shadow    *float64 `json:"shadow,omitempty"`
+	Admitted  *float64 `json:"admitted"`
+	Estimated bool     `json:"estimated,omitempty"`
+	Least     *float64 `json:"least,omitempty"`
+	Most      *float64 `json:"most,omitempty"`
 }
 
 // bucketCount is what the records say of one bucket's admissions: spread
@@ -385,6 +425,7 @@ func buildPanel(st *consoleState, v statusView, hist []schema.HistoryEntry, now 
 		if more := moreLimits(*c); more != "none" {
 			p.Config.MoreLimits = more
 		}
+		p.Config.Adaptive = adaptiveOf(*c)
 	}
 	if s := v.Shares; s != nil {
 		sv := &sharesView{Generation: s.Generation, Total: s.Total, Instances: s.Instances, Window: s.Window.String(),
@@ -641,9 +682,18 @@ func chart(st *consoleState, v statusView, hist []schema.HistoryEntry, now time.
 	for i := chartBuckets; i > 0; i-- {
 		s := end.Add(-time.Duration(i) * bucket)
 		pt := chartPoint{Start: s.UTC()}
-		if l, lw, ok := limitAt(hist, v, s); ok {
-			x := float64(l) * float64(bucket) / float64(lw)
-			pt.Limit = &x
+		if c, ok := configAt(hist, v, s); ok {
+			per := func(n int64) *float64 {
+				x := float64(n) * float64(bucket) / float64(c.Window.D())
+				return &x
+			}
+			pt.Limit = per(c.Limit)
+			if av := adaptiveOf(c); av != nil {
+				pt.Ceiling = per(av.Ceiling)
+				if av.Shadow {
+					pt.Shadow = per(av.Effective)
+				}
+			}
 		}
 		if g, ok := grantedAt(st.shares, s, bucket); ok {
 			pt.Granted = &g
@@ -659,23 +709,23 @@ func chart(st *consoleState, v statusView, hist []schema.HistoryEntry, now time.
 	return cv
 }
 
-// limitAt returns the limit (and its window) in force at t by the
-// history, or the current config when history has nothing that old.
-func limitAt(hist []schema.HistoryEntry, v statusView, t time.Time) (int64, time.Duration, bool) {
+// configAt returns the config in force at t by the history, or the
+// current config when history has nothing that old.
+func configAt(hist []schema.HistoryEntry, v statusView, t time.Time) (schema.ProviderConfig, bool) {
 	for i := len(hist) - 1; i >= 0; i-- {
 		h := hist[i]
 		if h.When.After(t) {
 			continue
 		}
 		if h.New == nil {
-			return 0, 0, false // deleted
+			return schema.ProviderConfig{}, false // deleted
 		}
-		return h.New.Limit, h.New.Window.D(), true
+		return *h.New, true
 	}
 	if len(hist) == 0 && v.Config != nil {
-		return v.Config.Limit, v.Config.Window.D(), true
+		return *v.Config, true
 	}
-	return 0, 0, false
+	return schema.ProviderConfig{}, false
 }
 
 // grantedAt returns what configd granted in total at t, per bucket.

@@ -22,6 +22,9 @@ type metrics struct {
 	foreignShares   *prometheus.CounterVec
 	damped          *prometheus.CounterVec
 	historyPruned   prometheus.Counter
+	// The adaptive limit (adaptive.go).
+	effective, ceiling *prometheus.GaugeVec
+	adaptMoves         *prometheus.CounterVec
 	// Foreign keys in the election (see leader.go).
 	electionForeign        prometheus.Gauge
 	electionForeignRemoved prometheus.Counter
@@ -71,6 +74,15 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "configd_shares_damped_total",
 			Help: "Recomputed shares not published, by provider and reason: hysteresis (every share within the band of its published value) or rate_limit (deferred to one window after the last publish).",
 		}, []string{"provider", "reason"}),
+		effective: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "configd_adaptive_limit", Help: "The effective limit the adaptive controller keeps (in shadow mode: would keep), by provider.",
+		}, []string{"provider"}),
+		ceiling: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "configd_adaptive_ceiling", Help: "The operator's limit an adaptive provider's effective limit stays under, by provider.",
+		}, []string{"provider"}),
+		adaptMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "configd_adaptive_moves_total", Help: "Times the adaptive controller lowered or raised a provider's effective limit, by provider and direction.",
+		}, []string{"provider", "direction"}),
 		historyPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "configd_history_pruned_total", Help: "History entries deleted by retention (--history-keep).",
 		}),
@@ -93,7 +105,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 	}
 	reg.MustRegister(m.httpRequests, m.leader, m.leaderChanges, m.providersLed, m.publishes, m.publishFailures, m.publishFailing,
-		m.generation, m.liveInstances, m.total, m.malformed, m.foreignShares, m.damped, m.historyPruned, m.electionForeign, m.electionForeignRemoved,
+		m.generation, m.liveInstances, m.total, m.malformed, m.foreignShares, m.damped, m.historyPruned, m.effective, m.ceiling, m.adaptMoves, m.electionForeign, m.electionForeignRemoved,
 		m.clockKnown, m.clockOffset, m.clockUncertainty,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -87,6 +87,7 @@ type Config struct {
 	NTPServers        []string      // NTP servers configd measures its own clock against; none: not measured
 	NTPInterval       time.Duration // between two measurements
 	HistoryKeep       int64         // history entries kept per provider; older ones are pruned
+	AdaptiveInterval  time.Duration // between two rounds of the adaptive controller
 	ShutdownTimeout   time.Duration // how long a graceful shutdown may drain
 	LogLevel          string        // debug, info, warn, error
 	LogFormat         string        // text or json
@@ -106,6 +107,7 @@ func DefaultConfig() Config {
 		Margin:            DefaultPropagationMargin,
 		NTPInterval:       skew.DefaultInterval,
 		HistoryKeep:       DefaultHistoryKeep,
+		AdaptiveInterval:  DefaultAdaptEvery,
 		ShutdownTimeout:   10 * time.Second,
 		LogLevel:          "info",
 		LogFormat:         "text",
@@ -150,6 +152,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	})
 	fs.DurationVar(&c.NTPInterval, "ntp-interval", c.NTPInterval, "time between two measurements of configd's clock (with --ntp-server)")
 	fs.Int64Var(&c.HistoryKeep, "history-keep", c.HistoryKeep, "history entries kept per provider; the leader deletes older ones")
+	fs.DurationVar(&c.AdaptiveInterval, "adaptive-interval", c.AdaptiveInterval, "between two rounds of an adaptive provider's controller (10ms..1m; at most the instances' report interval)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown may take")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
@@ -186,6 +189,9 @@ func (c Config) Validate() error {
 		if !validHostName(h) {
 			return &ConfigError{"allowed-host", h, errors.New("must be a host name such as configd.internal: no scheme, port, path or wildcard")}
 		}
+	}
+	if c.AdaptiveInterval < 10*time.Millisecond || c.AdaptiveInterval > time.Minute {
+		return &ConfigError{"adaptive-interval", c.AdaptiveInterval.String(), errors.New("must be from 10ms to 1m")}
 	}
 	if c.Etcd.given() {
 		if _, err := c.Etcd.config(); err != nil {
@@ -398,6 +404,9 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 	leadCtx, stopLeading := context.WithCancel(ctx)
 	defer stopLeading()
 	wg.Go(func() { el.run(leadCtx) })
+	ad := &adaptor{cli: cli, keys: keys, store: st, replica: cfg.ReplicaID, log: log.With("replica", cfg.ReplicaID),
+		metrics: m, now: clk.now, every: cfg.AdaptiveInterval}
+	wg.Go(func() { ad.run(leadCtx) })
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- srv.Serve(ln) })
 	log.Info("configd serving", "listen", ln.Addr().String(), "replica", cfg.ReplicaID,

@@ -92,6 +92,8 @@ type Limiter struct {
 	backoffUntil int64
 	closed       bool
 	counts       counts
+
+	fb feedback // what the provider's answers said (Observe)
 }
 
 // bookWindow is what one window has reserved for waiters. For future windows

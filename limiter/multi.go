@@ -389,6 +389,22 @@ func (m *Multi) Backoff(d time.Duration) {
 	}
 }
 
+// Pushback records a pushback of the provider on the first limit (the one
+// a provider's config states) and pauses every limit for retryAfter (see
+// Limiter.Pushback).
+func (m *Multi) Pushback(retryAfter time.Duration) {
+	m.Observe(Signal{Pushback: true, RetryAfter: retryAfter})
+}
+
+// Observe records s on the first limit and pauses every limit for a
+// pushback's RetryAfter (see Limiter.Observe).
+func (m *Multi) Observe(s Signal) {
+	m.lims[0].Observe(s)
+	if s.Pushback {
+		m.Backoff(s.RetryAfter)
+	}
+}
+
 // SetQuota sets limit i's quota from at on (see Limiter.SetQuota).
 func (m *Multi) SetQuota(i int, q int64, at time.Time) error {
 	l, err := m.limit(i)

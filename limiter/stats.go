@@ -116,6 +116,18 @@ type Stats struct {
 	// ClockUncertainty the guard band kept at window boundaries.
 	ClockOffset, ClockUncertainty time.Duration
 	Pacing, Shadow, Closed        bool
+
+	// Pushbacks is the provider's answers that pushed back (Pushback,
+	// Observe), and RetryUntil the latest end of a Retry-After they named
+	// (zero: none).
+	Pushbacks  int64
+	RetryUntil time.Time
+	// ProviderRemaining is the least remaining the provider's headers
+	// said (Observe) in its last window that ended, at ProviderWindowEnd
+	// (zero: none yet): the room left unused in it. The answers' resets
+	// delimit the provider's windows.
+	ProviderRemaining int64
+	ProviderWindowEnd time.Time
 }
 
 // Stats returns a snapshot of the Limiter's counters and settings.
@@ -176,5 +188,6 @@ func (l *Limiter) Stats() Stats {
 	if l.backoffUntil > now {
 		st.BackoffUntil = time.Unix(0, l.backoffUntil)
 	}
+	l.fb.fill(&st, now)
 	return st
 }

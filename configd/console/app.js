@@ -150,6 +150,13 @@
     $('#config').textContent = c
       ? `limit ${c.limit} per ${c.window}${c.more_limits ? ' and ' + c.more_limits.split(',').join(' and ') : ''} · ${c.mode} · ${c.algorithm}${c.pacing ? ' · paced' : ''} · fail_static ${c.fail_static} · clock bound ${c.clock_bound} · revision ${p.revision}`
       : 'No valid config (deleted, or malformed): the instances keep the last good one.';
+    const a = c && c.adaptive;
+    $('#adaptive').hidden = !a;
+    $('#adaptive').textContent = a
+      ? `Adaptive${a.shadow ? ', in shadow mode (computed, not enforced)' : ''}: effective limit ${a.effective} of the ceiling ${a.ceiling} (floor ${a.floor})` +
+        (a.pause_until && new Date(a.pause_until) > new Date(p.read) ? `, probing paused until ${hmsms(a.pause_until)} UTC` : '') +
+        (a.reason ? ` · last move: ${a.reason}` : '')
+      : '';
     const s = p.shares;
     $('#shares').textContent = s
       ? `generation ${s.generation}: total ${s.total} over ${s.instances} instances (shares add up to ${s.sum}; configd counts ${s.granted} as possibly enforced), ` +
@@ -232,7 +239,7 @@
     const pts = c.points;
     const n = pts.length || 1;
     let top = 1;
-    for (const p of pts) top = Math.max(top, p.limit || 0, p.granted || 0, p.admitted || 0);
+    for (const p of pts) top = Math.max(top, p.limit || 0, p.granted || 0, p.admitted || 0, p.ceiling || 0, p.shadow || 0);
     top *= 1.15;
     const x = (i) => L + (i * (W - L - R)) / n;
     const y = (v) => T + (H - T - B) * (1 - v / top);
@@ -258,7 +265,9 @@
           : `${p.admitted.toFixed(0)} admitted, counted`;
       }
       const title = `${hms(p.start)} UTC: ${said}` +
-        (p.limit === null ? '' : `, limit ${p.limit.toFixed(0)}`) + (p.granted === null ? '' : `, granted ${p.granted.toFixed(0)}`);
+        (p.limit === null ? '' : `, ${p.ceiling == null || p.shadow != null ? 'limit' : 'effective limit'} ${p.limit.toFixed(0)}`) +
+        (p.ceiling == null ? '' : `, ceiling ${p.ceiling.toFixed(0)}`) + (p.shadow == null ? '' : `, shadow ${p.shadow.toFixed(0)}`) +
+        (p.granted === null ? '' : `, granted ${p.granted.toFixed(0)}`);
       let r;
       if (p.admitted === null) {
         r = svg('rect', { x: x(i) + 1, y: T, width: Math.max(1, bw - 2), height: y(0) - T, fill: '#cfd8e6', opacity: 0.35, 'data-start': p.start });
@@ -274,12 +283,15 @@
       r.append(svg('title', {}, title));
       s.append(r);
     });
-    for (const [key, color, dash] of [['limit', '#b3261e', '6 4'], ['granted', '#1f7a46', '']]) {
+    // An adaptive provider's ceiling is drawn dotted above its effective
+    // limit (the limit line), and in shadow mode the effective limit the
+    // controller computes, not enforced, dashed in orange.
+    for (const [key, color, dash] of [['ceiling', '#6a3d9a', '2 3'], ['shadow', '#c76b00', '3 3'], ['limit', '#b3261e', '6 4'], ['granted', '#1f7a46', '']]) {
       let d = '';
       pts.forEach((p, i) => {
-        const v = p[key];
+        const v = p[key] ?? null;
         if (v === null) return;
-        const prev = i > 0 ? pts[i - 1][key] : null;
+        const prev = i > 0 ? pts[i - 1][key] ?? null : null;
         d += (prev === null ? `M${x(i)},${y(v)}` : `L${x(i)},${y(v)}`) + `L${x(i + 1)},${y(v)}`;
       });
       if (d) s.append(svg('path', { d, fill: 'none', stroke: color, 'stroke-width': 2, 'stroke-dasharray': dash, 'data-line': key }));
@@ -289,6 +301,10 @@
       s.append(svg('text', { x: W - R, y: H - 10, 'text-anchor': 'end', 'font-size': 11, fill: '#6b7585' }, hms(pts[pts.length - 1].start) + ' UTC'));
     }
     $('#chart').replaceChildren(s);
+    const adaptive = pts.some((p) => p.ceiling != null), shadow = pts.some((p) => p.shadow != null);
+    $('#legend-ceiling').hidden = !adaptive;
+    $('#legend-shadow').hidden = !shadow;
+    $('#legend-limit').textContent = adaptive && !shadow ? 'effective limit' : 'limit';
     const notes = [];
     if (overCounted) notes.push(`${overCounted} counted ${overCounted === 1 ? 'window is' : 'windows are'} over the limit.`);
     if (overAsEstimate) {

@@ -159,12 +159,15 @@ func (h *handler) countsTokens() bool {
 	return h.multi != nil && slices.ContainsFunc(h.multi.Limits(), func(l limiter.Limit) bool { return l.Dimension == tokens })
 }
 
+// backoff pauses the limiter for d after the downstream pushed back, and
+// counts the pushback for the instance's report: with an adaptive
+// provider, configd lowers the whole fleet's limit from these counts.
 func (h *handler) backoff(d time.Duration) {
 	if h.multi != nil {
-		h.multi.Backoff(d)
+		h.multi.Pushback(d)
 		return
 	}
-	h.lim.Backoff(d)
+	h.lim.Pushback(d)
 }
 
 // unavailable answers 503 with Retry-After d, in whole seconds rounded up

@@ -341,6 +341,13 @@ type Record struct {
 	// reads to see why an instance admits less than its share.
 	Source   string
 	Enforced int64
+	// Pushbacks is the provider's pushbacks so far, and Remaining what
+	// its headers said was left at the end of its window that ended at
+	// RemainingEnd (Unix ns; 0: none): what an adaptive provider's
+	// effective limit follows.
+	Pushbacks    int64
+	Remaining    int64
+	RemainingEnd int64
 }
 
 // RefreshEvery is how many report intervals an unchanged record goes
@@ -360,7 +367,10 @@ func Due(old, cur Record, age, interval time.Duration) bool {
 // more than a millisecond, whether it is known, the fail_static the
 // instance's expiry counts with (configd holds a lapsed share by it), or
 // the quota it enforces and its source (a clock cut moves it without a
-// new generation; an operator must see it).
+// new generation; an operator must see it), a new pushback of the
+// provider, or the end of another of its windows with a remaining (the
+// controller needs every instance's word on the same window). Each is
+// written at most once per report interval whatever the request rate.
 func Meaningful(old, cur Record) bool {
 	dd := cur.Demand - old.Demand
 	if dd < 0 {
@@ -373,5 +383,6 @@ func Meaningful(old, cur Record) bool {
 	return cur.Generation != old.Generation ||
 		(dd > 1 && float64(dd) > 0.02*float64(max(old.Demand, 1))) ||
 		do > time.Millisecond || cur.ClockKnown != old.ClockKnown ||
-		cur.FailStatic != old.FailStatic || cur.Source != old.Source || cur.Enforced != old.Enforced
+		cur.FailStatic != old.FailStatic || cur.Source != old.Source || cur.Enforced != old.Enforced ||
+		cur.Pushbacks != old.Pushbacks || cur.RemainingEnd != old.RemainingEnd
 }

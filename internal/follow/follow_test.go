@@ -193,6 +193,8 @@ func TestDue(t *testing.T) {
 		{"clock known", with(func(r *Record) { r.ClockKnown = true }), true},
 		{"enforced (a clock cut)", with(func(r *Record) { r.Enforced = 1 }), true},
 		{"source", with(func(r *Record) { r.Source = SourceEven }), true},
+		{"a pushback", with(func(r *Record) { r.Pushbacks = 1 }), true},
+		{"another provider window's remaining", with(func(r *Record) { r.RemainingEnd = 1 }), true},
 	}
 	for _, c := range cases {
 		if got := Due(base, c.cur, time.Second, time.Second); got != c.want {

@@ -131,6 +131,9 @@ type ProviderConfig struct {
 	// lane provider's config, the provider it is a lane of.
 	Lanes []Lane `json:"lanes,omitempty"`
 	Of    string `json:"of,omitempty"`
+	// Adaptive, when set, makes Limit the effective limit configd keeps
+	// between a floor and the operator's ceiling (see Adaptive).
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
 }
 
 // DimensionOrDefault returns Dimension, or limiter.Requests when empty.
@@ -247,6 +250,11 @@ func (c ProviderConfig) Validate() error {
 	}
 	if c.FailStatic < 0 || c.FailStatic.D() > MaxFailStatic {
 		return invalid("fail_static", c.FailStatic, ErrInvalidFailStatic)
+	}
+	if c.Adaptive != nil {
+		if err := c.Adaptive.validate(c.Limit, len(c.Lanes)); err != nil {
+			return err
+		}
 	}
 	return c.validateLanes()
 }
@@ -365,6 +373,20 @@ type InstanceRecord struct {
 	// that reads the common record says so: one of an older release
 	// refuses a field it does not know, and would keep its last record.
 	ReadsUnmoved bool `json:"reads_unmoved,omitempty"`
+	// Pushbacks is the provider's answers that pushed back (429, 503)
+	// since the instance started (a running total, as Admitted), and
+	// RetryUntil the latest end of a Retry-After among them: what an
+	// adaptive provider's effective limit follows. Written only once
+	// there was one, so a configd of an older release, which refuses a
+	// field it does not know, reads the records of a fleet without.
+	Pushbacks  int64     `json:"pushbacks,omitempty"`
+	RetryUntil time.Time `json:"retry_until,omitzero"`
+	// Remaining is the least remaining the provider's rate-limit headers
+	// said to the instance in the provider's last window that ended, at
+	// RemainingAt, that window's end (zero: none): the room the fleet left
+	// unused in it (limiter.Stats.ProviderRemaining).
+	Remaining   int64     `json:"remaining,omitempty"`
+	RemainingAt time.Time `json:"remaining_at,omitzero"`
 }
 
 // Sources of the quota an instance enforces (InstanceRecord.Source).
@@ -406,6 +428,10 @@ func (r InstanceRecord) Validate() error {
 		return invalid("enforced", r.Enforced, ErrInvalidField)
 	case r.ClockUncertainty < 0 || r.ClockUncertainty.D() > time.Hour:
 		return invalid("clock_uncertainty", r.ClockUncertainty, ErrInvalidClockOffset)
+	case r.Pushbacks < 0 || r.Pushbacks > MaxLimit:
+		return invalid("pushbacks", r.Pushbacks, ErrInvalidField)
+	case r.Remaining < 0 || r.Remaining > MaxLimit:
+		return invalid("remaining", r.Remaining, ErrInvalidField)
 	}
 	return nil
 }

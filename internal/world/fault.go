@@ -57,8 +57,10 @@ func (w *World) fault() {
 		}
 		next.leader = true
 		w.tracef("replica %d leads", next.id)
+	case r < 66 && w.prov != nil:
+		w.moveProvider()
 	case r < 66:
-		w.limit = max(10, min(500, w.limit/3+w.rng.Int64N(2*w.limit)))
+		w.setLimit(max(10, min(500, w.limit/3+w.rng.Int64N(2*w.limit))))
 		w.tracef("limit %d", w.limit)
 	case r < 71 && !w.cfg.FixedWindow:
 		w.window = windows[w.rng.IntN(len(windows))]

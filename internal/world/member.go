@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/ledger"
@@ -31,6 +30,7 @@ type member struct {
 	paused  int64 // true time it wakes at
 	cut     int64 // true time it reaches etcd again
 	demand  int64 // permits it wants per window
+	started int64 // true time its incarnation began
 	sending bool
 	ticks   int
 }
@@ -60,7 +60,7 @@ func (m *member) start() {
 	w := m.w
 	m.inc++
 	m.holder = fmt.Sprintf("%s.%d", m.name, m.inc)
-	m.crashed, m.paused, m.cut = false, 0, 0
+	m.crashed, m.paused, m.cut, m.started = false, 0, 0, w.now
 	m.skew = w.rng.Int64N(2*int64(w.cfg.SkewBound)+1) - int64(w.cfg.SkewBound)
 	lim, err := limiter.New(0, w.window, limiter.WithClock(memberClock{m}))
 	if err != nil {
@@ -123,6 +123,9 @@ func (m *member) tick(inc int) {
 	}
 	if got > 0 {
 		w.count(w.now, got)
+		if w.prov != nil {
+			w.call(m, got)
+		}
 	}
 	m.sync()
 	if m.ticks%4 == 0 {
@@ -130,7 +133,8 @@ func (m *member) tick(inc int) {
 	}
 }
 
-// report keeps the lease alive and writes the demand; a lease that
+// report keeps the lease alive and writes the record (the demand, and
+// what the provider said); a lease that
 // expired ends this incarnation and starts the next.
 func (m *member) report() {
 	w := m.w
@@ -143,7 +147,7 @@ func (m *member) report() {
 		m.start()
 		return
 	}
-	w.write(nil, []op{{key: "I/" + m.holder, value: []byte(strconv.FormatInt(m.demand, 10)), lease: m.lease}}, func(bool, bool) {})
+	w.write(nil, []op{{key: "I/" + m.holder, value: m.record(), lease: m.lease}}, func(bool, bool) {})
 }
 
 // schedule arranges the delivery of each watch's pending events.

@@ -1,9 +1,10 @@
 package world
 
 import (
-	"strconv"
+	"encoding/json"
 	"strings"
 
+	"github.com/sluice-go/sluice/configd/adapt"
 	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/internal/ledger"
 )
@@ -20,6 +21,11 @@ type replica struct {
 	leader bool
 	paused int64 // true time it wakes at
 	busy   int64 // true time a write went out, 0 with none in flight
+	// The adaptive controller's, while it leads: lost when it stops, as
+	// a configd replica's are.
+	tally  *adapt.Tally
+	state  adapt.State
+	rounds int
 }
 
 func newReplica(w *World, id int) *replica {
@@ -35,12 +41,27 @@ func (r *replica) tick() {
 	defer w.at(w.now+int64(w.window)/4+w.rng.Int64N(int64(w.window)/8+1), r.tick)
 	// A write unanswered for a window no longer holds the next round up:
 	// the head's condition orders the two.
-	if !r.leader || w.now < r.paused || (r.busy != 0 && w.now-r.busy < int64(w.window)) {
+	if !r.leader {
+		r.tally = nil
+	}
+	if !r.leader || w.now < r.paused {
+		return
+	}
+	// The controller's round, every other tick: about configd's default
+	// of half a report interval.
+	if r.rounds++; w.prov != nil && r.rounds%2 == 0 {
+		r.adapt()
+	}
+	if r.busy != 0 && w.now-r.busy < int64(w.window) {
 		return
 	}
 	st, headMod := w.read()
-	p := ledger.Policy{Limit: w.limit, Window: w.window, Horizon: w.horizon(), Keep: 3, Slack: w.limit / 50, MaxOps: w.cfg.MaxOps}
-	ch, err := ledger.Plan(st, p, r.target(), r.clock())
+	limit := w.limit
+	if w.cfg.Break == "twice-ceiling" && w.prov != nil {
+		limit = 2 * w.prov.ctl.Ceiling
+	}
+	p := ledger.Policy{Limit: limit, Window: w.window, Horizon: w.horizon(), Keep: 3, Slack: w.limit / 50, MaxOps: w.cfg.MaxOps}
+	ch, err := ledger.Plan(st, p, r.target(limit), r.clock())
 	if err != nil {
 		w.fail("replica %d: %v", r.id, err)
 		return
@@ -72,19 +93,23 @@ func (r *replica) tick() {
 	})
 }
 
-// target allocates the limit over the members registered in etcd.
-func (r *replica) target() map[string]int64 {
+// target allocates limit over the members registered in etcd.
+func (r *replica) target(limit int64) map[string]int64 {
 	w := r.w
 	keys, kvs, _ := w.etcd.get("I/")
 	var in []alloc.Instance
 	for _, k := range keys {
-		d, _ := strconv.ParseFloat(string(kvs[k].value), 64)
-		in = append(in, alloc.Instance{ID: strings.TrimPrefix(k, "I/"), Demand: d})
+		var rep report
+		if err := json.Unmarshal(kvs[k].value, &rep); err != nil {
+			w.fail("replica %d: the record %s: %v", r.id, k, err)
+			return nil
+		}
+		in = append(in, alloc.Instance{ID: strings.TrimPrefix(k, "I/"), Demand: float64(rep.Demand)})
 	}
 	if len(in) == 0 {
 		return nil
 	}
-	shares, err := alloc.Fair(w.limit, alloc.DefaultFloor(w.limit, len(in)), in)
+	shares, err := alloc.Fair(limit, alloc.DefaultFloor(limit, len(in)), in)
 	if err != nil {
 		w.fail("alloc: %v", err)
 		return nil

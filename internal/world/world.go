@@ -16,6 +16,9 @@
 //   - the guarantee: in every aligned window of true time, what all
 //     members admitted is at most the most any revision of the ledger let
 //     that window hold;
+//   - in an adaptive history (Config.Adaptive), no window over the
+//     ceiling (the effective limit is the limit the guarantee above
+//     checks);
 //   - liveness: once the faults end, within Config.Settle windows the
 //     grants of the current window add up to the limit.
 package world
@@ -53,8 +56,10 @@ type Config struct {
 	Loss, Refuse float64
 	Trace        func(string) // every step, when set
 	// Break, for tests of the oracles, breaks one rule of the protocol:
-	// "unconditioned" (configd writes without the head's condition) or
-	// "unenforced" (members write releases without enforcing them).
+	// "unconditioned" (configd writes without the head's condition),
+	// "unenforced" (members write releases without enforcing them) or
+	// "twice-ceiling" (configd plans an adaptive provider with twice its
+	// ceiling).
 	Break string
 	// ApplyLag, when set, is how long a member takes between computing its
 	// schedule and releases (ToRelease, Schedule) and applying them to its
@@ -75,6 +80,13 @@ type Config struct {
 	// that much (see heal), and a longer one ends the history a settle
 	// after the faults with only the safety oracles checked.
 	LiveAhead time.Duration
+	// Adaptive makes the limit adaptive: Limit is the ceiling, and the
+	// members call a provider whose own limit moves while faults are
+	// drawn, instead of an operator retuning the limit; configd's leader
+	// runs the real controller (configd/adapt) on the members' reports of
+	// the provider's pushback and writes the effective limit it decides.
+	// The window length never changes (it is the provider's).
+	Adaptive bool
 }
 
 func (c *Config) defaults() {
@@ -91,12 +103,16 @@ func (c *Config) defaults() {
 
 // Result is what a history showed.
 type Result struct {
-	Seed       uint64
-	Writes     int      // transactions etcd applied
-	Windows    int      // aligned windows checked
-	Admitted   int64    // permits admitted in all
-	Worst      float64  // the fullest window against its bound
-	Live       bool     // the liveness check ran (see Config.LiveAhead)
+	Seed     uint64
+	Writes   int     // transactions etcd applied
+	Windows  int     // aligned windows checked
+	Admitted int64   // permits admitted in all
+	Worst    float64 // the fullest window against its bound
+	Live     bool    // the liveness check ran (see Config.LiveAhead)
+	// Refused is the calls an adaptive history's provider answered with a
+	// pushback, and Moves how often configd moved the effective limit.
+	Refused    int64
+	Moves      int
 	Violations []string // broken invariants; empty when the history passed
 }
 
@@ -130,6 +146,7 @@ type World struct {
 	calm      bool            // the faults ended: no lost, refused or slow messages, no pauses
 	lengths   []time.Duration // the window lengths admissions are counted in
 	ahead     time.Duration   // the most a script set a replica's clock ahead
+	prov      *provider       // Config.Adaptive: the provider the members call
 }
 
 // Run plays the history of cfg and returns what it showed.
@@ -149,6 +166,10 @@ func Run(cfg Config) Result {
 		}
 	}
 	w.faultsEnd = epoch + int64(cfg.Faults)
+	if cfg.Adaptive {
+		w.cfg.FixedWindow = true
+		w.prov = newProvider(w)
+	}
 	for i := range cfg.Replicas {
 		w.reps = append(w.reps, newReplica(w, i))
 	}
@@ -336,6 +357,10 @@ func (w *World) checkWindows() {
 	}
 	w.checkOutside(seqs)
 	w.checkAny()
+	if w.prov != nil {
+		w.checkEffective()
+		w.res.Refused, w.res.Moves = w.prov.refused, len(w.prov.changes)-1
+	}
 }
 
 // checkAny compares every aligned window of every length with the most
@@ -389,6 +414,9 @@ func (w *World) horizon() int64 {
 func (r Result) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: %d writes, %d windows, %d admitted, worst window at %.1f%% of its bound", r.Seed, r.Writes, r.Windows, r.Admitted, 100*r.Worst)
+	if r.Moves > 0 || r.Refused > 0 {
+		fmt.Fprintf(&b, "; %d calls pushed back, %d moves of the effective limit", r.Refused, r.Moves)
+	}
 	for _, v := range r.Violations {
 		b.WriteString("\n  " + v)
 	}

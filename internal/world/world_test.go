@@ -24,6 +24,7 @@ var (
 	faultsFlag  = flag.Duration("world.faults", 0, "how long faults are drawn (0: Config's default)")
 	fixedFlag   = flag.Bool("world.fixed", false, "never change the window length")
 	maxOpsFlag  = flag.Int("world.maxops", 0, "etcd's --max-txn-ops (0: 3 to 10 in every third history, else 128)")
+	adaptFlag   = flag.Bool("world.adaptive", false, "every history adaptive (else every third)")
 )
 
 // TestHistories plays random histories of the real ledger code under every
@@ -53,6 +54,7 @@ func TestHistories(t *testing.T) {
 			// Publishes to more holders than a transaction holds.
 			cfg.MaxOps = ledger.MinOps + int(seed/3%8)
 		}
+		cfg.Adaptive = *adaptFlag || seed%3 == 1
 		if testing.Verbose() && n == 1 {
 			cfg.Trace = func(s string) { t.Log(s) }
 		}
@@ -67,16 +69,39 @@ func TestHistories(t *testing.T) {
 	t.Logf("%d histories: %d windows checked, %d writes, none over; the fullest window at %.1f%% of its bound", n, windows, writes, 100*worst)
 }
 
-// TestReplay: one seed gives one history.
+// TestReplay: one seed gives one history, adaptive or not.
 func TestReplay(t *testing.T) {
-	cfg := Config{Seed: 42, Loss: 0.05, Refuse: 0.03}
-	a, b := Run(cfg), Run(cfg)
-	if a.String() != b.String() || a.Admitted != b.Admitted || a.Writes != b.Writes {
-		t.Fatalf("seed 42 played twice:\n%v\n%v", a, b)
+	for _, adaptive := range []bool{false, true} {
+		cfg := Config{Seed: 42, Loss: 0.05, Refuse: 0.03, Adaptive: adaptive}
+		a, b := Run(cfg), Run(cfg)
+		if a.String() != b.String() || a.Admitted != b.Admitted || a.Writes != b.Writes || a.Refused != b.Refused {
+			t.Fatalf("seed 42 (adaptive %v) played twice:\n%v\n%v", adaptive, a, b)
+		}
+		if a.Admitted == 0 || a.Writes == 0 {
+			t.Fatalf("seed 42 (adaptive %v) admitted %d in %d writes: the world did nothing", adaptive, a.Admitted, a.Writes)
+		}
 	}
-	if a.Admitted == 0 || a.Writes == 0 {
-		t.Fatalf("seed 42 admitted %d in %d writes: the world did nothing", a.Admitted, a.Writes)
+}
+
+// TestAdaptiveFollowsTheProvider: in adaptive histories the provider
+// pushes back and configd's controller moves the effective limit, down
+// and back up, while no window goes over the ceiling or over an effective
+// limit in force.
+func TestAdaptiveFollowsTheProvider(t *testing.T) {
+	var refused int64
+	var moves int
+	for seed := uint64(3100); seed < 3120; seed++ {
+		r := Run(Config{Seed: seed, Loss: 0.05, Refuse: 0.03, Adaptive: true})
+		if len(r.Violations) > 0 {
+			t.Fatalf("%v", r)
+		}
+		refused += r.Refused
+		moves += r.Moves
 	}
+	if refused == 0 || moves < 40 {
+		t.Fatalf("20 adaptive histories: %d calls pushed back, %d moves of the effective limit: the controller did not follow the provider", refused, moves)
+	}
+	t.Logf("20 adaptive histories: %d calls pushed back, %d moves of the effective limit", refused, moves)
 }
 
 // TestConfigdClockFarOff: configd's clock minutes off costs windows, never
@@ -105,10 +130,12 @@ func flagSet(name string) (set bool) {
 // TestOraclesCatchABrokenProtocol: the oracles find a history over the
 // limit when one rule is broken, within a few random seeds.
 func TestOraclesCatchABrokenProtocol(t *testing.T) {
-	for _, rule := range []string{"unconditioned", "unenforced"} {
+	for _, rule := range []string{"unconditioned", "unenforced", "twice-ceiling"} {
 		t.Run(rule, func(t *testing.T) {
 			for seed := uint64(1); seed <= 200; seed++ {
-				r := Run(Config{Seed: seed, Loss: 0.05, Refuse: 0.03, Break: rule})
+				// "twice-ceiling": configd plans an adaptive provider with
+				// twice its ceiling.
+				r := Run(Config{Seed: seed, Loss: 0.05, Refuse: 0.03, Break: rule, Adaptive: rule == "twice-ceiling"})
 				for _, v := range r.Violations {
 					if !contains(v, "liveness") {
 						t.Logf("found after %d seeds: %s", seed, v)

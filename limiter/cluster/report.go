@@ -79,6 +79,14 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		ClockUncertainty:  schema.Duration(st.ClockUncertainty),
 		ReadsCommon:       true,
 		ReadsUnmoved:      true,
+		Pushbacks:         st.Pushbacks,
+		Remaining:         st.ProviderRemaining,
+	}
+	if !st.RetryUntil.IsZero() {
+		rec.RetryUntil = st.RetryUntil.UTC()
+	}
+	if !st.ProviderWindowEnd.IsZero() {
+		rec.RemainingAt = st.ProviderWindowEnd.UTC()
 	}
 	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) {
 		return nil
@@ -163,6 +171,8 @@ func (m *Member) register(ctx context.Context, lease clientv3.LeaseID, put clien
 func onlyProgress(prev, rec schema.InstanceRecord) bool {
 	prev.Updated, prev.Demand, prev.Admitted, prev.AppliedGeneration, prev.AppliedFrom, prev.Enforced =
 		rec.Updated, rec.Demand, rec.Admitted, rec.AppliedGeneration, rec.AppliedFrom, rec.Enforced
+	prev.Pushbacks, prev.RetryUntil, prev.Remaining, prev.RemainingAt =
+		rec.Pushbacks, rec.RetryUntil, rec.Remaining, rec.RemainingAt
 	return prev == rec
 }
 
@@ -176,12 +186,24 @@ func slow(err error) bool {
 // written is what of rec decides whether it is written again.
 func written(rec schema.InstanceRecord) follow.Record {
 	return follow.Record{
-		Demand:      rec.Demand,
-		Generation:  rec.AppliedGeneration,
-		ClockOffset: time.Duration(rec.ClockOffset),
-		ClockKnown:  rec.ClockKnown,
-		FailStatic:  time.Duration(rec.FailStatic),
-		Source:      rec.Source,
-		Enforced:    rec.Enforced,
+		Demand:       rec.Demand,
+		Generation:   rec.AppliedGeneration,
+		ClockOffset:  time.Duration(rec.ClockOffset),
+		ClockKnown:   rec.ClockKnown,
+		FailStatic:   time.Duration(rec.FailStatic),
+		Source:       rec.Source,
+		Enforced:     rec.Enforced,
+		Pushbacks:    rec.Pushbacks,
+		Remaining:    rec.Remaining,
+		RemainingEnd: remainingEnd(rec),
 	}
+}
+
+// remainingEnd is the end of the provider window rec's remaining is of, in
+// Unix ns; 0: none.
+func remainingEnd(rec schema.InstanceRecord) int64 {
+	if rec.RemainingAt.IsZero() {
+		return 0
+	}
+	return rec.RemainingAt.UnixNano()
 }
