@@ -136,6 +136,9 @@ func (pl *planner) era() {
 		}
 		pl.t.Head.Eras = append(pl.t.Head.Eras, Era{Seq: seq, Window: pl.p.Window, Start: start, Floor: pl.k,
 			Limits: []Step{{From: start, Limit: pl.p.Limit}}})
+		// Grants written ahead count their first window in the old
+		// length: never adopted by a publish of the new one.
+		pl.t.Head.Staged = 0
 		pl.c.Why = append(pl.c.Why, fmt.Sprintf("era %d: windows of %v from window %d", seq, pl.p.Window, start))
 		return
 	}

@@ -194,3 +194,30 @@ func TestAPublishLargerThanATransactionIsWrittenAhead(t *testing.T) {
 		t.Errorf("a policy of %d operations a transaction: %v, want ErrInvalid", MinOps-1, err)
 	}
 }
+
+// TestGrantsWrittenAheadDoNotCrossAnEra: grants written ahead under 1s
+// windows count their first window in 1s windows; once the window is 2s,
+// a publish of 2s windows must not adopt them.
+func TestGrantsWrittenAheadDoNotCrossAnEra(t *testing.T) {
+	s := NewState()
+	target := map[string]int64{}
+	for i := range 10 {
+		target[fmt.Sprintf("h%d", i)] = 10
+	}
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 2, MaxOps: 5}
+	if c := plan(t, s, p, target, 10); len(c.Grants) == 0 || len(c.Pubs) != 0 {
+		t.Fatalf("the first change wrote no grants ahead: %v", c.Why)
+	}
+	p.Window = 2 * w
+	for i := range 12 {
+		plan(t, s, p, target, 5+int64(i)/4)
+	}
+	for key, g := range s.Grants {
+		if pb, ok := s.Pubs[key.Pub]; ok && (g.From < pb.A || g.From > pb.B) {
+			t.Errorf("grant of %s from window %d in publish %d of windows %d..%d", g.Holder, g.From, pb.Seq, pb.A, pb.B)
+		}
+	}
+	if e, _ := s.Head.Current(); s.Sum(e.Seq, 8) != 100 {
+		t.Errorf("the ten holders hold %d in window 8, want 100", s.Sum(e.Seq, 8))
+	}
+}
