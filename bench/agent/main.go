@@ -240,7 +240,7 @@ func run(args []string, out io.Writer) error {
 	}
 	tw.Flush()
 	fmt.Fprintln(out, "(clients: processes, each one connection and one call at a time; in-process: goroutines, latency per call averaged over batches of 100;")
-	fmt.Fprintln(out, " CPU/call: user+system time of the server process called (agent a, redis-server) and of all client processes with their warm-up, over the calls timed)")
+	fmt.Fprintln(out, " CPU/call: user+system time of the server process called (agent a, redis-server) and of all client processes, over the calls timed)")
 	if c.pythonWindows > 0 {
 		py, err := python()
 		if err != nil {
