@@ -172,24 +172,53 @@ func (lc *leanConn) serve() {
 	}()
 	lc.br = bufio.NewReaderSize(lc.c, leanBufSize)
 	for {
-		head, err := peekHead(lc.br)
+		// Idle until a request's first byte: no deadline, as net/http
+		// keeps an idle connection without IdleTimeout.
+		if _, err := lc.br.Peek(1); err != nil {
+			return // closed
+		}
+		// From its first byte, the whole request must arrive within
+		// HeaderTimeout. The deadline is set only when a read must wait
+		// for more: a request that came in one read, the usual case,
+		// costs no timer.
+		timed := false
+		wait := func() {
+			if !timed {
+				timed = true
+				lc.c.SetReadDeadline(time.Now().Add(lc.s.a.cfg.HeaderTimeout))
+			}
+		}
+		head, err := peekHead(lc.br, wait)
 		if err != nil && !errors.Is(err, errHeadTooLarge) {
-			return // closed, or cut mid-request
+			lc.refuseIncomplete(err)
+			return
 		}
 		if !lc.s.setBusy(lc, true) {
 			return
 		}
 		h, ok := parseHead(head)
 		ok = ok && err == nil && h.headLen+h.contentLength <= leanBufSize
+		ok = ok && validHost(h.host)
 		ok = ok && (!lc.tcp || lc.s.a.authorized(string(h.auth)))
 		if !ok {
-			// net/http answers it, and the rest of the connection.
+			// net/http answers it, and the rest of the connection, with
+			// deadlines of its own.
+			if timed {
+				lc.c.SetReadDeadline(time.Time{})
+			}
 			handedOff = lc.s.handoff.give(&bufferedConn{Conn: lc.c, r: lc.br})
 			return
 		}
+		if lc.br.Buffered() < h.headLen+h.contentLength {
+			wait()
+		}
 		full, err := lc.br.Peek(h.headLen + h.contentLength)
 		if err != nil {
+			lc.refuseIncomplete(err)
 			return
+		}
+		if timed {
+			lc.c.SetReadDeadline(time.Time{})
 		}
 		// The body is copied out before anything else reads the
 		// connection: a read may move the buffer's bytes.
@@ -199,6 +228,20 @@ func (lc *leanConn) serve() {
 			return
 		}
 	}
+}
+
+// refuseIncomplete answers a request that did not arrive whole within
+// HeaderTimeout with 408; the connection is closed after it. A request
+// cut by the client's close has no one to answer.
+func (lc *leanConn) refuseIncomplete(err error) {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return
+	}
+	b, _ := json.Marshal(errorJSON{Error: ReasonBadRequest, Message: fmt.Sprintf(
+		"%v: the request did not arrive whole within %v of its first byte", ErrBadRequest, lc.s.a.cfg.HeaderTimeout)})
+	b = append(b, '\n')
+	lc.c.SetWriteDeadline(time.Now().Add(lc.s.a.cfg.HeaderTimeout))
+	lc.c.Write(append(appendHead(nil, http.StatusRequestTimeout, len(b), true), b...))
 }
 
 // answer runs the request and writes its answer; it reports whether the
@@ -335,24 +378,30 @@ var dateCache atomic.Pointer[cachedDate]
 var errHeadTooLarge = errors.New("agent: request head larger than the lean buffer")
 
 // peekHead waits until br holds a whole request head (up to the blank
-// line) and returns the buffered bytes, without consuming them. A head
-// that does not fit the buffer gives errHeadTooLarge, with the bytes.
-func peekHead(br *bufio.Reader) ([]byte, error) {
+// line) and returns the buffered bytes, without consuming them; wait is
+// called before a read that blocks. A head that does not fit the buffer
+// gives errHeadTooLarge, with the bytes. A head whose lines end in a bare
+// LF ends at "\n\n": parseHead refuses it and net/http, which reads such
+// heads, answers it.
+func peekHead(br *bufio.Reader, wait func()) ([]byte, error) {
 	for {
 		if n := br.Buffered(); n > 0 {
 			buf, _ := br.Peek(n)
-			if bytes.Contains(buf, crlfcrlf) {
+			if bytes.Contains(buf, crlfcrlf) || bytes.Contains(buf, lflf) {
 				return buf, nil
 			}
 			if n == br.Size() {
 				return buf, errHeadTooLarge
 			}
 		}
+		wait()
 		if _, err := br.Peek(br.Buffered() + 1); err != nil {
 			return nil, err
 		}
 	}
 }
+
+var lflf = []byte("\n\n")
 
 var crlfcrlf = []byte("\r\n\r\n")
 
@@ -362,6 +411,7 @@ type reqHead struct {
 	headLen       int    // bytes up to and with the blank line
 	contentLength int
 	auth          []byte // the Authorization value (aliases the buffer)
+	host          []byte // the Host value (aliases the buffer)
 	close         bool   // Connection: close
 }
 
@@ -426,6 +476,7 @@ func parseHead(buf []byte) (reqHead, bool) {
 		switch {
 		case equalFold(name, "host"):
 			hosts++
+			h.host = value
 		case equalFold(name, "content-length"):
 			lengths++
 			if len(value) == 0 || len(value) > 7 {
@@ -463,6 +514,19 @@ func parseHead(buf []byte) (reqHead, bool) {
 
 var crlf = []byte("\r\n")
 
+// validHost reports whether net/http would take host as a Host value
+// (httpguts.ValidHostHeader, whose bytes these are): a request it
+// refuses with 400 the lean loop does not answer either.
+func validHost(host []byte) bool {
+	for _, c := range host {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			bytes.IndexByte([]byte("!$%&()*+,-.:;=[']_~"), c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
 func equalFold(b []byte, lower string) bool {
 	if len(b) != len(lower) {
 		return false
@@ -492,7 +556,8 @@ type reqCtx struct {
 	lc     *leanConn
 
 	once      sync.Once
-	done      chan struct{}
+	done      chan struct{} // made by watch, which then sets watching
+	watching  atomic.Bool   // Err reads done only after this
 	closeOnce sync.Once
 	err       error // set before done closes
 	watcher   chan struct{}
@@ -508,15 +573,19 @@ func (x *reqCtx) Done() <-chan struct{} {
 	return x.done
 }
 
+// Err is the parent's end even before anything asked for Done: the
+// drain that began then ends this request too. It may be called while
+// another goroutine calls Done: watching orders its read of done after
+// watch's write.
 func (x *reqCtx) Err() error {
-	if x.done == nil {
+	if !x.watching.Load() {
 		return x.parent.Err()
 	}
 	select {
 	case <-x.done:
 		return x.err
 	default:
-		return nil
+		return x.parent.Err()
 	}
 }
 
@@ -532,6 +601,7 @@ func (x *reqCtx) cancel(err error) {
 // the parent's end is passed on.
 func (x *reqCtx) watch() {
 	x.done = make(chan struct{})
+	x.watching.Store(true)
 	x.watcher = make(chan struct{})
 	x.stopAfter = context.AfterFunc(x.parent, func() { x.cancel(x.parent.Err()) })
 	go func() {

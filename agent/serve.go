@@ -162,7 +162,7 @@ func (a *Agent) Serve(ctx context.Context, ls *Listeners) error {
 	defer stopDrain()
 	hs := &http.Server{
 		Handler:           a.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: a.cfg.HeaderTimeout,
 		BaseContext:       func(net.Listener) context.Context { return drain },
 		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
 	}
