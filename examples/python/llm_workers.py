@@ -35,7 +35,7 @@ from typing import Dict, List, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python"))
 
-from sluice_agent import Limiter, SluiceError, Timeout  # noqa: E402
+from sluice_agent import Closed, Limiter, SluiceError, Timeout  # noqa: E402
 
 
 class Stub:
@@ -116,8 +116,11 @@ def limits(sock: str, provider: str, patience: float = 180.0) -> Tuple[Dict[str,
     and until then its status names no window yet: wait for it."""
     deadline, said = time.monotonic() + patience, False
     while True:
-        st = Limiter(provider, socket=sock).status()
-        held = [p for p in st["providers"] if p["name"] == provider]
+        try:
+            st = Limiter(provider, socket=sock).status()
+        except Closed:
+            st = None  # the agent started with & is not listening yet
+        held = [p for p in st["providers"] if p["name"] == provider] if st else [{"ready": False, "limits": []}]
         if not held:
             raise SystemExit(f"the agent at {sock} does not hold {provider}: {st['providers']}")
         p = held[0]
@@ -127,6 +130,8 @@ def limits(sock: str, provider: str, patience: float = 180.0) -> Tuple[Dict[str,
                 out[lm["dimension"]] = lm.get("total") or lm["quota"]
                 window = parse_window(lm["window"])
             return out, window
+        if time.monotonic() > deadline and st is None:
+            raise SystemExit(f"the agent at {sock} did not answer in {patience:.0f} s: is sluice-agent running?")
         if time.monotonic() > deadline:
             raise SystemExit(f"the agent at {sock} has no share of {provider} in force after {patience:.0f} s: "
                              f"is configd serving, and `configd set {provider} ...` done? {p}")
