@@ -10,6 +10,11 @@
 //   - redis-lua: the token bucket of bench/redis, one EVALSHA per call
 //     over loopback TCP, from 1 and 16 client processes, when a
 //     redis-server is on PATH (else skipped, saying so);
+//   - floor: the same HTTP client against a server that does no work (this
+//     binary again, answering every read with a fixed 200 from a thread
+//     blocked in read, as a C server would): the machine's own cost of
+//     one exchange between two processes over a Unix socket, which no
+//     agent can go below;
 //   - python: examples/python/llm_workers.py, 8 Python processes on two
 //     agents sharing one provider of requests and tokens per second,
 //     counting windows over either limit at the stub (when python3 is
@@ -70,9 +75,20 @@ type result struct {
 	Err string  `json:"err,omitempty"`
 }
 
+// floorEnv makes this binary the floor case's server, on the Unix socket
+// it names.
+const floorEnv = "SLUICE_BENCH_AGENT_FLOOR"
+
 func main() {
 	if spec := os.Getenv(clientEnv); spec != "" {
 		json.NewEncoder(os.Stdout).Encode(client(spec))
+		return
+	}
+	if sock := os.Getenv(floorEnv); sock != "" {
+		if err := floorServer(sock); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/agent floor:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -100,7 +116,7 @@ func run(args []string, out io.Writer) error {
 	fs.BoolVar(&c.keep, "keep", false, "keep the temporary directory (logs)")
 	fs.IntVar(&c.agentProcs, "agent-gomaxprocs", 0, "GOMAXPROCS of the agents (0: Go's default, the cores)")
 	fs.IntVar(&c.clientProcs, "client-gomaxprocs", 0, "GOMAXPROCS of each Go client process (0: Go's default)")
-	only := fs.String("cases", "inproc,http,grpc,redis,python", "the cases to run, comma-separated")
+	only := fs.String("cases", "inproc,floor,http,grpc,redis,python", "the cases to run, comma-separated")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -200,10 +216,28 @@ func run(args []string, out io.Writer) error {
 		name, mode, target string
 		pid                int // the server's
 	}
-	cases := []benchCase{
+	var cases []benchCase
+	if c.cases["floor"] {
+		sock := filepath.Join(dir, "floor.sock")
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		fl, err := startEnv(dir, "floor", []string{floorEnv + "=" + sock}, self)
+		if err != nil {
+			return err
+		}
+		defer fl.stop()
+		if _, err := fl.waitLine(regexp.MustCompile(`^floor ready`)); err != nil {
+			return err
+		}
+		// The floor's clients are the HTTP case's: "http" mode.
+		cases = append(cases, benchCase{"floor: no-op server, Unix socket", "http", sock, fl.cmd.Process.Pid})
+	}
+	cases = append(cases, []benchCase{
 		{"agent HTTP, Unix socket", "http", socks[0], agentPID},
 		{"agent gRPC, Unix socket", "grpc", filepath.Join(dir, "a-grpc.sock"), agentPID},
-	}
+	}...)
 	if !c.cases["redis"] {
 		// not asked for
 	} else if rs, err := startRedis(dir); err != nil {
@@ -213,7 +247,7 @@ func run(args []string, out io.Writer) error {
 		cases = append(cases, benchCase{"Redis Lua token bucket, TCP", "redis", rs.addr, rs.cmd.Process.Pid})
 	}
 	for _, cs := range cases {
-		if !c.cases[cs.mode] {
+		if !c.cases[cs.mode] && !strings.HasPrefix(cs.name, "floor") {
 			continue
 		}
 		for _, n := range c.procs {
@@ -719,5 +753,55 @@ func readAnswer(fd int, buf []byte) error {
 			return fmt.Errorf("acquire: %s", buf[:n])
 		}
 		return nil
+	}
+}
+
+// floorAnswer is the size and shape of the agent's answer to an
+// acquisition.
+const floorAnswer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nDate: Sun, 06 Dec 2026 16:00:00 GMT\r\n" +
+	"Content-Length: 58\r\n\r\n{\"grant\":\"g0123456-1.0123456789abc\",\"cost\":{\"requests\":1}}\n"
+
+// floorServer answers every read on every connection to sock with
+// floorAnswer, each connection on its own OS thread blocked in read: a
+// server that does no work and no Go scheduling (no netpoller), to
+// measure what one exchange costs the machine. It runs until killed.
+func floorServer(sock string) error {
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: sock}); err != nil {
+		return err
+	}
+	if err := syscall.Listen(fd, 128); err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "floor ready")
+	answer := []byte(floorAnswer)
+	for {
+		c, _, err := syscall.Accept(fd)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		go func() {
+			runtime.LockOSThread()
+			defer syscall.Close(c)
+			buf := make([]byte, 4096)
+			for {
+				n, err := syscall.Read(c, buf)
+				if err == syscall.EINTR {
+					continue
+				}
+				if err != nil || n == 0 {
+					return
+				}
+				if _, err := syscall.Write(c, answer); err != nil {
+					return
+				}
+			}
+		}()
 	}
 }
