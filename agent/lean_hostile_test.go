@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -248,4 +249,36 @@ func TestLeanCallerGoneMidWaitOnKeptConnection(t *testing.T) {
 	if resp, e := readAnswer(t, br2, "after the caller left"); resp.StatusCode != 429 || e.Error != ReasonTimeout {
 		t.Errorf("after the caller left: %d %+v, want 429 TIMEOUT", resp.StatusCode, e)
 	}
+}
+
+// FuzzParseHead: whatever head the lean loop answers itself, net/http
+// reads the same way — the same operation, body length, Host,
+// Authorization and Connection: close — so that the two paths never
+// disagree on what a request is.
+func FuzzParseHead(f *testing.F) {
+	body := `{"provider":"llm"}`
+	for _, s := range []string{
+		post("/v1/acquire", body),
+		post("/v1/settle", body, "Connection: close\r\n", "Authorization: Bearer x\r\n"),
+		post("/v1/reserve", body, "content-length: 18\r\n"),
+		"POST /v1/cancel HTTP/1.1\r\nhost: [::1]:80\r\nContent-Length: 007\r\nX: \t a \t\r\n\r\n",
+		"POST /v1/acquire HTTP/1.1\nHost: a\nContent-Length: 2\n\n{}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, ok := parseHead(b)
+		if !ok || !validHost(h.host) {
+			return
+		}
+		r, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b)))
+		if err != nil {
+			t.Fatalf("the lean loop reads %q as %+v; net/http refuses it: %v", b, h, err)
+		}
+		if r.Method != "POST" || r.URL.Path != h.path || r.URL.RawQuery != "" || r.ContentLength != int64(h.contentLength) ||
+			r.Host != string(h.host) || r.Header.Get("Authorization") != string(h.auth) || r.Close != h.close {
+			t.Fatalf("%q: lean %+v; net/http %s %s length %d host %q auth %q close %v", b, h, r.Method, r.URL,
+				r.ContentLength, r.Host, r.Header.Get("Authorization"), r.Close)
+		}
+	})
 }
