@@ -71,6 +71,11 @@ type Config struct {
 	MaxCallers int
 	// ShutdownTimeout bounds the graceful shutdown.
 	ShutdownTimeout time.Duration
+	// HeaderTimeout bounds how long an HTTP request may take to arrive,
+	// from its first byte to its last: a client that sends part of one
+	// and stalls (slowloris) is answered 408 and closed. A kept
+	// connection with no request under way is idle, not timed.
+	HeaderTimeout time.Duration
 }
 
 // LocalProvider is a provider enforced by this agent alone.
@@ -93,6 +98,7 @@ func DefaultConfig() Config {
 		MaxGrants:       100_000,
 		MaxCallers:      256,
 		ShutdownTimeout: 5 * time.Second,
+		HeaderTimeout:   10 * time.Second,
 	}
 }
 
@@ -182,6 +188,8 @@ func (c Config) Validate() error {
 		return invalid("MaxCallers", c.MaxCallers, "want at least 1")
 	case c.ShutdownTimeout <= 0:
 		return invalid("ShutdownTimeout", c.ShutdownTimeout, "want more than 0")
+	case c.HeaderTimeout <= 0:
+		return invalid("HeaderTimeout", c.HeaderTimeout, "want more than 0")
 	case c.LeaseTTL < 0:
 		return invalid("LeaseTTL", c.LeaseTTL, "want 0 (the default) or more")
 	}

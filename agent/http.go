@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -19,7 +20,9 @@ import (
 
 // The HTTP/JSON API. Every answer is JSON with a Content-Length; a refusal
 // is {"error": REASON, "message": "..."} with the status of its reason
-// (outcomes), and changed nothing.
+// (outcomes), and changed nothing. One exception: a request that does not
+// arrive whole within Config.HeaderTimeout is BAD_REQUEST with 408, so
+// that the client knows the agent closed the connection for its slowness.
 //
 //	POST /v1/acquire      {"provider", "caller", "cost": {"tokens": 700}, "max_wait_ms": 200} → {"grant", "cost"}
 //	POST /v1/try_acquire  the same, never waiting
@@ -193,10 +196,22 @@ func (a *Agent) Handler() http.Handler {
 }
 
 func (a *Agent) serveOp(w http.ResponseWriter, r *http.Request) {
+	// The body must arrive within HeaderTimeout, as on the lean loop: the
+	// server's ReadHeaderTimeout covers only the head, and its
+	// ReadTimeout would also end the wait that follows (net/http's read
+	// for the peer's close would time out and cancel the request).
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(a.cfg.HeaderTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			writeError(w, ReasonTooLarge, fmt.Sprintf("a body of at most %d bytes", MaxBody))
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			writeJSON(w, http.StatusRequestTimeout, errorJSON{Error: ReasonBadRequest, Message: fmt.Sprintf(
+				"%v: the body did not arrive whole within %v", ErrBadRequest, a.cfg.HeaderTimeout)})
 			return
 		}
 		writeError(w, ReasonBadRequest, "reading the body: "+err.Error())

@@ -162,17 +162,19 @@ func (a *Agent) Serve(ctx context.Context, ls *Listeners) error {
 	defer stopDrain()
 	hs := &http.Server{
 		Handler:           a.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: a.cfg.HeaderTimeout,
 		BaseContext:       func(net.Listener) context.Context { return drain },
 		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
 	}
 	gs := a.GRPCServer()
 	a.grpcDrain.Store(&drain)
-	n := len(ls.HTTP) + len(ls.GRPC)
+	lean := newLeanServer(a, drain, hs)
+	n := len(ls.HTTP) + len(ls.GRPC) + 1
 	errc := make(chan error, n)
 	for _, l := range ls.HTTP {
-		go func() { errc <- hs.Serve(l) }()
+		go func() { errc <- lean.serve(l) }()
 	}
+	go func() { errc <- hs.Serve(lean.handoff) }()
 	for _, l := range ls.GRPC {
 		go func() { errc <- gs.Serve(l) }()
 	}
@@ -191,6 +193,7 @@ func (a *Agent) Serve(ctx context.Context, ls *Listeners) error {
 	stopDrain()
 	sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
+	lean.shutdown(sctx)
 	hs.Shutdown(sctx)
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()

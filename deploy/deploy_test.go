@@ -737,6 +737,43 @@ func routes(t *testing.T, pkg string) map[string]bool {
 	return out
 }
 
+// switchRoutes returns the paths a package's non-test files serve by a
+// switch on the request's path (the agent's handler): the "/..." strings
+// of its case clauses.
+func switchRoutes(t *testing.T, pkg string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	fset := token.NewFileSet()
+	files, _ := filepath.Glob(filepath.Join(root, pkg, "*.go"))
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			cc, ok := n.(*ast.CaseClause)
+			if !ok {
+				return true
+			}
+			for _, e := range cc.List {
+				if lit, ok := e.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+					if s, _ := strconv.Unquote(lit.Value); strings.HasPrefix(s, "/") {
+						out[s] = true
+					}
+				}
+			}
+			return true
+		})
+	}
+	if !out["/healthz"] {
+		t.Fatalf("no /healthz among the paths %s serves: %v", pkg, sortedKeys(out))
+	}
+	return out
+}
+
 // --- Kubernetes ----------------------------------------------------------
 
 type kustomization struct {
@@ -789,11 +826,14 @@ type podTemplate struct {
 	Spec struct {
 		SecurityContext struct {
 			RunAsNonRoot bool `json:"runAsNonRoot"`
+			RunAsGroup   *int `json:"runAsGroup"`
 		} `json:"securityContext"`
-		Containers []container `json:"containers"`
-		Volumes    []struct {
-			Name   string `json:"name"`
-			Secret *struct {
+		InitContainers []container `json:"initContainers"`
+		Containers     []container `json:"containers"`
+		Volumes        []struct {
+			Name     string    `json:"name"`
+			EmptyDir *struct{} `json:"emptyDir"`
+			Secret   *struct {
 				SecretName string `json:"secretName"`
 				Items      []struct {
 					Key string `json:"key"`
@@ -804,24 +844,51 @@ type podTemplate struct {
 }
 
 type container struct {
-	Name    string   `json:"name"`
-	Image   string   `json:"image"`
-	Command []string `json:"command"`
-	Args    []string `json:"args"`
-	Env     []envVar `json:"env"`
-	Ports   []struct {
+	Name          string   `json:"name"`
+	Image         string   `json:"image"`
+	RestartPolicy string   `json:"restartPolicy"` // "Always": a native sidecar (init container)
+	Command       []string `json:"command"`
+	Args          []string `json:"args"`
+	Env           []envVar `json:"env"`
+	Ports         []struct {
 		Name          string `json:"name"`
 		ContainerPort int    `json:"containerPort"`
 	} `json:"ports"`
-	LivenessProbe  *probe `json:"livenessProbe"`
-	ReadinessProbe *probe `json:"readinessProbe"`
-	VolumeMounts   []struct {
-		Name string `json:"name"`
+	LivenessProbe   *probe `json:"livenessProbe"`
+	ReadinessProbe  *probe `json:"readinessProbe"`
+	StartupProbe    *probe `json:"startupProbe"`
+	SecurityContext struct {
+		RunAsGroup *int `json:"runAsGroup"`
+	} `json:"securityContext"`
+	VolumeMounts []struct {
+		Name      string `json:"name"`
+		MountPath string `json:"mountPath"`
 	} `json:"volumeMounts"`
+}
+
+// env returns the value of env variable name set literally, "" if none.
+func (c container) env(name string) string {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom == nil {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+// mountOf returns the volume mounted at dir, "" if none.
+func (c container) mountOf(dir string) string {
+	for _, m := range c.VolumeMounts {
+		if filepath.Clean(m.MountPath) == filepath.Clean(dir) {
+			return m.Name
+		}
+	}
+	return ""
 }
 
 type envVar struct {
 	Name      string `json:"name"`
+	Value     string `json:"value"`
 	ValueFrom *struct {
 		SecretKeyRef    *keyRef `json:"secretKeyRef"`
 		ConfigMapKeyRef *keyRef `json:"configMapKeyRef"`
@@ -841,6 +908,9 @@ type probe struct {
 		Path string `json:"path"`
 		Port any    `json:"port"`
 	} `json:"httpGet"`
+	Exec *struct {
+		Command []string `json:"command"`
+	} `json:"exec"`
 }
 
 // resolvePort returns the container port a probe or Service port names.
@@ -949,7 +1019,7 @@ func TestKubernetes(t *testing.T) {
 
 	var services []object
 	podsByLabels := map[string]podTemplate{}
-	sawConfigd, sawConsumer, sawEtcd := false, false, false
+	sawConfigd, sawConsumer, sawEtcd, sawAgent := false, false, false, false
 	for _, o := range objs {
 		if o.Kind == "Service" {
 			services = append(services, o)
@@ -964,8 +1034,10 @@ func TestKubernetes(t *testing.T) {
 			t.Errorf("%s: pods should set runAsNonRoot", where)
 		}
 		volumes := map[string]bool{}
+		emptyDirs := map[string]bool{}
 		for _, v := range tpl.Spec.Volumes {
 			volumes[v.Name] = true
+			emptyDirs[v.Name] = v.EmptyDir != nil
 			if v.Secret == nil {
 				continue
 			}
@@ -979,7 +1051,7 @@ func TestKubernetes(t *testing.T) {
 				}
 			}
 		}
-		for _, c := range tpl.Spec.Containers {
+		for _, c := range slices.Concat(tpl.Spec.InitContainers, tpl.Spec.Containers) {
 			cw := where + " container " + c.Name
 			for _, m := range c.VolumeMounts {
 				if !volumes[m.Name] && !strings.EqualFold(o.Kind, "StatefulSet") {
@@ -1031,7 +1103,11 @@ func TestKubernetes(t *testing.T) {
 					args = args[1:]
 				}
 				checkArgs(t, cw, args, flagsOf(t, p))
-				paths = routes(t, p.pkg)
+				if p.pkg == "agent/sluice-agent" {
+					paths = switchRoutes(t, "agent")
+				} else {
+					paths = routes(t, p.pkg)
+				}
 				for _, a := range args {
 					name, val, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
 					if name == "listen" || name == "metrics-listen" {
@@ -1053,6 +1129,9 @@ func TestKubernetes(t *testing.T) {
 							t.Errorf("%s: should pass %s", cw, want)
 						}
 					}
+				case "agent/sluice-agent":
+					sawAgent = true
+					checkAgentSidecar(t, cw, *tpl, c, args, emptyDirs)
 				case "examples/kafka":
 					sawConsumer = true
 					if !slices.ContainsFunc(c.Env, func(e envVar) bool {
@@ -1068,6 +1147,8 @@ func TestKubernetes(t *testing.T) {
 				}
 				checkArgs(t, cw, c.Args, etcdFlags(t))
 				paths = etcdRoutes
+			case c.Name == "app" && strings.HasPrefix(c.Image, "python:"):
+				continue // an application's stand-in beside the agent: checkAgentSidecar checks its wiring
 			default:
 				t.Errorf("%s: image %s is neither the kustomization's sluice image nor etcd", cw, c.Image)
 				continue
@@ -1085,7 +1166,17 @@ func TestKubernetes(t *testing.T) {
 			if ann := tpl.Metadata.Annotations["prometheus.io/path"]; ann != "" && !paths[ann] {
 				t.Errorf("%s: prometheus.io/path %s is not served", cw, ann)
 			}
-			for name, pr := range map[string]*probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+			for name, pr := range map[string]*probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
+				if pr != nil && pr.Exec != nil && sluiceImage[c.Image] {
+					// The program asks itself: its flags must be its own.
+					cmd := pr.Exec.Command
+					if len(cmd) == 0 || cmd[0] != c.Command[0] {
+						t.Errorf("%s: %s probe runs %v, want the container's own binary %s", cw, name, cmd, c.Command[0])
+					} else {
+						p, _ := programByPath(cmd[0])
+						checkArgs(t, cw+" "+name+" probe", cmd[1:], flagsOf(t, p))
+					}
+				}
 				if pr == nil || pr.HTTPGet == nil {
 					continue
 				}
@@ -1110,8 +1201,8 @@ func TestKubernetes(t *testing.T) {
 			}
 		}
 	}
-	if !sawConfigd || !sawConsumer || !sawEtcd {
-		t.Errorf("want a configd, a consumer and an etcd workload; saw %v %v %v", sawConfigd, sawConsumer, sawEtcd)
+	if !sawConfigd || !sawConsumer || !sawEtcd || !sawAgent {
+		t.Errorf("want a configd, a consumer, an agent and an etcd workload; saw %v %v %v %v", sawConfigd, sawConsumer, sawAgent, sawEtcd)
 	}
 
 	for _, s := range services {
@@ -1133,6 +1224,87 @@ func TestKubernetes(t *testing.T) {
 			if !slices.ContainsFunc(pod.Spec.Containers, func(c container) bool { _, ok := c.resolvePort(tp); return ok }) {
 				t.Errorf("Service/%s: targetPort %v is not a port of the selected pods", s.Metadata.Name, tp)
 			}
+		}
+	}
+}
+
+// checkAgentSidecar checks the wiring of sluice-agent beside an app: a
+// native sidecar (so it starts first and stops last), its socket on an
+// emptyDir that every other container mounts at the same place and names
+// in SLUICE_AGENT_SOCKET (the clients' variable), its probes on that
+// socket, the pod's group the socket's (mode 0660), the instance id the
+// pod name.
+func checkAgentSidecar(t *testing.T, cw string, pod podTemplate, c container, args []string, emptyDirs map[string]bool) {
+	t.Helper()
+	if c.RestartPolicy != "Always" || !slices.ContainsFunc(pod.Spec.InitContainers, func(x container) bool { return x.Name == c.Name }) {
+		t.Errorf("%s: should be a native sidecar (an init container with restartPolicy Always): it must answer before the app starts and after it stops", cw)
+	}
+	flag := func(name string) string {
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	sock := flag("socket")
+	if sock == "" || !filepath.IsAbs(sock) {
+		t.Errorf("%s: should pass --socket=/ABSOLUTE/PATH", cw)
+		return
+	}
+	vol := c.mountOf(filepath.Dir(sock))
+	if !emptyDirs[vol] {
+		t.Errorf("%s: the socket's directory %s should be an emptyDir mount, shared with the app", cw, filepath.Dir(sock))
+	}
+	if g := flag("grpc-socket"); g != "" && filepath.Dir(g) != filepath.Dir(sock) {
+		t.Errorf("%s: --grpc-socket %s is not beside --socket %s on the shared volume", cw, g, sock)
+	}
+	if m := flag("socket-mode"); m != "" && m != "0660" && m != "660" {
+		t.Errorf("%s: --socket-mode %s: the pod's group is the way in (0660)", cw, m)
+	}
+	if flag("id") != "$(POD_NAME)" || !slices.ContainsFunc(c.Env, func(e envVar) bool {
+		return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
+	}) {
+		t.Errorf("%s: --id should be $(POD_NAME), from the downward API, so that configd status names pods", cw)
+	}
+	for _, want := range []string{"--etcd-endpoints", "--etcd-ca", "--etcd-cert", "--etcd-key"} {
+		if flag(strings.TrimPrefix(want, "--")) == "" {
+			t.Errorf("%s: should pass %s", cw, want)
+		}
+	}
+	if c.StartupProbe == nil || c.StartupProbe.Exec == nil || !slices.Contains(c.StartupProbe.Exec.Command, "--socket="+sock) {
+		t.Errorf("%s: a startup probe should run --probe on %s, so that the app starts once the agent answers", cw, sock)
+	}
+	if c.LivenessProbe == nil || c.LivenessProbe.Exec == nil || !slices.Contains(c.LivenessProbe.Exec.Command, "--socket="+sock) {
+		t.Errorf("%s: a liveness probe should run --probe on %s", cw, sock)
+	}
+	if pod.Spec.SecurityContext.RunAsGroup == nil {
+		t.Errorf("%s: the pod should set runAsGroup: the socket's group, which the app needs (mode 0660)", cw)
+	}
+	apps := 0
+	for _, a := range pod.Spec.Containers {
+		aw := strings.TrimSuffix(cw, c.Name) + a.Name
+		apps++
+		if a.mountOf(filepath.Dir(sock)) != vol {
+			t.Errorf("%s: should mount volume %s at %s, where the agent's socket is", aw, vol, filepath.Dir(sock))
+		}
+		if got := a.env("SLUICE_AGENT_SOCKET"); got != sock {
+			t.Errorf("%s: SLUICE_AGENT_SOCKET is %q, want the agent's --socket %s", aw, got, sock)
+		}
+		for _, x := range []container{a, c} {
+			if g := x.SecurityContext.RunAsGroup; g != nil && pod.Spec.SecurityContext.RunAsGroup != nil && *g != *pod.Spec.SecurityContext.RunAsGroup {
+				t.Errorf("%s: container %s runs as group %d, not the pod's: the app could not open the socket", aw, x.Name, *g)
+			}
+		}
+	}
+	if apps == 0 {
+		t.Errorf("%s: a sidecar with no app beside it", cw)
+	}
+	// The clients read the variable the manifest sets.
+	for _, f := range []string{"clients/python/sluice_agent/client.py", "clients/python/sluice_agent/aio.py"} {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil || !bytes.Contains(b, []byte(`"SLUICE_AGENT_SOCKET"`)) {
+			t.Errorf("%s: does not read SLUICE_AGENT_SOCKET (%v)", f, err)
 		}
 	}
 }

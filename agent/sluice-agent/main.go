@@ -8,6 +8,7 @@
 //	    --etcd-password-file /var/lib/configd/credentials/instance \
 //	    --provider llm-api --allow 'batch-*' --socket-group app
 //	sluice-agent --local 'llm=500/1m,tokens=200000/1m' --socket /tmp/agent.sock --grpc-socket /tmp/agent-grpc.sock
+//	sluice-agent --probe --socket /run/sluice/agent.sock   # exit 0 if the agent there answers
 //
 // The first SIGINT/SIGTERM shuts down gracefully (waits under way end with
 // CLOSED, the leases are revoked so the other instances' shares grow); a
@@ -16,16 +17,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/sluice-go/sluice/agent"
 )
@@ -58,6 +63,31 @@ func (l *locals) Set(s string) error {
 	return nil
 }
 
+// probe asks the agent on socket for /healthz. A container image without
+// a shell or curl (distroless) can still probe the agent with its own
+// binary, and the Unix socket is all a probe can reach: a TCP listener
+// is on loopback and needs the token.
+func probe(socket string, timeout time.Duration) error {
+	if socket == "" {
+		return errors.New("--socket is empty")
+	}
+	c := &http.Client{Timeout: timeout, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+		},
+	}}
+	resp, err := c.Get("http://agent/healthz")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var out struct{ OK bool }
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<10)).Decode(&out); err != nil || resp.StatusCode != http.StatusOK || !out.OK {
+		return fmt.Errorf("%s answered %s", socket, resp.Status)
+	}
+	return nil
+}
+
 // run parses args, serves until a signal and returns the exit status: 2
 // for a usage error, 1 for any other.
 func run(args []string, stderr io.Writer) int {
@@ -68,6 +98,7 @@ func run(args []string, stderr io.Writer) int {
 	var local locals
 	mode := fs.String("socket-mode", "0660", "the sockets' permission bits (octal)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	probeOnly := fs.Bool("probe", false, "ask the agent serving on --socket for /healthz and exit 0 if it answers (for exec probes)")
 	fs.StringVar(&cfg.Socket, "socket", cfg.Socket, "Unix socket of the HTTP/JSON API (\"\": none)")
 	fs.StringVar(&cfg.GRPCSocket, "grpc-socket", cfg.GRPCSocket, "Unix socket of the gRPC API (\"\": none)")
 	fs.StringVar(&cfg.SocketGroup, "socket-group", "", "the sockets' group, a name or gid: its members may call the agent")
@@ -101,6 +132,13 @@ func run(args []string, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "sluice-agent: unexpected arguments %q\n", fs.Args())
 		return 2
+	}
+	if *probeOnly {
+		if err := probe(cfg.Socket, 2*time.Second); err != nil {
+			fmt.Fprintln(stderr, "sluice-agent: probe:", err)
+			return 1
+		}
+		return 0
 	}
 	m, err := strconv.ParseUint(*mode, 8, 32)
 	if err != nil {

@@ -10,6 +10,11 @@
 //   - redis-lua: the token bucket of bench/redis, one EVALSHA per call
 //     over loopback TCP, from 1 and 16 client processes, when a
 //     redis-server is on PATH (else skipped, saying so);
+//   - floor: the same HTTP client against a server that does no work (this
+//     binary again, answering every read with a fixed 200 from a thread
+//     blocked in read, as a C server would): the machine's own cost of
+//     one exchange between two processes over a Unix socket, which no
+//     agent can go below;
 //   - python: examples/python/llm_workers.py, 8 Python processes on two
 //     agents sharing one provider of requests and tokens per second,
 //     counting windows over either limit at the stub (when python3 is
@@ -45,6 +50,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -64,13 +70,25 @@ const clientEnv = "SLUICE_BENCH_AGENT_CLIENT"
 // their latencies in nanoseconds.
 type result struct {
 	N   int64   `json:"n"`
+	CPU int64   `json:"cpu"` // ns of user and system time over the timed calls
 	Lat []int64 `json:"lat"`
 	Err string  `json:"err,omitempty"`
 }
 
+// floorEnv makes this binary the floor case's server, on the Unix socket
+// it names.
+const floorEnv = "SLUICE_BENCH_AGENT_FLOOR"
+
 func main() {
 	if spec := os.Getenv(clientEnv); spec != "" {
 		json.NewEncoder(os.Stdout).Encode(client(spec))
+		return
+	}
+	if sock := os.Getenv(floorEnv); sock != "" {
+		if err := floorServer(sock); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/agent floor:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -81,6 +99,8 @@ func main() {
 
 type config struct {
 	duration      time.Duration
+	agentProcs    int // GOMAXPROCS of the agents, 0: Go's default
+	clientProcs   int // GOMAXPROCS of the client processes, 0: Go's default
 	procs         []int
 	pythonWindows int
 	keep          bool
@@ -94,7 +114,9 @@ func run(args []string, out io.Writer) error {
 	ps := fs.String("procs", "1,16", "client processes (goroutines in-process), comma-separated")
 	fs.IntVar(&c.pythonWindows, "python-windows", 5, "one-second windows of the Python run (0: none)")
 	fs.BoolVar(&c.keep, "keep", false, "keep the temporary directory (logs)")
-	only := fs.String("cases", "inproc,http,grpc,redis,python", "the cases to run, comma-separated")
+	fs.IntVar(&c.agentProcs, "agent-gomaxprocs", 0, "GOMAXPROCS of the agents (0: Go's default, the cores)")
+	fs.IntVar(&c.clientProcs, "client-gomaxprocs", 0, "GOMAXPROCS of each Go client process (0: Go's default)")
+	only := fs.String("cases", "inproc,floor,http,grpc,redis,python", "the cases to run, comma-separated")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -119,7 +141,8 @@ func run(args []string, out io.Writer) error {
 	if !c.keep {
 		defer os.RemoveAll(dir)
 	}
-	fmt.Fprintf(out, "bench/agent: %s, GOMAXPROCS %d, %d s per case\n", runtime.Version(), runtime.GOMAXPROCS(0), int(c.duration.Seconds()))
+	fmt.Fprintf(out, "bench/agent: %s, GOMAXPROCS %d (agents %s, clients %s), %d s per case\n", runtime.Version(), runtime.GOMAXPROCS(0),
+		procsName(c.agentProcs), procsName(c.clientProcs), int(c.duration.Seconds()))
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		fmt.Fprintf(out, "load average at start: %s", b)
 	}
@@ -151,15 +174,19 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	var socks []string
+	var agentPID int // agent a's: the one the latency cases call
 	for _, name := range []string{"a", "b"} {
 		sock := filepath.Join(dir, name+".sock")
-		ag, err := start(dir, "agent-"+name, filepath.Join(bin, "sluice-agent"), "--socket", sock, "--grpc-socket", filepath.Join(dir, name+"-grpc.sock"),
+		ag, err := startEnv(dir, "agent-"+name, gomaxprocsEnv(c.agentProcs), filepath.Join(bin, "sluice-agent"), "--socket", sock, "--grpc-socket", filepath.Join(dir, name+"-grpc.sock"),
 			"--etcd-endpoints", etcd, "--etcd-username", "instance", "--etcd-password-file", filepath.Join(data, "credentials", "instance"),
 			"--id", "agent-"+name, "--provider", "bench,llm", "--log-level", "warn")
 		if err != nil {
 			return err
 		}
 		defer ag.stop()
+		if agentPID == 0 {
+			agentPID = ag.cmd.Process.Pid
+		}
 		socks = append(socks, sock)
 	}
 	for _, s := range socks {
@@ -171,10 +198,11 @@ func run(args []string, out io.Writer) error {
 	}
 
 	type row struct {
-		name  string
-		procs int
-		r     result
-		dur   time.Duration
+		name              string
+		procs             int
+		r                 result
+		dur               time.Duration
+		server, clientCPU time.Duration // CPU time spent, by the server called and by the clients
 	}
 	var rows []row
 	for _, n := range c.procs {
@@ -182,41 +210,71 @@ func run(args []string, out io.Writer) error {
 			break
 		}
 		r, d := inProcess(n, c.duration)
-		rows = append(rows, row{"in-process Acquire", n, r, d})
+		rows = append(rows, row{name: "in-process Acquire", procs: n, r: r, dur: d})
 	}
-	cases := []struct{ name, mode, target string }{
-		{"agent HTTP, Unix socket", "http", socks[0]},
-		{"agent gRPC, Unix socket", "grpc", filepath.Join(dir, "a-grpc.sock")},
+	type benchCase struct {
+		name, mode, target string
+		pid                int // the server's
 	}
+	var cases []benchCase
+	if c.cases["floor"] {
+		sock := filepath.Join(dir, "floor.sock")
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		fl, err := startEnv(dir, "floor", []string{floorEnv + "=" + sock}, self)
+		if err != nil {
+			return err
+		}
+		defer fl.stop()
+		if _, err := fl.waitLine(regexp.MustCompile(`^floor ready`)); err != nil {
+			return err
+		}
+		// The floor's clients are the HTTP case's: "http" mode.
+		cases = append(cases, benchCase{"floor: no-op server, Unix socket", "http", sock, fl.cmd.Process.Pid})
+	}
+	cases = append(cases, []benchCase{
+		{"agent HTTP, Unix socket", "http", socks[0], agentPID},
+		{"agent gRPC, Unix socket", "grpc", filepath.Join(dir, "a-grpc.sock"), agentPID},
+	}...)
 	if !c.cases["redis"] {
 		// not asked for
 	} else if rs, err := startRedis(dir); err != nil {
 		fmt.Fprintf(out, "redis-lua: skipped: %v\n", err)
 	} else {
 		defer rs.stop()
-		cases = append(cases, struct{ name, mode, target string }{"Redis Lua token bucket, TCP", "redis", rs.addr})
+		cases = append(cases, benchCase{"Redis Lua token bucket, TCP", "redis", rs.addr, rs.cmd.Process.Pid})
 	}
 	for _, cs := range cases {
-		if !c.cases[cs.mode] {
+		if !c.cases[cs.mode] && !strings.HasPrefix(cs.name, "floor") {
 			continue
 		}
 		for _, n := range c.procs {
-			r, err := clients(cs.mode, cs.target, n, c.duration)
+			before := cpuOf(cs.pid)
+			r, cpu, err := clients(cs.mode, cs.target, n, c.duration, c.clientProcs)
 			if err != nil {
 				return fmt.Errorf("%s: %w", cs.name, err)
 			}
-			rows = append(rows, row{cs.name, n, r, c.duration})
+			rows = append(rows, row{cs.name, n, r, c.duration, cpuOf(cs.pid) - before, cpu})
 		}
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "case\tclients\tp50\tp99\tacquisitions/s\t")
+	fmt.Fprintln(tw, "case\tclients\tp50\tp99\tacquisitions/s\tserver CPU/call\tclient CPU/call\t")
 	for _, r := range rows {
 		slices.Sort(r.r.Lat)
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t\n", r.name, r.procs, pct(r.r.Lat, 0.50), pct(r.r.Lat, 0.99),
-			thousands(int64(float64(r.r.N)/r.dur.Seconds())))
+		perCall := func(d time.Duration) string {
+			if d <= 0 || r.r.N == 0 {
+				return "-"
+			}
+			return fmtDur(int64(d) / r.r.N)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.procs, pct(r.r.Lat, 0.50), pct(r.r.Lat, 0.99),
+			thousands(int64(float64(r.r.N)/r.dur.Seconds())), perCall(r.server), perCall(r.clientCPU))
 	}
 	tw.Flush()
-	fmt.Fprintln(out, "(clients: processes, each one connection and one call at a time; in-process: goroutines, latency per call averaged over batches of 100)")
+	fmt.Fprintln(out, "(clients: processes, each one connection and one call at a time; in-process: goroutines, latency per call averaged over batches of 100;")
+	fmt.Fprintln(out, " CPU/call: user+system time of the server process called (agent a, redis-server) and of all client processes, over the calls timed)")
 	if c.pythonWindows > 0 {
 		py, err := python()
 		if err != nil {
@@ -247,7 +305,11 @@ func pct(s []int64, q float64) string {
 	if len(s) == 0 {
 		return "-"
 	}
-	d := time.Duration(s[min(len(s)-1, int(q*float64(len(s))))])
+	return fmtDur(s[min(len(s)-1, int(q*float64(len(s))))])
+}
+
+func fmtDur(ns int64) string {
+	d := time.Duration(ns)
 	switch {
 	case d < time.Microsecond:
 		return fmt.Sprintf("%d ns", d.Nanoseconds())
@@ -304,39 +366,41 @@ func inProcess(n int, d time.Duration) (result, time.Duration) {
 
 // clients runs n client processes of mode against target for d and
 // merges what they report.
-func clients(mode, target string, n int, d time.Duration) (result, error) {
+func clients(mode, target string, n int, d time.Duration, procs int) (result, time.Duration, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return result{}, err
+		return result{}, 0, err
 	}
 	var cmds []*exec.Cmd
 	var outs []*bytes.Buffer
 	for range n {
 		cmd := exec.Command(self)
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%s", clientEnv, mode, target, d))
+		cmd.Env = append(os.Environ(), append(gomaxprocsEnv(procs), fmt.Sprintf("%s=%s|%s|%s", clientEnv, mode, target, d))...)
 		var b bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &b, os.Stderr
 		if err := cmd.Start(); err != nil {
-			return result{}, err
+			return result{}, 0, err
 		}
 		cmds, outs = append(cmds, cmd), append(outs, &b)
 	}
 	var total result
+	var cpu time.Duration
 	for i, cmd := range cmds {
 		if err := cmd.Wait(); err != nil {
-			return result{}, err
+			return result{}, 0, err
 		}
 		var r result
 		if err := json.Unmarshal(outs[i].Bytes(), &r); err != nil {
-			return result{}, fmt.Errorf("client said %q: %w", outs[i].Bytes(), err)
+			return result{}, 0, fmt.Errorf("client said %q: %w", outs[i].Bytes(), err)
 		}
 		if r.Err != "" {
-			return result{}, errors.New(r.Err)
+			return result{}, 0, errors.New(r.Err)
 		}
 		total.N += r.N
 		total.Lat = append(total.Lat, r.Lat...)
+		cpu += time.Duration(r.CPU)
 	}
-	return total, nil
+	return total, cpu, nil
 }
 
 // client is one client process: a warm-up, then calls until the
@@ -356,6 +420,7 @@ func client(spec string) result {
 		}
 	}
 	lat := make([]int64, 0, 1<<20)
+	cpu0 := selfCPU()
 	start := time.Now()
 	for time.Since(start) < d {
 		t := time.Now()
@@ -364,7 +429,7 @@ func client(spec string) result {
 		}
 		lat = append(lat, int64(time.Since(t)))
 	}
-	r := result{N: int64(len(lat))}
+	r := result{N: int64(len(lat)), CPU: int64(selfCPU() - cpu0)}
 	step := max(1, len(lat)/20000)
 	for i := 0; i < len(lat); i += step {
 		r.Lat = append(r.Lat, lat[i])
@@ -377,8 +442,29 @@ func dialer(mode, target string) (func() error, func(), error) {
 	switch mode {
 	case "http":
 		// A plain HTTP/1.1 exchange on one kept connection, as the Python
-		// client makes it: net/http's client would add its own goroutine
-		// hand-offs to every call.
+		// client makes it, with blocking system calls as Python's socket
+		// module makes them: Go's netpoller and net/http's client would add
+		// goroutine hand-offs to every call, which the clients of the
+		// agent (Python, Node, Java threads) do not pay.
+		fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := syscall.Connect(fd, &syscall.SockaddrUnix{Name: target}); err != nil {
+			syscall.Close(fd)
+			return nil, nil, err
+		}
+		body := `{"provider":"bench","caller":"bench"}`
+		raw := []byte(fmt.Sprintf("POST /v1/acquire HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+		buf := make([]byte, 4096)
+		return func() error {
+			if _, err := syscall.Write(fd, raw); err != nil {
+				return err
+			}
+			return readAnswer(fd, buf)
+		}, func() { syscall.Close(fd) }, nil
+	case "http-go":
+		// The same over Go's net.Conn and http.ReadResponse.
 		conn, err := net.Dial("unix", target)
 		if err != nil {
 			return nil, nil, err
@@ -435,7 +521,31 @@ type proc struct {
 }
 
 func start(dir, name, bin string, args ...string) (*proc, error) {
+	return startEnv(dir, name, nil, bin, args...)
+}
+
+// gomaxprocsEnv is the environment that sets a child's GOMAXPROCS to n
+// (nothing for 0).
+func gomaxprocsEnv(n int) []string {
+	if n <= 0 {
+		return nil
+	}
+	return []string{"GOMAXPROCS=" + strconv.Itoa(n)}
+}
+
+func procsName(n int) string {
+	if n <= 0 {
+		return "default"
+	}
+	return strconv.Itoa(n)
+}
+
+// startEnv is start with env added to the child's environment.
+func startEnv(dir, name string, env []string, bin string, args ...string) (*proc, error) {
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	logf, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		return nil, err
@@ -571,4 +681,127 @@ func startRedis(dir string) (*redisServer, error) {
 func (r *redisServer) stop() {
 	r.cmd.Process.Kill()
 	r.cmd.Wait()
+}
+
+// selfCPU is this process's user and system time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpuOf is process pid's user and system time so far, from /proc (0 where
+// there is none).
+func cpuOf(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name, which is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc's times: 100 on Linux.
+const clockTicks = 100
+
+// readAnswer reads one HTTP/1.1 answer from fd into buf with blocking
+// reads, and fails unless it is a 200.
+func readAnswer(fd int, buf []byte) error {
+	n := 0
+	for {
+		m, err := syscall.Read(fd, buf[n:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if m == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		n += m
+		head, rest, ok := bytes.Cut(buf[:n], []byte("\r\n\r\n"))
+		if !ok {
+			if n == len(buf) {
+				return errors.New("answer head too large")
+			}
+			continue
+		}
+		_, v, ok := bytes.Cut(head, []byte("Content-Length: "))
+		if !ok {
+			return fmt.Errorf("no Content-Length: %q", head)
+		}
+		if i := bytes.IndexByte(v, '\r'); i >= 0 {
+			v = v[:i]
+		}
+		cl, err := strconv.Atoi(string(v))
+		if err != nil || len(head)+4+cl > len(buf) {
+			return fmt.Errorf("Content-Length %q", v)
+		}
+		if len(rest) < cl {
+			continue
+		}
+		if !bytes.HasPrefix(head, []byte("HTTP/1.1 200 ")) {
+			return fmt.Errorf("acquire: %s", buf[:n])
+		}
+		return nil
+	}
+}
+
+// floorAnswer is the size and shape of the agent's answer to an
+// acquisition.
+const floorAnswer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nDate: Sun, 06 Dec 2026 16:00:00 GMT\r\n" +
+	"Content-Length: 58\r\n\r\n{\"grant\":\"g0123456-1.0123456789abc\",\"cost\":{\"requests\":1}}\n"
+
+// floorServer answers every read on every connection to sock with
+// floorAnswer, each connection on its own OS thread blocked in read: a
+// server that does no work and no Go scheduling (no netpoller), to
+// measure what one exchange costs the machine. It runs until killed.
+func floorServer(sock string) error {
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: sock}); err != nil {
+		return err
+	}
+	if err := syscall.Listen(fd, 128); err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "floor ready")
+	answer := []byte(floorAnswer)
+	for {
+		c, _, err := syscall.Accept(fd)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		go func() {
+			runtime.LockOSThread()
+			defer syscall.Close(c)
+			buf := make([]byte, 4096)
+			for {
+				n, err := syscall.Read(c, buf)
+				if err == syscall.EINTR {
+					continue
+				}
+				if err != nil || n == 0 {
+					return
+				}
+				if _, err := syscall.Write(c, answer); err != nil {
+					return
+				}
+			}
+		}()
+	}
 }

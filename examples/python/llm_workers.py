@@ -35,7 +35,7 @@ from typing import Dict, List, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python"))
 
-from sluice_agent import Limiter, SluiceError, Timeout  # noqa: E402
+from sluice_agent import Closed, Limiter, SluiceError, Timeout  # noqa: E402
 
 
 class Stub:
@@ -108,17 +108,38 @@ def worker(i: int, sock: str, provider: str, stub_port: int, until: float, max_w
     q.put(n)
 
 
-def limits(sock: str, provider: str) -> Tuple[Dict[str, int], float]:
-    """The provider's limits per dimension (the fleet's total) and window."""
-    st = Limiter(provider, socket=sock).status()
-    for p in st["providers"]:
-        if p["name"] == provider and p["ready"]:
+def limits(sock: str, provider: str, patience: float = 180.0) -> Tuple[Dict[str, int], float]:
+    """The provider's limits per dimension (the fleet's total) and window,
+    once this agent's share is in force. An agent that has just joined
+    enforces a share of 0 until the next window boundary of the provider
+    (so that it never adds to what the others admit in the current one),
+    and until then its status names no window yet: wait for it."""
+    deadline, said = time.monotonic() + patience, False
+    while True:
+        try:
+            st = Limiter(provider, socket=sock).status()
+        except Closed:
+            st = None  # the agent started with & is not listening yet
+        held = [p for p in st["providers"] if p["name"] == provider] if st else [{"ready": False, "limits": []}]
+        if not held:
+            raise SystemExit(f"the agent at {sock} does not hold {provider}: {st['providers']}")
+        p = held[0]
+        if p["ready"] and p["limits"] and all(lm["quota"] > 0 for lm in p["limits"]):
             out, window = {}, 0.0
             for lm in p["limits"]:
                 out[lm["dimension"]] = lm.get("total") or lm["quota"]
                 window = parse_window(lm["window"])
             return out, window
-    raise SystemExit(f"the agent at {sock} does not hold {provider}: {st['providers']}")
+        if time.monotonic() > deadline and st is None:
+            raise SystemExit(f"the agent at {sock} did not answer in {patience:.0f} s: is sluice-agent running?")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the agent at {sock} has no share of {provider} in force after {patience:.0f} s: "
+                             f"is configd serving, and `configd set {provider} ...` done? {p}")
+        if not said:
+            print(f"waiting for the agent's share of {provider} to come in force (at the next window boundary)",
+                  flush=True)
+            said = True
+        time.sleep(0.5)
 
 
 def parse_window(s: str) -> float:
@@ -173,6 +194,9 @@ def main(argv: List[str]) -> int:
               f"{w['refused']:>5}{'  OVER' if bad else ''}")
     print(f"windows over a limit: {over} of {len(whole)}; calls {totals['calls']}, refused by the stub "
           f"{totals['refused']}, timeouts at the agent {totals['timeouts']}")
+    if not whole:
+        print("no whole window was measured", file=sys.stderr)
+        return 1
     return 1 if over else 0
 
 

@@ -12,12 +12,12 @@ agents' shares -- before calling it, and settle what the call really cost.
 AsyncLimiter is the same for asyncio. Standard library only.
 """
 
-from .aio import AsyncGrant, AsyncLimiter
+from .aio import AsyncGrant, AsyncLimiter, AsyncReservation
 from .client import Grant, Limiter, Reservation
 from .errors import (Canceled, Closed, InvalidRequest, NotAllowed, NotYetValid, NoQuota, SluiceError, Timeout,
                      UnknownGrant)
 
 __all__ = [
-    "AsyncGrant", "AsyncLimiter", "Canceled", "Closed", "Grant", "InvalidRequest", "Limiter", "NoQuota",
+    "AsyncGrant", "AsyncLimiter", "AsyncReservation", "Canceled", "Closed", "Grant", "InvalidRequest", "Limiter", "NoQuota",
     "NotAllowed", "NotYetValid", "Reservation", "SluiceError", "Timeout", "UnknownGrant",
 ]

@@ -12,7 +12,7 @@ import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from . import _wire
-from .errors import Closed
+from .errors import Closed, SluiceError
 
 # How much longer than the wait asked for a request may take before the
 # client gives up on the agent: the agent answers within the wait.
@@ -139,9 +139,19 @@ class Reservation(Grant):
         self.valid_at = time.monotonic() + delay
 
     def wait(self) -> None:
+        """Sleep until the permits are valid. Interrupted before then (a
+        KeyboardInterrupt), it cancels the reservation: the call will not
+        be made."""
         d = self.valid_at - time.monotonic()
-        if d > 0:
-            time.sleep(d)
+        try:
+            if d > 0:
+                time.sleep(d)
+        except BaseException:
+            try:
+                self.cancel()
+            except SluiceError:
+                pass  # unreachable agent: the reservation is spent when it expires
+            raise
 
     def __enter__(self) -> "Reservation":
         self.wait()

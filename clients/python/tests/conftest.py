@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -102,6 +102,11 @@ class Cluster:
         self.tmp = tmp
         self.bins = binaries(tmp)
         self.procs: List[Proc] = []
+        self.urls: Dict[str, str] = {}
+        self.token = "py-test-token-0123456789"
+        self.token_file = os.path.join(tmp, "agent.token")
+        with open(self.token_file, "w") as f:
+            f.write(self.token + "\n")
         self.etcd = f"http://127.0.0.1:{free_port()}"
         data = os.path.join(tmp, "configd.etcd")
         cd = self.start("configd", [self.bins["configd"], "serve", "--data-dir", data, "--listen", "127.0.0.1:0",
@@ -122,12 +127,16 @@ class Cluster:
         return out.stdout
 
     def agent(self, name: str, *extra: str) -> str:
-        """Starts an agent; returns its HTTP socket."""
+        """Starts an agent; returns its HTTP socket. With --listen, its
+        TCP address is in self.urls[name]."""
         sock = os.path.join(self.tmp, name + ".sock")
         p = self.start(name, [self.bins["agent"], "--socket", sock, "--grpc-socket", os.path.join(self.tmp, name + "-grpc.sock"),
                               "--etcd-endpoints", self.etcd, "--etcd-username", "instance",
                               "--etcd-password-file", self.password_file, "--id", name, "--lease-ttl", "2s", *extra])
-        p.wait_line(r'msg="agent serving"')
+        m = p.wait_line(r'msg="agent serving" http="?\[([^\]]*)\]')
+        tcp = [a for a in m.group(1).split() if not a.startswith("/")]
+        if tcp:
+            self.urls[name] = "http://" + tcp[0]
         return sock
 
     def stop(self) -> None:
@@ -155,7 +164,8 @@ def cluster() -> Iterator[Cluster]:
     c = Cluster(tmp)
     try:
         c.configd("set", "llm", "--limit", "50/1s", "--limit", "tokens=5000/1s")
-        c.sock = c.agent("agent-a", "--provider", "llm", "--allow", "llm*", "--local", "fixed=3/1h,tokens=1000/1h")
+        c.sock = c.agent("agent-a", "--provider", "llm", "--allow", "llm*", "--local", "fixed=3/1h,tokens=1000/1h",
+                         "--listen", "127.0.0.1:0", "--token-file", c.token_file)
         wait_share(c.sock, "llm")
         yield c
     finally:
@@ -166,6 +176,16 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture
 def sock(cluster: Cluster) -> str:
     return cluster.sock  # type: ignore[attr-defined]
+
+
+def until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Polls the agent's state until cond holds: the agent has no event to
+    await for it. The deadline only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout} s: {what}")
+        time.sleep(0.002)
 
 
 def fixed_remaining(sock: str) -> Dict[str, int]:

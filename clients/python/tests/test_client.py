@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
-
 
 import pytest
 
 from conftest import fixed_remaining, fixed_waiting
-from sluice_agent import (AsyncLimiter, InvalidRequest, Limiter, NoQuota, NotAllowed, NotYetValid, SluiceError,
+from sluice_agent import (InvalidRequest, Limiter, NoQuota, NotAllowed, NotYetValid, SluiceError,
                           Timeout, UnknownGrant)
 
 
@@ -38,7 +36,7 @@ def test_refusals_are_typed_and_change_nothing(sock: str) -> None:
         lim.acquire(tokens=1001, max_wait=1.0)  # more than the quota: never possible
     assert e.value.status == 429 and e.value.reason == "NO_QUOTA" and "tokens" in e.value.message
     with pytest.raises(Timeout):
-        lim.acquire(tokens=before["tokens"] + 1, max_wait=60.0)  # the room comes back within the hour, not the minute
+        lim.acquire(tokens=before["tokens"] + 1, max_wait=0.5)  # the room comes back within the hour, not now
     with pytest.raises(InvalidRequest):
         lim.acquire(images=1)
     with pytest.raises(InvalidRequest):
@@ -80,31 +78,6 @@ def test_shared_provider_through_configd(sock: str) -> None:
     assert counts["acquire"]["OK"] >= 1 and counts["settle"]["OK"] >= 1
 
 
-def test_async_acquire_settle_and_cancel_gives_back(sock: str) -> None:
-    async def main() -> None:
-        async with AsyncLimiter("fixed", caller="py-async", socket=sock) as lim:
-            before = fixed_remaining(sock)
-            async with lim.acquire(tokens=200, max_wait=0.5) as g:
-                assert g.cost["tokens"] == 200
-                await g.settle(tokens=50, requests=0)
-            assert fixed_remaining(sock) == {"requests": before["requests"], "tokens": before["tokens"] - 50}
-            g2 = await lim.acquire(tokens=50)
-            await g2.settle(tokens=0, requests=0)
-            # A task cancelled while it waits: its connection closes and
-            # the agent gives the permits back.
-            task = asyncio.ensure_future(lim.acquire(tokens=before["tokens"], max_wait=3600.0))
-            while fixed_waiting(sock) != 1:
-                await asyncio.sleep(0.005)  # polling the agent's state
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            while fixed_waiting(sock) != 0:
-                await asyncio.sleep(0.005)
-            assert fixed_remaining(sock) == {"requests": before["requests"], "tokens": before["tokens"] - 50}
-            assert await lim.try_acquire(tokens=before["tokens"]) is None
-    asyncio.run(main())
-
-
 def _worker(sock: str, n: int, q: "multiprocessing.Queue[int]") -> None:
     lim = Limiter("llm", caller="py-proc", socket=sock)
     ok = 0
@@ -136,7 +109,6 @@ def test_errors_carry_reason_and_status() -> None:
     with pytest.raises(SluiceError) as ei:
         lim.acquire()
     assert ei.value.reason == "CLOSED"
-
 
 
 def test_llm_workers_example_holds_the_limits(cluster, sock: str) -> None:  # type: ignore[no-untyped-def]
