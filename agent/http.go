@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -220,19 +221,7 @@ func (a *Agent) serveOp(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	switch r.URL.Path {
 	case "/v1/cancel", "/v1/settle":
-		in, cost, err := DecodeID(body)
-		if err == nil {
-			if r.URL.Path == "/v1/cancel" {
-				if len(in.Cost) > 0 {
-					err = fmt.Errorf("%w: cancel takes no cost", ErrBadRequest)
-				} else {
-					err = a.Cancel(ctx, in.ID, in.Caller)
-				}
-			} else {
-				err = a.Settle(ctx, in.ID, in.Caller, cost)
-			}
-		}
-		if err != nil {
+		if err := a.serveID(ctx, r.URL.Path, body); err != nil {
 			writeError(w, Reason(err), err.Error())
 			return
 		}
@@ -268,6 +257,20 @@ func (a *Agent) serveOp(w http.ResponseWriter, r *http.Request) {
 	if ctx.Err() != nil || writeJSON(w, http.StatusOK, out) != nil || http.NewResponseController(w).Flush() != nil {
 		a.Cancel(ctx, g.ID, req.Caller)
 	}
+}
+
+// serveID decodes and runs a cancel or a settle of a reservation.
+func (a *Agent) serveID(ctx context.Context, path string, body []byte) error {
+	in, cost, err := DecodeID(body)
+	switch {
+	case err != nil:
+		return err
+	case path == "/v1/settle":
+		return a.Settle(ctx, in.ID, in.Caller, cost)
+	case len(in.Cost) > 0:
+		return fmt.Errorf("%w: cancel takes no cost", ErrBadRequest)
+	}
+	return a.Cancel(ctx, in.ID, in.Caller)
 }
 
 func writeError(w http.ResponseWriter, reason, msg string) {

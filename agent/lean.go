@@ -15,8 +15,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/sluice-go/sluice/limiter"
 )
 
 // The HTTP/1.1 connections of the API are served by a lean loop: one
@@ -256,20 +254,7 @@ func (lc *leanConn) answer(h reqHead) bool {
 	body := lc.body
 	switch h.path {
 	case "/v1/cancel", "/v1/settle":
-		var in IDJSON
-		var cost []limiter.Amount
-		in, cost, err = DecodeID(body)
-		if err == nil {
-			if h.path == "/v1/cancel" {
-				if len(in.Cost) > 0 {
-					err = fmt.Errorf("%w: cancel takes no cost", ErrBadRequest)
-				} else {
-					err = a.Cancel(ctx, in.ID, in.Caller)
-				}
-			} else {
-				err = a.Settle(ctx, in.ID, in.Caller, cost)
-			}
-		}
+		err = a.serveID(ctx, h.path, body)
 		if err == nil {
 			status, lc.out = http.StatusOK, append(lc.out[:0], "{}\n"...)
 		}
