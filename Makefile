@@ -183,7 +183,7 @@ oracle:
 	$(GO) test -count=1 -run '^TestBudgetOracle$$' -v -timeout 60m ./limiter/cluster -budget.n=$(BUDGET_N)
 	$(GO) test -count=1 -run '^TestShareLayoutOracle$$' -v -timeout 60m ./configd -layout.n=$(LAYOUT_N)
 	$(GO) test -count=1 -run '^TestHistories$$' -v -timeout 60m ./internal/world -world.n=$(WORLD_N)
-	WORLD_FOUND_LONG=1 $(GO) test -count=1 -run '^TestFoundScenarios$$' -v -timeout 120m ./internal/world
+	WORLD_FOUND_LONG=4 $(GO) test -count=1 -run '^TestFoundScenarios$$' -v -timeout 120m ./internal/world
 
 ## rebalance: the Kafka consumer's rebalance oracle over REBALANCE_ROUNDS
 ## random rounds (make test runs 4), on kfake; ~1 s a round.

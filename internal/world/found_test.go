@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -70,11 +71,12 @@ func TestFoundScenarios(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scenarios under ../sim/testdata/found: %v", err)
 	}
-	// make oracle sets WORLD_FOUND_LONG: four seeds each, and liveness
-	// waited for after every configd clock, up to 44 minutes ahead.
+	// make oracle sets WORLD_FOUND_LONG to a number of seeds each, and
+	// liveness is waited for after every configd clock, up to 44 minutes
+	// ahead.
 	seeds, ahead := uint64(1), time.Minute
-	if os.Getenv("WORLD_FOUND_LONG") != "" {
-		seeds, ahead = 4, 0
+	if n, err := strconv.Atoi(os.Getenv("WORLD_FOUND_LONG")); err == nil && n > 0 {
+		seeds, ahead = uint64(n), 0
 	}
 	var windows, writes, live, runs int
 	for _, file := range files {
