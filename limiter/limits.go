@@ -133,12 +133,12 @@ type Step struct {
 // SetLimit with a zero at does; the later steps take effect at their
 // times, as SetLimit schedules them; the expiry is set as by SetExpiry. A
 // step of another window length takes effect at the first boundary both
-// lengths share, and the windows until then keep the length and quota in
-// force: the start returned is that boundary. Because the step in force
-// is chosen under the same lock as every other change, a window boundary
-// that passes while the caller builds the steps cannot give the new
-// window the quota of the one before. Steps must be in order of At;
-// nothing changes when one is invalid or steps is empty.
+// lengths share. Between the current window and the first step to take
+// effect, windows admit nothing: the start returned is that step's.
+// Because the step in force is chosen under the same lock as every other
+// change, a window boundary that passes while the caller builds the steps
+// cannot give the new window the quota of the one before. Steps must be
+// in order of At; nothing changes when one is invalid or steps is empty.
 func (l *Limiter) SetSchedule(steps []Step, expiry time.Time) (time.Time, error) {
 	if err := validateSteps(steps); err != nil {
 		return time.Time{}, err
@@ -176,6 +176,12 @@ func (l *Limiter) SetSchedule(steps []Step, expiry time.Time) (time.Time, error)
 			continue
 		}
 		l.sched.cur = p
+	}
+	if from > l.cur.end {
+		// The windows before the first step admit nothing: the schedule
+		// does not cover them, and what an earlier call scheduled there
+		// (a lowered quota, a grant's end) is gone.
+		l.sched.changes = append([]change{{from: l.cur.end, p: params{window: l.sched.cur.window}}}, l.sched.changes...)
 	}
 	l.setCurrentQuotaLocked()
 	l.replaceLocked(rs, now, 0)

@@ -118,7 +118,8 @@ func TestSetScheduleAfterTheClockStepsBack(t *testing.T) {
 
 // TestSetScheduleOfAnotherLength: a step of 10 per 4s, set at 100.5s
 // under 100 per 1s, governs from 104s, the first boundary both lengths
-// share, and SetSchedule says so; the 1s windows until then keep 100.
+// share, and SetSchedule says so. The 1s windows until then admit
+// nothing, not the 100 in force nor the 30 an earlier call scheduled.
 func TestSetScheduleOfAnotherLength(t *testing.T) {
 	const sec = int64(time.Second)
 	clk := &settableClock{}
@@ -128,6 +129,9 @@ func TestSetScheduleOfAnotherLength(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
+	if _, err := l.SetSchedule([]Step{{Quota: 100, Window: time.Second}, {At: time.Unix(101, 0), Quota: 30, Window: time.Second}}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
 	from, err := l.SetSchedule([]Step{{Quota: 10, Window: 4 * time.Second}}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +142,7 @@ func TestSetScheduleOfAnotherLength(t *testing.T) {
 	for _, c := range []struct {
 		t    int64
 		want int
-	}{{101, 100}, {103, 100}, {104, 10}, {107, 0}, {108, 10}} {
+	}{{100, 100}, {101, 0}, {103, 0}, {104, 10}, {107, 0}, {108, 10}} {
 		clk.ns.Store(c.t*sec + sec/2)
 		if got := drain(l); got != c.want {
 			t.Errorf("at %ds admitted %d, want %d", c.t, got, c.want)
