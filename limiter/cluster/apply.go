@@ -22,9 +22,8 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	fallback := applied{Source: follow.SourceFallback, Quota: m.cfg.fallbackQuota, Window: m.cfg.fallbackWindow}
 	if v.budget {
 		// A budget's config, refused: its limit is taken, not shared,
-		// and no fallback stands in for it, from the window under way on
-		// (found by review: a fallback of 100 per second admitted past a
-		// day's budget of 5).
+		// and no fallback stands in for it, from the window under way on:
+		// a fallback of 100 per second would admit past a day's budget of 5.
 		fallback.Quota = 0
 		if ap.Source == follow.SourceFallback && ap.Quota > 0 {
 			if err := lim.SetQuota(0, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
@@ -51,9 +50,9 @@ func (m *Member) apply(v *view, ap *applied) bool {
 				// (for one configd could not read at a takeover, the whole
 				// limit), not room of its own. That older record is the
 				// last it enforced: it may take no more than the larger
-				// share of the two (found by review: a fleet counted at
-				// the whole limit each took limit/n on the even split
-				// beside a cut-off instance on its old 60: 120 of 90).
+				// share of the two. Else a fleet counted at the whole limit
+				// would each take limit/n on the even split beside a cut-off
+				// instance on its old 60: 120 of 90.
 				sh := own
 				sh.Granted = sh.Share
 				most := sh.GrantPer(v.config.Window.D(), v.config.Limit)

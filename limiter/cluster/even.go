@@ -44,7 +44,7 @@ func (v *view) noteReplaced(prev, c *schema.ProviderConfig, now time.Time, ttl t
 		return
 	}
 	// As long as configd remembers a replaced fail_static: the cut-off
-	// instance's lease may be longer than this Member's (found by review).
+	// instance's lease may be longer than this Member's.
 	v.replaced = append(v.replaced, replaced{failStatic: fs, window: w, until: now.Add(max(replacedMemory, ttl+prev.HoldAfter(0)+w))})
 }
 

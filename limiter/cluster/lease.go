@@ -81,9 +81,9 @@ func (m *Member) arm(v *view, ap *applied, leaseEnd time.Time) (failStatic time.
 		// No longer than the lease, nor than CountsValid and fail_static past
 		// the last count read sent: a newcomer that registered after it
 		// is one this instance has not counted, and it grows only a hold
-		// after registering (found by review: with a lease of 10 s, a cut
-		// off instance kept the whole limit beside a newcomer's half, 60
-		// in each of four windows of 40). Re-armed by every poll.
+		// after registering; else, with a lease of 10 s, a cut-off
+		// instance would keep the whole limit beside a newcomer's half.
+		// Re-armed by every poll.
 		end := leaseEnd
 		if v.config != nil {
 			if byPoll := v.polledAt.Add(follow.CountsValid + v.config.FailStaticOrDefault()); byPoll.Before(end) {

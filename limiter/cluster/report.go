@@ -123,8 +123,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		// hold (follow.Even, rule 4) must not start before the others
 		// can count it. Taken before the write, a registration that took
 		// a while to reach etcd counted its hold from before another
-		// instance's last poll, which had not seen it (found by review:
-		// 60 in a window of 40).
+		// instance's last poll, which had not seen it.
 		m.registered, m.registeredAt = rev, time.Now()
 	}
 	rep.written, rep.wroteAt, rep.haveWrite = rec, now, true
@@ -141,8 +140,8 @@ func (m *Member) register(ctx context.Context, lease clientv3.LeaseID, put clien
 	// With configd alive, a confirmation left by an earlier session of
 	// this id (on a lease that lives on after the session ended on an
 	// error) goes: it would count this instance as following the split
-	// while it follows configd's shares (found by review: 140 in a window
-	// of 100, configd gone again with this instance cut off).
+	// while it follows configd's shares, and once configd is gone again
+	// with this instance cut off, the others would take its room.
 	stale := clientv3.OpDelete(m.keys.EvenMark(m.provider, m.id))
 	resp, err := m.cli.Txn(ctx).If(noConfigd, configured).Then(put, mark).Else(put, stale).Commit()
 	if errors.Is(err, rpctypes.ErrPermissionDenied) {

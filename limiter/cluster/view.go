@@ -58,8 +58,8 @@ type view struct {
 	budget bool
 	// lastConfig is the last good config seen, kept across a deletion
 	// and a reload, so that a change seen through either is noted
-	// (noteReplaced; found by review: a session restarted between the
-	// change and the split forgot the old fail_static).
+	// (noteReplaced): a session restarted between the change and the
+	// split must still know the old fail_static.
 	lastConfig *schema.ProviderConfig
 }
 
@@ -127,7 +127,7 @@ func (m *Member) observe(v *view, key string, value []byte, deleted bool, rev in
 		v.noteReplaced(prev, &c, time.Now(), m.cfg.leaseTTL)
 		// A config seen anew: another revision, or the same with other
 		// content (an etcd restored from a backup counts revisions from
-		// lower down again; found by review).
+		// lower down again).
 		if rev != v.configRev || v.configAt.IsZero() || v.config == nil || !reflect.DeepEqual(*v.config, c) {
 			v.configAt = time.Now()
 		}
