@@ -18,7 +18,8 @@ import (
 const setUsage = `Usage: configd set NAME --limit [DIM=]N[/W] [--limit [DIM=]N/W ...] [--only] [--window 1s]
                    [--mode enforce|shadow] [--algorithm even|fair]
                    [--pacing] [--floor N] [--max-clock-offset D] [--fail-static D]
-                   [--adaptive floor=N[,shadow]|off] [--if-revision R] [--dry-run]
+                   [--adaptive floor=N[,shadow]|off] [--coordination shares|ledger]
+                   [--if-revision R] [--dry-run]
 
 Creates provider NAME or changes it, and prints the change (old → new). Flags
 not given keep their current values (or defaults for a new provider: window
@@ -79,6 +80,7 @@ func (o *optString) revision(cmd string, least int64) (int64, error) {
 // console's preview, so that both parse and check a change alike.
 type edit struct {
 	limit, window, mode, algorithm, floor, maxOffset, failStatic optString
+	coordination                                                 optString
 	pacing                                                       *bool // nil: not given
 	// adaptive is --adaptive: "off", or floor=N[,shadow|enforce]
 	// [,decrease=F][,probe=F] (applyAdaptive).
@@ -155,6 +157,9 @@ func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 			return cfg, &schema.ValidationError{Field: "fail_static", Value: strconv.Quote(e.failStatic.val), Err: schema.ErrInvalidFailStatic}
 		}
 		cfg.FailStatic = schema.Duration(d)
+	}
+	if e.coordination.set {
+		cfg.Coordination = schema.Coordination(e.coordination.val)
 	}
 	return cfg, cfg.Validate()
 }
@@ -373,6 +378,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(&e.floor, "floor", "least share an idle instance keeps under fair (0: allocator default)")
 	fs.Var(&e.maxOffset, "max-clock-offset", "clock measurement uncertainty beyond which an instance's share is cut (0: the default, 2% of the window)")
 	fs.Var(&e.failStatic, "fail-static", "how long an instance cut off from etcd keeps its share past its lease, and configd keeps an expired instance's share reserved (0: the default, 10s; at most 1h)")
+	fs.Var(&e.coordination, "coordination", "how the limit reaches the instances: shares (the default) or ledger (grants stored in etcd, checked by configd audit); fixed when the provider is created")
 	fs.Var(&e.adaptive, "adaptive", "follow the provider's pushback: floor=N[,shadow][,decrease=F][,probe=F] keeps an effective limit between N and --limit (the ceiling); off turns it off")
 	fs.Var(&ifRevision, "if-revision", "write only if the provider is at this revision (0: only if it does not exist)")
 	dryRun := fs.Bool("dry-run", false, "print the change without making it")
@@ -490,6 +496,7 @@ func fields(c schema.ProviderConfig) [][2]string {
 		{"more_limits", moreLimits(c)},
 		{"lane_of", c.Of},
 		{"adaptive", adaptiveSummary(c.Adaptive)},
+		{"coordination", coordinationOf(c)},
 	}
 }
 
@@ -545,6 +552,14 @@ func shown(c schema.ProviderConfig) [][2]string {
 	fs := fields(c)
 	return slices.DeleteFunc(fs, func(f [2]string) bool {
 		return (f[0] == "dimension" && c.Dimension == "") || (f[0] == "more_limits" && f[1] == "none") || (f[0] == "lane_of" && f[1] == "") ||
-			(f[0] == "adaptive" && c.Adaptive == nil)
+			(f[0] == "adaptive" && c.Adaptive == nil) || (f[0] == "coordination" && !c.Ledger())
 	})
+}
+
+// coordinationOf names c's coordination, the default for empty.
+func coordinationOf(c schema.ProviderConfig) string {
+	if c.Ledger() {
+		return string(schema.CoordinationLedger)
+	}
+	return string(schema.CoordinationShares)
 }

@@ -828,6 +828,9 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	if cfg.Budget() {
 		return nil // no shares: the instances take a budget from its counters (schema.BudgetRecord)
 	}
+	if cfg.Ledger() {
+		return p.publishLedger(ctx, f, name, st, cfg)
+	}
 	ids := slices.Sorted(maps.Keys(st.instances))
 	recs := make([]schema.InstanceRecord, len(ids))
 	for i, id := range ids {

@@ -18,6 +18,7 @@ const (
 	SourceShares   = "shares"   // configd's published share
 	SourceLapsed   = "lapsed"   // the last share lapsed while etcd was out of reach: nothing yet
 	SourceBudget   = "budget"   // a budget lane: what this instance took of the window's limit
+	SourceLedger   = "ledger"   // a ledger provider: what its grants in the ledger allow
 )
 
 // Applied is what an instance's limiter enforces and where it comes from.

@@ -428,6 +428,7 @@ const (
 	SourceEven     = "even"     // no configd replica alive: the limit over the live instances
 	SourceFallback = "fallback" // no provider config: the instance's own fallback quota
 	SourceLapsed   = "lapsed"   // its last share lapsed while etcd was out of reach: nothing yet
+	SourceLedger   = "ledger"   // what its grants in the provider's ledger allow
 )
 
 // Validate checks the record.
@@ -455,8 +456,8 @@ func (r InstanceRecord) Validate() error {
 		return invalid("clock_offset", r.ClockOffset, ErrInvalidClockOffset)
 	case r.FailStatic < 0 || r.FailStatic.D() > MaxFailStatic:
 		return invalid("fail_static", r.FailStatic, ErrInvalidFailStatic)
-	case r.Source != "" && r.Source != SourceShares && r.Source != SourceEven && r.Source != SourceFallback && r.Source != SourceLapsed:
-		return invalid("source", r.Source, fmt.Errorf("%w: source must be %s, %s, %s or %s", ErrInvalidField, SourceShares, SourceEven, SourceFallback, SourceLapsed))
+	case r.Source != "" && !slices.Contains([]string{SourceShares, SourceEven, SourceFallback, SourceLapsed, SourceLedger}, r.Source):
+		return invalid("source", r.Source, fmt.Errorf("%w: source must be %s, %s, %s, %s or %s", ErrInvalidField, SourceShares, SourceEven, SourceFallback, SourceLapsed, SourceLedger))
 	case r.Enforced < 0 || r.Enforced > MaxLimit:
 		return invalid("enforced", r.Enforced, ErrInvalidField)
 	case r.ClockUncertainty < 0 || r.ClockUncertainty.D() > time.Hour:

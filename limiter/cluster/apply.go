@@ -18,6 +18,12 @@ import (
 // leader, it is total / live instances, from the first window boundary at
 // least the change margin ahead. Without a provider config, the fallback.
 func (m *Member) apply(v *view, ap *applied) bool {
+	if v.config != nil && v.config.Ledger() {
+		// The ledger's Follower sets the limiter (followLedger): the
+		// shares' rules neither apply nor count here.
+		m.toLedger = true
+		return false
+	}
 	lim := m.lim
 	fallback := applied{Source: follow.SourceFallback, Quota: m.cfg.fallbackQuota, Window: m.cfg.fallbackWindow}
 	if v.budget {

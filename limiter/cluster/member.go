@@ -76,6 +76,11 @@ type Member struct {
 	// budget is a budget lane's state (options.budget), owned by the run
 	// goroutine; nil for a Member of shares.
 	budget *budget
+	// toLedger says the provider's config names the ledger: the run
+	// goroutine leaves the shares' session for followLedger. holder is
+	// then the incarnation's holder name, which its record reports.
+	toLedger bool
+	holder   string
 	// budgetUnknown counts the permits of takes from the budget whose
 	// outcome is unknown (etcd did not answer): taken for all if they
 	// landed, spent by none.

@@ -81,6 +81,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		ReadsUnmoved:      true,
 		Pushbacks:         st.Pushbacks,
 		Remaining:         st.ProviderRemaining,
+		Holder:            m.holder,
 	}
 	if !st.RetryUntil.IsZero() {
 		rec.RetryUntil = st.RetryUntil.UTC()

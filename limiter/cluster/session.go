@@ -49,6 +49,10 @@ func (m *Member) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errLedger) {
+			m.followLedger(ctx, v.config.Window.D())
+			return
+		}
 		if connected {
 			connected = false
 			m.log.Warn("etcd unreachable; keeping the last share (fail-static)", "err", err, "share", ap.Quota,
@@ -108,6 +112,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		return err
 	}
 	m.connected(connected, s)
+	if m.toLedger {
+		return s.toLedger()
+	}
 	// Its config, its own share record, and the leader keys: nothing of
 	// the other instances.
 	s.w = m.watch(sctx, rev)
@@ -148,6 +155,9 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		}
 		if err != nil {
 			return err
+		}
+		if m.toLedger {
+			return s.toLedger()
 		}
 	}
 }

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/ledger"
+	ledgerstore "github.com/sluice-go/sluice/internal/ledger/store"
+	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter"
+	"github.com/sluice-go/sluice/limiter/cluster"
+)
+
+// ledgerSampler samples, every millisecond, what each member's limiter
+// enforces and has admitted in the window under way.
+type ledgerSampler struct {
+	mu      sync.Mutex
+	quota   map[int64]map[string]int64 // window index → member → the most quota seen
+	used    map[int64]map[string]int64 // window index → member → the most admitted seen
+	members map[string]*cluster.Member
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+func sampleLedger(t *testing.T, members ...*cluster.Member) *ledgerSampler {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &ledgerSampler{quota: map[int64]map[string]int64{}, used: map[int64]map[string]int64{}, members: map[string]*cluster.Member{}, cancel: cancel}
+	for _, m := range members {
+		s.members[m.ID()] = m
+	}
+	s.wg.Go(func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			s.sample()
+		}
+	})
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *ledgerSampler) stop() { s.cancel(); s.wg.Wait() }
+
+func (s *ledgerSampler) sample() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, m := range s.members {
+		st := m.Limiter().Stats()
+		if st.Window != itWindow {
+			continue
+		}
+		k := st.WindowStart.UnixNano() / int64(itWindow)
+		for _, v := range []struct {
+			into map[int64]map[string]int64
+			n    int64
+		}{{s.quota, st.Quota}, {s.used, st.Quota - st.Remaining}} {
+			if v.into[k] == nil {
+				v.into[k] = map[string]int64{}
+			}
+			v.into[k][id] = max(v.into[k][id], v.n)
+		}
+	}
+}
+
+// runFor waits until n more windows have been sampled.
+func (s *ledgerSampler) runFor(t *testing.T, n int) {
+	t.Helper()
+	s.mu.Lock()
+	until := len(s.quota) + n
+	s.mu.Unlock()
+	itWait(t, fmt.Sprintf("%d windows more sampled", n), func() (bool, string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.quota) >= until, fmt.Sprintf("%d of %d", len(s.quota), until)
+	})
+}
+
+// drop stops sampling member id.
+func (s *ledgerSampler) drop(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.members, id)
+}
+
+// check compares every window sampled with the limit the ledger's era
+// says for it, and with ceiling.
+func (s *ledgerSampler) check(t *testing.T, st *ledger.State, ceiling int64) (windows int) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range slices.Sorted(maps.Keys(s.quota)) {
+		limit := ceiling
+		for _, e := range st.Head.Eras {
+			if e.Window == itWindow && k >= e.Start {
+				limit = min(ceiling, e.Limit(k))
+			}
+		}
+		var q, u int64
+		for _, n := range s.quota[k] {
+			q += n
+		}
+		for _, n := range s.used[k] {
+			u += n
+		}
+		if q > limit || u > limit {
+			t.Errorf("window %d: quotas %v (sum %d), admitted %v (sum %d), over the ledger's limit %d", k, s.quota[k], q, s.used[k], u, limit)
+		}
+		windows++
+	}
+	return windows
+}
+
+// sumNow returns the sum of the members' quotas now and the fewest.
+func (s *ledgerSampler) sumNow() (sum, least int64, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	least = -1
+	var parts []string
+	for _, id := range slices.Sorted(maps.Keys(s.members)) {
+		st := s.members[id].Status()
+		q := s.members[id].Limiter().Stats().Quota
+		sum += q
+		if least < 0 || q < least {
+			least = q
+		}
+		parts = append(parts, fmt.Sprintf("%s: %d (%s)", id, q, st.Source))
+	}
+	return sum, least, strings.Join(parts, ", ")
+}
+
+// demand keeps every member asking for permits until the test ends.
+func demand(t *testing.T, members ...*cluster.Member) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, m := range members {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				err := m.Limiter().Acquire(ctx, 50*time.Millisecond)
+				if errors.Is(err, limiter.ErrClosed) {
+					return
+				}
+			}
+		})
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+func readLedger(t *testing.T, cli *clientv3.Client, provider string) *ledger.State {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
+	defer cancel()
+	st, _, _, bad, err := ledgerstore.Read(ctx, cli, ledger.Keys(itKeys.Ledger(provider)))
+	if err != nil || len(bad) > 0 {
+		t.Fatalf("reading the ledger: %v %v", err, bad)
+	}
+	return st
+}
+
+// TestLedgerProviderEndToEnd runs configd serve and three members of a
+// provider created with --coordination ledger on a real etcd: the whole
+// limit is granted, a retune lowers it, a member's leave hands its room
+// on, and no window sampled ever holds more than the ledger's limit for
+// it, which the ledger's own audit finds within too.
+func TestLedgerProviderEndToEnd(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	server := "--server=" + r.url()
+
+	itCLI(t, "set", "api", "--limit", "300", "--window", itWindow.String(), "--coordination", "ledger", server)
+	members := itJoin(t, srv, "api", "a", "b", "c")
+	s := sampleLedger(t, members...)
+	demand(t, members...)
+
+	itWait(t, "the whole limit granted to the three", func() (bool, string) {
+		sum, least, why := s.sumNow()
+		return sum == 300 && least > 0, why
+	})
+	s.runFor(t, 10)
+	for _, m := range members {
+		if st := m.Status(); st.Source != schema.SourceLedger || !st.Connected {
+			t.Errorf("%s: source %q, connected %v; want ledger, connected", m.ID(), st.Source, st.Connected)
+		}
+	}
+
+	out := itCLI(t, "set", "api", "--limit", "150", server)
+	if !strings.Contains(out, "300") || !strings.Contains(out, "150") {
+		t.Errorf("set printed %q, want the change 300 → 150", out)
+	}
+	itWait(t, "the members down to the new limit", func() (bool, string) {
+		sum, least, why := s.sumNow()
+		return sum <= 150 && sum >= 140 && least > 0, why
+	})
+	s.runFor(t, 10)
+
+	s.drop("c")
+	if err := members[2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	itWait(t, "the two left with the whole limit", func() (bool, string) {
+		sum, _, why := s.sumNow()
+		return sum == 150, why
+	})
+	s.runFor(t, 10)
+
+	s.stop()
+	st := readLedger(t, cli, "api")
+	if v := ledger.Audit(st); len(v) > 0 {
+		t.Errorf("the ledger audits over: %v", v)
+	}
+	n := s.check(t, st, 300)
+	t.Logf("%d windows sampled, each within the ledger's limit for it", n)
+	if n < 30 {
+		t.Errorf("only %d windows sampled", n)
+	}
+
+	var errOut strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
+	defer cancel()
+	err := run(ctx, []string{"set", "api", "--coordination", "shares", server}, &strings.Builder{}, &errOut)
+	if err == nil || !strings.Contains(err.Error()+errOut.String(), "coordination is fixed") {
+		t.Errorf("changing the coordination: %v %s; want it refused as fixed", err, errOut.String())
+	}
+}

@@ -1,0 +1,129 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/follow"
+	"github.com/sluice-go/sluice/internal/ledger"
+	ledgerstore "github.com/sluice-go/sluice/internal/ledger/store"
+)
+
+// errLedger ends the shares' session of a Member whose provider names
+// the ledger (schema.CoordinationLedger).
+var errLedger = errors.New("cluster: the provider is coordinated by the ledger")
+
+// toLedger ends the shares' session on finding that the provider names
+// the ledger. Its lease held nothing (apply set no share), so it goes at
+// once; the limiter stays open for the ledger's Follower.
+func (s *following) toLedger() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	s.m.cli.Revoke(ctx, s.lease)
+	cancel()
+	return errLedger
+}
+
+// followLedger keeps the limiter at what this incarnation's grants in
+// the provider's ledger allow, until ctx ends: a Follower enforces the
+// grants and writes the releases they ask for, and sessions with a lease
+// report the holder's demand, which configd grants to. window is the
+// length the limiter keeps with nothing granted.
+//
+// Nothing here bounds safety: the Follower's grants end at their
+// publish's end (the limiter's expiry), so a process cut off from etcd,
+// paused or crashed admits nothing past what configd wrote for it.
+func (m *Member) followLedger(ctx context.Context, window time.Duration) {
+	f, err := ledgerstore.NewFollower(m.cli, ledger.Keys(m.keys.Ledger(m.provider)), m.id, m.lim, window, m.log)
+	if err != nil {
+		m.log.Error("cannot follow the ledger", "err", err)
+		return
+	}
+	m.holder = f.Holder().Name()
+	m.log.Info("following the provider's ledger", "holder", m.holder)
+	fctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { f.Run(fctx) })
+
+	rep := &reporter{started: time.Now()}
+	backoff := 100 * time.Millisecond
+	for {
+		start := time.Now()
+		err := m.ledgerSession(ctx, rep, window)
+		if ctx.Err() != nil {
+			return
+		}
+		m.setStatus(func(s *Status) { s.Connected, s.LastError = false, err.Error() })
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// ledgerSession registers the holder on a fresh lease and reports its
+// demand every report interval, until the lease is lost or ctx ends; on
+// ctx's end it says it is leaving and revokes the lease.
+func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window time.Duration) error {
+	sctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	ap := &applied{Source: follow.SourceLedger, Window: window}
+	s, err := m.grant(sctx, nil, ap, rep)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if ctx.Err() != nil {
+			s.leave()
+		}
+	}()
+	rep.haveWrite = false
+	m.ledgerStatus(ap)
+	if err := s.report(sctx, true); err != nil {
+		return err
+	}
+	renewed := make(chan time.Time, 1)
+	kaDone := make(chan error, 1)
+	wg.Go(func() { kaDone <- m.keepAlive(sctx, s.lease, s.leaseEnd, renewed) })
+	m.setStatus(func(st *Status) { st.Connected, st.LastError = true, "" })
+	tick := time.NewTicker(m.cfg.report)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err() // the deferred call leaves
+		case s.leaseEnd = <-renewed:
+		case err := <-kaDone:
+			return err
+		case <-tick.C:
+			m.ledgerStatus(ap)
+			if err := s.report(sctx, false); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// ledgerStatus puts what the limiter enforces now in ap, which the
+// record reports, and in the status.
+func (m *Member) ledgerStatus(ap *applied) {
+	st := m.lim.Stats()
+	ap.Quota, ap.Window = st.Quota, st.Window
+	m.setStatus(func(s *Status) {
+		s.Source, s.Share, s.Window, s.Generation, s.Instances = follow.SourceLedger, st.Quota, st.Window, 0, 0
+		s.AdmitsUntil = m.lim.Expiry()
+	})
+}
