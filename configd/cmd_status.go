@@ -30,7 +30,7 @@ Flags:
 `
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	rc, err := openRead(ctx, "status", statusUsage, true, args, stdout, stderr)
+	rc, err := openRead(ctx, "status", statusUsage, nameOne, args, stdout, stderr)
 	if err != nil || rc == nil {
 		return err
 	}

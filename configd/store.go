@@ -85,6 +85,7 @@ type backend interface {
 	remove(ctx context.Context, name string, ifRev int64, who string) (changeView, error)
 	status(ctx context.Context, name string) (statusView, error)
 	history(ctx context.Context, name string) ([]schema.HistoryEntry, error)
+	audit(ctx context.Context, name string) (auditView, error)
 }
 
 // providerView is one provider's config and the etcd revision it was read
