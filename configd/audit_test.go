@@ -75,6 +75,7 @@ func auditLine(t *testing.T, out, name string) []string {
 // holders within its limit, with a lane; one where a grant forged by hand
 // pushes the windows to come over; one holding a record of garbage; a
 // provider coordinated by the shares; and a name no provider has.
+// configd status says what audit says of each.
 func TestAuditCLI(t *testing.T) {
 	srv := etcdtest.Start(t)
 	r := startReplica(t, srv, "r1")
@@ -119,6 +120,11 @@ func TestAuditCLI(t *testing.T) {
 			if err != nil || json.Unmarshal([]byte(js), &vs) != nil || len(vs) != 1 || len(vs[0].Ledgers) != 2 ||
 				vs[0].Ledgers[0].Sum != 90 || vs[0].Ledgers[0].Limit != 100 || vs[0].Ledgers[0].Era != 1 {
 				t.Errorf("audit --json: %v\n%s", err, js)
+			}
+			st := cliOK(t, append([]string{"status", "llm"}, conn...)...)
+			if !regexp.MustCompile(`(?m)^ledger:    fullest upcoming window 90 of 100 \(ok\): window \d+ from `).MatchString(st) ||
+				!strings.Contains(st, "fullest upcoming window 900 of 1000 (ok)") {
+				t.Errorf("status lacks the ledger's lines:\n%s", st)
 			}
 		})
 		t.Run(mode+"/shares", func(t *testing.T) {
@@ -184,6 +190,10 @@ func TestAuditCLI(t *testing.T) {
 			if m == nil || m[1] != itoa(last.A) {
 				t.Errorf("audit names no window over from %d:\n%s", last.A, out)
 			}
+			st := cliOK(t, append([]string{"status", "forged"}, conn...)...)
+			if !strings.Contains(st, "ledger:    fullest upcoming window 110 of 100 (OVER)") {
+				t.Errorf("status does not say the ledger is over:\n%s", st)
+			}
 		})
 		t.Run(mode+"/garbage", func(t *testing.T) {
 			out, err := audit("junk")
@@ -196,6 +206,11 @@ func TestAuditCLI(t *testing.T) {
 			}
 			if !regexp.MustCompile(`(?m)^  junk +BAD +` + regexp.QuoteMeta(junkKey) + ` \(revision \d+\) does not decode: ledger: invalid record: `).MatchString(out) {
 				t.Errorf("audit does not name the bad record %s:\n%s", junkKey, out)
+			}
+			st := cliOK(t, append([]string{"status", "junk"}, conn...)...)
+			t.Logf("configd status junk:\n%s", st)
+			if !strings.Contains(st, junkKey) {
+				t.Errorf("status does not list the bad record %s:\n%s", junkKey, st)
 			}
 		})
 		t.Run(mode+"/all", func(t *testing.T) {

@@ -74,6 +74,20 @@ func (v ledgerView) verdict() string {
 	return "ok"
 }
 
+// says is the ledger in one line, as status and the console show it.
+func (v ledgerView) says() string {
+	if v.Era == 0 {
+		return fmt.Sprintf("nothing granted yet (%s)", v.verdict())
+	}
+	s := fmt.Sprintf("fullest upcoming window %d of %d (%s): window %d from %s, era %d",
+		v.Sum, v.Limit, v.verdict(), v.Fullest, v.Start.UTC().Format(time.RFC3339Nano), v.Era)
+	if len(v.Violations) > 0 {
+		x := v.Violations[0]
+		s += fmt.Sprintf("; over first in window %d of era %d: see configd audit", x.Window, x.Era)
+	}
+	return s
+}
+
 // audit reads the ledgers of provider name, its own and its lane
 // providers', retired lanes included: their grants stay until they end.
 // A provider coordinated by the shares has none.
