@@ -229,6 +229,7 @@ func TestAdminAPIMethodNotAllowed(t *testing.T) {
 		{"OPTIONS", "/v1/providers/p", 405, item},
 		{"PUT", "/v1/providers/p/instances", 405, read},
 		{"DELETE", "/v1/providers/p/history", 405, read},
+		{"POST", "/v1/providers/p/audit", 405, read},
 		{"POST", "/metrics", 405, read},
 		{"PUT", "/healthz", 405, read},
 		{"DELETE", "/readyz", 405, read},

@@ -53,6 +53,7 @@ type api struct {
 //	DELETE /v1/providers/{name}           delete (If-Match: revision)
 //	GET    /v1/providers/{name}/instances status: config, shares, instances, malformed records
 //	GET    /v1/providers/{name}/history   history, oldest first
+//	GET    /v1/providers/{name}/audit     a ledger provider's ledgers, audited
 //	GET    /metrics, /healthz, /readyz
 //	GET    /, /console/...                the web console (console.go), when a.console is set
 //
@@ -65,6 +66,7 @@ func (a *api) handler(reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("DELETE /v1/providers/{name}", a.authorized(a.handleDelete))
 	mux.HandleFunc("GET /v1/providers/{name}/instances", a.handleStatus)
 	mux.HandleFunc("GET /v1/providers/{name}/history", a.handleHistory)
+	mux.HandleFunc("GET /v1/providers/{name}/audit", a.handleAudit)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
@@ -393,6 +395,15 @@ func (a *api) handleStatus(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) handleHistory(w http.ResponseWriter, r *http.Request) {
 	v, err := a.store.history(r.Context(), r.PathValue("name"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (a *api) handleAudit(w http.ResponseWriter, r *http.Request) {
+	v, err := a.store.audit(r.Context(), r.PathValue("name"))
 	if err != nil {
 		a.fail(w, err)
 		return

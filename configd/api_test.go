@@ -88,6 +88,8 @@ func TestAPIBadInput(t *testing.T) {
 		{"delete missing", "DELETE", "nope", "", nil, 404, "not found"},
 		{"status missing", "GET", "nope/instances", "", nil, 404, "not found"},
 		{"history bad name", "GET", "N/history", "", nil, 400, "name must match"},
+		{"audit missing", "GET", "nope/audit", "", nil, 404, "not found"},
+		{"audit bad name", "GET", "N/audit", "", nil, 400, "name must match"},
 		{"unknown path", "GET", "p/frobs", "", nil, 404, "no such endpoint"},
 	}
 	for _, tc := range cases {

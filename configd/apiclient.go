@@ -185,3 +185,12 @@ func (c *apiClient) history(ctx context.Context, name string) ([]schema.HistoryE
 	err := c.do(ctx, http.MethodGet, "/v1/providers/"+name+"/history", nil, nil, &v)
 	return v, err
 }
+
+func (c *apiClient) audit(ctx context.Context, name string) (auditView, error) {
+	if err := schema.ValidateName(name); err != nil {
+		return auditView{}, err
+	}
+	var v auditView
+	err := c.do(ctx, http.MethodGet, "/v1/providers/"+name+"/audit", nil, nil, &v)
+	return v, err
+}

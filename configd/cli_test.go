@@ -143,6 +143,8 @@ func TestBadInputCLI(t *testing.T) {
 		{[]string{"status", ""}, "name must match"},
 		{[]string{"history"}, "exactly one provider NAME"},
 		{[]string{"list", "extra"}, "takes no arguments"},
+		{[]string{"audit", "Bad"}, "name must match"},
+		{[]string{"audit", "p", "q"}, "exactly one provider NAME"},
 		{[]string{"frobnicate"}, "unknown command"},
 		{nil, "no command given"},
 	}
@@ -239,7 +241,7 @@ func TestConcurrentSetConflict(t *testing.T) {
 // TestHelp: every subcommand answers --help on stdout with its usage and
 // exit code 0.
 func TestHelp(t *testing.T) {
-	for _, cmd := range []string{"serve", "set", "get", "list", "delete", "status", "history"} {
+	for _, cmd := range []string{"serve", "set", "get", "list", "delete", "status", "history", "audit"} {
 		out, err := cliRun(t, cmd, "--help")
 		if err != nil || !strings.Contains(out, "Usage: configd "+cmd) || !strings.Contains(out, "-etcd-endpoints") {
 			t.Errorf("%s --help: %v\n%s", cmd, err, out)

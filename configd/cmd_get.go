@@ -18,7 +18,7 @@ Flags:
 `
 
 func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	rc, err := openRead(ctx, "get", getUsage, true, args, stdout, stderr)
+	rc, err := openRead(ctx, "get", getUsage, nameOne, args, stdout, stderr)
 	if err != nil || rc == nil {
 		return err
 	}

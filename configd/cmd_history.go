@@ -20,7 +20,7 @@ Flags:
 `
 
 func runHistory(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	rc, err := openRead(ctx, "history", historyUsage, true, args, stdout, stderr)
+	rc, err := openRead(ctx, "history", historyUsage, nameOne, args, stdout, stderr)
 	if err != nil || rc == nil {
 		return err
 	}

@@ -17,7 +17,7 @@ Flags:
 `
 
 func runList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	rc, err := openRead(ctx, "list", listUsage, false, args, stdout, stderr)
+	rc, err := openRead(ctx, "list", listUsage, nameNone, args, stdout, stderr)
 	if err != nil || rc == nil {
 		return err
 	}

@@ -15,10 +15,12 @@ import (
 
 const statusUsage = `Usage: configd status NAME [--json]
 
-Shows provider NAME's config, the shares the configd leader published, and a
-table of its live instances: instance, host, share, demand, admitted, clock
-offset, last seen, generation applied. Malformed records found in etcd are
-listed at the end (they are ignored; the last good values stay in force).
+Shows provider NAME's config, the shares the configd leader published (for a
+provider coordinated by the ledger, its fullest upcoming window against its
+limit: see 'configd audit'), and a table of its live instances: instance,
+host, share, demand, admitted, clock offset, last seen, generation applied.
+Malformed records found in etcd are listed at the end (they are ignored; the
+last good values stay in force).
 Lines "election:" list configd's election keys, oldest (leading) first; a
 FOREIGN one is no replica's, and blocks the election while it is oldest
 (configd serve removes it).
@@ -30,7 +32,7 @@ Flags:
 `
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	rc, err := openRead(ctx, "status", statusUsage, true, args, stdout, stderr)
+	rc, err := openRead(ctx, "status", statusUsage, nameOne, args, stdout, stderr)
 	if err != nil || rc == nil {
 		return err
 	}
@@ -69,6 +71,8 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 	budget := v.Config != nil && v.Config.Budget()
 	if budget {
 		printBudget(w, v)
+	} else if v.Ledger != nil {
+		fmt.Fprintf(w, "ledger:    %s\n", v.Ledger.says())
 	} else if s := v.Shares; s != nil {
 		fmt.Fprintf(w, "shares:    generation %d, total %d over %d instances, effective from %s (window %s), published by %s at %s\n",
 			s.Generation, s.Total, s.Instances, s.EffectiveTime().UTC().Format(time.RFC3339Nano), s.Window,

@@ -39,6 +39,11 @@ type providerPanel struct {
 	// Config is the config in force; nil when malformed or deleted.
 	Config *configView `json:"config"`
 	Shares *sharesView `json:"shares"`
+	// Ledger is, for a provider coordinated by the ledger, its fullest
+	// upcoming window against its limit, as configd status says it;
+	// LedgerOver says the ledger breaks its invariant somewhere.
+	Ledger     string `json:"ledger,omitempty"`
+	LedgerOver bool   `json:"ledger_over,omitempty"`
 	// Leader names the replica whose election key is oldest, Election
 	// says what an operator needs to know of the election ("" when a
 	// replica leads as usual).
@@ -435,6 +440,9 @@ func buildPanel(st *consoleState, v statusView, hist []schema.HistoryEntry, now 
 			sv.Granted += s.Enforcing(id)
 		}
 		p.Shares = sv
+	}
+	if l := v.Ledger; l != nil {
+		p.Ledger, p.LedgerOver = l.says(), l.over()
 	}
 	p.Leader, p.Election = electionSays(v)
 	for _, m := range v.Malformed {

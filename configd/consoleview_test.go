@@ -88,3 +88,28 @@ func TestConsoleChartSaysEstimates(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleSaysTheLedger: a ledger provider's panel says its fullest
+// upcoming window against its limit, as status does, and whether the
+// ledger is over anywhere.
+func TestConsoleSaysTheLedger(t *testing.T) {
+	now := time.Date(2026, 12, 6, 5, 0, 0, 0, time.UTC)
+	cfg := &schema.ProviderConfig{Version: schema.Version, Name: "p", Limit: 100, Window: schema.Duration(time.Second), Coordination: schema.CoordinationLedger}
+	within := &ledgerView{Provider: "p", Era: 1, Window: schema.Duration(time.Second), Fullest: 7, Start: now, Sum: 90, Limit: 100}
+	over := &ledgerView{Provider: "p", Era: 1, Window: schema.Duration(time.Second), Fullest: 7, Start: now, Sum: 90, Limit: 100,
+		Violations: []violationView{{Era: 1, Window: 3, Sum: 120, Limit: 100, Reason: "grants add up to 120, over the limit of 100"}}}
+	for _, tc := range []struct {
+		ledger *ledgerView
+		want   string
+		over   bool
+	}{
+		{nil, "", false},
+		{within, "fullest upcoming window 90 of 100 (ok): window 7 from 2026-12-06T05:00:00Z, era 1", false},
+		{over, "fullest upcoming window 90 of 100 (OVER): window 7 from 2026-12-06T05:00:00Z, era 1; over first in window 3 of era 1: see configd audit", true},
+	} {
+		p := buildPanel(newConsoleState(), statusView{Provider: "p", Config: cfg, Ledger: tc.ledger}, nil, now)
+		if p.Ledger != tc.want || p.LedgerOver != tc.over {
+			t.Errorf("the panel says %q (over %v), want %q (over %v)", p.Ledger, p.LedgerOver, tc.want, tc.over)
+		}
+	}
+}

@@ -174,8 +174,9 @@ func (c *clientFlags) withTimeout(ctx context.Context) (context.Context, context
 }
 
 // readCommand is what the read-only subcommands (get, list, status,
-// history) share once their flags are parsed: the provider NAME (empty for
-// list), --json, and the open backend, bounded by --timeout.
+// history, audit) share once their flags are parsed: the provider NAME
+// (empty for list, and for audit of every provider), --json, and the open
+// backend, bounded by --timeout.
 type readCommand struct {
 	name   string
 	asJSON bool
@@ -184,10 +185,19 @@ type readCommand struct {
 	done   func() // releases the backend and the timeout
 }
 
-// openRead parses a read subcommand's flags and arguments — exactly one
-// provider NAME if takesName, none otherwise — and opens its backend. It
-// returns a nil readCommand and a nil error when --help was asked for.
-func openRead(ctx context.Context, cmd, usage string, takesName bool, args []string, stdout, stderr io.Writer) (*readCommand, error) {
+// nameArg is the provider NAME a read subcommand takes.
+type nameArg int
+
+const (
+	nameNone     nameArg = iota // none (list)
+	nameOne                     // exactly one
+	nameOptional                // one or none (audit: none means all)
+)
+
+// openRead parses a read subcommand's flags and arguments, a provider
+// NAME as names says, and opens its backend. It returns a nil
+// readCommand and a nil error when --help was asked for.
+func openRead(ctx context.Context, cmd, usage string, names nameArg, args []string, stdout, stderr io.Writer) (*readCommand, error) {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
@@ -198,7 +208,7 @@ func openRead(ctx context.Context, cmd, usage string, takesName bool, args []str
 	}
 	rc := &readCommand{}
 	switch {
-	case takesName:
+	case names == nameOne || names == nameOptional && len(pos) > 0:
 		if rc.name, err = oneName(cmd, pos); err != nil {
 			return nil, err
 		}

@@ -11,6 +11,7 @@
 //	configd delete NAME [--if-revision R]
 //	configd status NAME
 //	configd history NAME
+//	configd audit  [NAME]
 //
 // The CLI subcommands talk to a running `configd serve` through its admin API
 // (--server, default http://127.0.0.1:7070, with --token-file for writes), or,
@@ -22,10 +23,11 @@
 //	configd serve --data-dir /var/lib/configd                # one machine: embedded etcd
 //	configd set payments --limit 300000 --window 1s          # prints old → new
 //	configd status payments                                  # who holds which share
+//	configd audit                                            # every ledger within its limits?
 //	configd set payments --limit 250000 --if-revision 42     # fails if someone else changed it
 //
 // Exit codes: 0 success, 1 failure (etcd or server unreachable, conflict,
-// not found), 2 bad input (flags, names, limits, windows) — with one line on
+// not found, a ledger over its limit), 2 bad input (flags, names, limits, windows) — with one line on
 // stderr.
 //
 // Every subcommand has --help.
@@ -74,6 +76,7 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	"delete":  runDelete,
 	"status":  runStatus,
 	"history": runHistory,
+	"audit":   runAudit,
 }
 
 const mainUsage = `configd keeps sluice provider configs in etcd and publishes instance shares.
@@ -86,6 +89,7 @@ Usage:
   configd delete   delete a provider: delete NAME
   configd status   show a provider's instances and shares: status NAME
   configd history  show who changed a provider, when, and how: history NAME
+  configd audit    check that a ledger provider's grants keep within its limits: audit [NAME]
 
 Run 'configd COMMAND --help' for a command's flags.
 `
@@ -103,7 +107,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		return usageErrorf("unknown command %q (commands: serve, set, get, list, delete, status, history)", args[0])
+		return usageErrorf("unknown command %q (commands: serve, set, get, list, delete, status, history, audit)", args[0])
 	}
 	return cmd(ctx, args[1:], stdout, stderr)
 }

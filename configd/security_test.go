@@ -273,7 +273,7 @@ func TestSecurityAdminAPI(t *testing.T) {
 	}
 
 	// Reads are open, as the API documents.
-	for _, path := range []string{"/v1/providers", "/v1/providers/p", "/v1/providers/p/instances", "/v1/providers/p/history", "/metrics", "/healthz", "/readyz"} {
+	for _, path := range []string{"/v1/providers", "/v1/providers/p", "/v1/providers/p/instances", "/v1/providers/p/history", "/v1/providers/p/audit", "/metrics", "/healthz", "/readyz"} {
 		if status, body := do(t, "GET", r.url()+path, nil, ""); status != 200 {
 			t.Errorf("GET %s without a token: %d %s", path, status, body)
 		}

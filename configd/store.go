@@ -85,6 +85,7 @@ type backend interface {
 	remove(ctx context.Context, name string, ifRev int64, who string) (changeView, error)
 	status(ctx context.Context, name string) (statusView, error)
 	history(ctx context.Context, name string) ([]schema.HistoryEntry, error)
+	audit(ctx context.Context, name string) (auditView, error)
 }
 
 // providerView is one provider's config and the etcd revision it was read
@@ -166,6 +167,10 @@ type statusView struct {
 	// Budget is, for a budget lane (schema.IsBudget), the counter of its
 	// window under way: what the instances took of it.
 	Budget *schema.BudgetRecord `json:"budget,omitempty"`
+	// Ledger is, for a provider coordinated by the ledger, its ledger's
+	// fullest upcoming window; its records that do not decode are in
+	// Malformed.
+	Ledger *ledgerView `json:"ledger,omitempty"`
 }
 
 // store is the one implementation of the provider operations over etcd,
@@ -551,6 +556,14 @@ func (s *store) statusOne(ctx context.Context, name string) (statusView, error) 
 		if err := s.readBudget(ctx, &out); err != nil {
 			return statusView{}, err
 		}
+	}
+	if c := out.Config; c != nil && c.Ledger() {
+		lv, err := s.readLedger(ctx, name)
+		if err != nil {
+			return statusView{}, err
+		}
+		out.Ledger = &lv
+		out.Malformed = append(out.Malformed, lv.Bad...)
 	}
 	set := schema.NewShareSet(s.keys, name)
 	for _, kv := range sharesKVs {

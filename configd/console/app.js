@@ -158,7 +158,9 @@
         (a.reason ? ` · last move: ${a.reason}` : '')
       : '';
     const s = p.shares;
-    $('#shares').textContent = s
+    $('#shares').textContent = p.ledger
+      ? `Ledger: ${p.ledger}` + (p.leader ? ` · leader: ${p.leader}` : '')
+      : s
       ? `generation ${s.generation}: total ${s.total} over ${s.instances} instances (shares add up to ${s.sum}; configd counts ${s.granted} as possibly enforced), ` +
         `in force from ${hmsms(s.effective_from)} UTC, published by ${s.published_by || '–'} at ${hms(s.published)}` +
         (p.leader ? ` · leader: ${p.leader}` : '')
@@ -167,6 +169,7 @@
     if (p.error) alerts.append(el('li', { text: 'Could not read the provider: ' + p.error }));
     if (p.election) alerts.append(el('li', { text: p.election }));
     if (p.publish_error) alerts.append(el('li', { text: 'Publishing fails: ' + p.publish_error }));
+    if (p.ledger_over) alerts.append(el('li', { text: 'The ledger grants more than the limit: run configd audit ' + p.provider }));
     for (const m of p.malformed || []) alerts.append(el('li', { text: 'Malformed record (ignored; the last good value stays): ' + m }));
     $('#alerts').replaceWith(alerts);
 

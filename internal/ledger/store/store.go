@@ -28,8 +28,8 @@ var ErrMoved = errors.New("store: the ledger's head moved since it was read")
 
 // Read returns the ledger under keys as etcd holds it at one revision,
 // the head's mod revision (0: no head yet) and that revision. A record
-// that does not decode is skipped and reported in bad: it adds no room
-// to the state returned.
+// that does not decode is skipped and reported in bad, as a *RecordError
+// that names its key: it adds no room to the state returned.
 func Read(ctx context.Context, kv clientv3.KV, keys ledger.Keys) (s *ledger.State, headMod, rev int64, bad []error, err error) {
 	resp, err := kv.Get(ctx, string(keys), clientv3.WithPrefix())
 	if err != nil {
@@ -41,11 +41,23 @@ func Read(ctx context.Context, kv clientv3.KV, keys ledger.Keys) (s *ledger.Stat
 			headMod = kv.ModRevision
 		}
 		if err := keys.Decode(s, string(kv.Key), kv.Value); err != nil {
-			bad = append(bad, err)
+			bad = append(bad, &RecordError{Key: string(kv.Key), Rev: kv.ModRevision, Err: err})
 		}
 	}
 	return s, headMod, resp.Header.Revision, bad, nil
 }
+
+// RecordError is a record Read could not decode: its key, the revision
+// it was last written at, and why. It wraps the decoder's error, which
+// wraps ledger.ErrInvalid.
+type RecordError struct {
+	Key string
+	Rev int64
+	Err error
+}
+
+func (e *RecordError) Error() string { return e.Key + ": " + e.Err.Error() }
+func (e *RecordError) Unwrap() error { return e.Err }
 
 // Write writes ops in one transaction, if the head's mod revision is
 // still headMod (0: no head) and every extra condition holds. It returns

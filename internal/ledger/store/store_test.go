@@ -449,3 +449,27 @@ func TestAPublishToMoreHoldersThanATransactionHolds(t *testing.T) {
 		}
 	}
 }
+
+// TestReadNamesTheKeyOfABadRecord: a record that does not decode adds no
+// room, and Read says which key it is at, so an operator can find it.
+func TestReadNamesTheKeyOfABadRecord(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := ledger.Keys("/test/ledger/")
+	key := keys.Grant("h1", 1)
+	resp, err := cli.Put(context.Background(), key, "not json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _, _, bad, err := Read(context.Background(), cli, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var re *RecordError
+	if len(bad) != 1 || !errors.As(bad[0], &re) || re.Key != key || re.Rev != resp.Header.Revision || !errors.Is(bad[0], ledger.ErrInvalid) {
+		t.Fatalf("Read reports %v, want one *RecordError at %s, revision %d, wrapping ledger.ErrInvalid", bad, key, resp.Header.Revision)
+	}
+	if len(s.Grants) != 0 {
+		t.Errorf("the bad record added grants: %v", s.Grants)
+	}
+}
