@@ -230,6 +230,10 @@ func TestLedgerProviderEndToEnd(t *testing.T) {
 		t.Errorf("only %d windows sampled", n)
 	}
 
+	if out := itCLI(t, "audit", "api", server); !strings.Contains(out, " ok") || strings.Contains(out, "OVER") {
+		t.Errorf("configd audit api printed %q, want the limit ok", out)
+	}
+
 	var errOut strings.Builder
 	ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
 	defer cancel()
