@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -71,7 +70,6 @@ func TestSharesRecreatedAsLedgerBesideCutOffShare(t *testing.T) {
 			if t.Failed() {
 				t.Logf("a: %+v\nb: %+v", a.Status(), b.Status())
 			}
-			_ = fmt.Sprint()
 		})
 	}
 }
