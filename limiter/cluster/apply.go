@@ -21,6 +21,15 @@ func (m *Member) apply(v *view, ap *applied) bool {
 	if v.config != nil && v.config.Ledger() {
 		// The ledger's Follower sets the limiter (followLedger): the
 		// shares' rules neither apply nor count here.
+		// Nothing it held before counts there: not the fallback New
+		// gave it, nor a share of an earlier incarnation of the
+		// provider. Dropped at once, at the length in force, until the
+		// Follower's schedule replaces it.
+		if !m.toLedger {
+			if err := m.lim.SetQuota(0, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
+				m.log.Error("cannot drop the quota held before the ledger", "err", err)
+			}
+		}
 		m.toLedger = true
 		return false
 	}
