@@ -16,9 +16,12 @@ import (
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/ledger"
 	ledgerstore "github.com/sluice-go/sluice/internal/ledger/store"
+	"github.com/sluice-go/sluice/internal/logbuf"
+	"github.com/sluice-go/sluice/internal/ntptest"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
 	"github.com/sluice-go/sluice/limiter/cluster"
+	"github.com/sluice-go/sluice/limiter/skew"
 )
 
 // ledgerSampler samples, every millisecond, what each member's limiter
@@ -240,5 +243,196 @@ func TestLedgerProviderEndToEnd(t *testing.T) {
 	err := run(ctx, []string{"set", "api", "--coordination", "shares", server}, &strings.Builder{}, &errOut)
 	if err == nil || !strings.Contains(err.Error()+errOut.String(), "coordination is fixed") {
 		t.Errorf("changing the coordination: %v %s; want it refused as fixed", err, errOut.String())
+	}
+}
+
+// admitCounter has Members take every permit they can (when allowed) and
+// counts the admissions per aligned window of true time (the system
+// clock), per member.
+type admitCounter struct {
+	w    time.Duration
+	mu   sync.Mutex
+	n    map[int64]map[string]int64
+	done chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+func newAdmitCounter(t *testing.T, w time.Duration) *admitCounter {
+	c := &admitCounter{w: w, n: map[int64]map[string]int64{}, done: make(chan struct{})}
+	t.Cleanup(c.halt)
+	return c
+}
+
+func (c *admitCounter) halt() { c.once.Do(func() { close(c.done) }); c.wg.Wait() }
+
+// take has m take permits whenever when(now) says so (nil: always).
+func (c *admitCounter) take(m *cluster.Member, when func(time.Time) bool) {
+	c.wg.Go(func() {
+		for {
+			select {
+			case <-c.done:
+				return
+			default:
+			}
+			if when != nil && !when(time.Now()) {
+				time.Sleep(200 * time.Microsecond)
+				continue
+			}
+			if m.Limiter().TryAcquire() {
+				k := time.Now().UnixNano() / int64(c.w)
+				c.mu.Lock()
+				if c.n[k] == nil {
+					c.n[k] = map[string]int64{}
+				}
+				c.n[k][m.ID()]++
+				c.mu.Unlock()
+			} else {
+				time.Sleep(200 * time.Microsecond)
+			}
+		}
+	})
+}
+
+// runFor waits until n more windows have admitted something.
+func (c *admitCounter) runFor(t *testing.T, n int) {
+	t.Helper()
+	c.mu.Lock()
+	until := len(c.n) + n
+	c.mu.Unlock()
+	itWait(t, fmt.Sprintf("%d windows more counted", n), func() (bool, string) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.n) >= until, fmt.Sprintf("%d of %d", len(c.n), until)
+	})
+}
+
+// over reports every window whose admissions add up to more than limit.
+func (c *admitCounter) over(t *testing.T, limit int64) (worst int64) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range slices.Sorted(maps.Keys(c.n)) {
+		var sum int64
+		for _, n := range c.n[k] {
+			sum += n
+		}
+		worst = max(worst, sum)
+		if sum > limit {
+			t.Errorf("window %s: admitted %d in a window of %d: %v", time.Unix(0, k*int64(c.w)).Format("15:04:05.000"), sum, limit, c.n[k])
+		}
+	}
+	return worst
+}
+
+func quotas(ms ...*cluster.Member) (sum int64, why string) {
+	for _, m := range ms {
+		st := m.Status()
+		q := m.Limiter().Stats().Quota
+		sum += q
+		why += fmt.Sprintf("%s: %d (%s) ", m.ID(), q, st.Source)
+	}
+	return sum, why
+}
+
+// behindClock is a clock running d behind the system's (true time here).
+type behindClock struct{ d time.Duration }
+
+func (c behindClock) Now() time.Time { return time.Now().Add(-c.d) }
+
+// TestLedgerMemberAppliesItsClockMonitor: a provider of 100/100ms; a's
+// clock is right, b's runs 60ms behind, and b measures it with NTP
+// (cluster.WithClockMonitor, the server on true time), which under
+// shares moves b's window boundaries onto true time (the "shares" subtest,
+// the control). Under the ledger, apply returns before clockCut, the only
+// place the measured offset and guard band reach the limiter, so b's
+// windows stay 60ms late: b idles in odd windows and takes in even ones
+// from 5ms to 95ms, which spans the tail of its window k-1 (unused) and
+// the head of its window k, 50 each; with a's 50, 150 in a true window of
+// 100.
+func TestLedgerMemberAppliesItsClockMonitor(t *testing.T) {
+	for _, coord := range []string{"ledger", "shares"} {
+		t.Run(coord, func(t *testing.T) {
+			const w = itWindow
+			srv := etcdtest.Start(t)
+			r := itServe(t, srv, "solo")
+			itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+			server := "--server=" + r.url()
+			itCLI(t, "set", "api", "--limit", "100", "--window", w.String(), "--coordination", coord, server)
+
+			ntp, err := ntptest.Start()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ntp.Close() })
+			behind := behindClock{60 * time.Millisecond}
+			mon, err := skew.New(skew.WithServers(ntp.Addr()), skew.WithInterval(50*time.Millisecond),
+				skew.WithTimeout(100*time.Millisecond), skew.WithStaleness(200*time.Millisecond), skew.WithClock(behind))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var alog, blog logbuf.Buffer
+			a := joinAPI(t, itClient(t, srv), "a", &alog)
+			b := joinAPI(t, itClient(t, srv), "b", &blog, cluster.WithClockMonitor(mon),
+				cluster.WithLimiterOptions(limiter.WithClock(behind)))
+			itWait(t, "a and b at 50 each", func() (bool, string) {
+				sum, why := quotas(a, b)
+				return sum == 100 && a.Limiter().Stats().Quota == 50, why
+			})
+			itWait(t, "b's limiter on the measured offset", func() (bool, string) {
+				off := b.Limiter().ClockOffset()
+				return off > 50*time.Millisecond && off < 70*time.Millisecond, off.String()
+			})
+			t.Logf("b's limiter clock offset %v, uncertainty known %v", b.Limiter().ClockOffset(), b.Status().ClockKnown)
+
+			c := newAdmitCounter(t, w)
+			c.take(a, nil)
+			c.take(b, func(now time.Time) bool {
+				k, ph := now.UnixNano()/int64(w), time.Duration(now.UnixNano()%int64(w))
+				return k%2 == 0 && ph >= 5*time.Millisecond && ph < 95*time.Millisecond
+			})
+			time.Sleep(2 * time.Second)
+			c.halt()
+			worst := c.over(t, 100)
+			t.Logf("fullest window: %d of 100", worst)
+		})
+	}
+}
+
+// TestLedgerJoinerDropsItsFallback: a provider of 100/100ms exists; a
+// alone holds the whole 100. b joins with WithFallback(100, 1s), which
+// the package says applies only while the config cannot be read or
+// before the provider is configured. b reads the config at once, but
+// apply returns early for a ledger config: its limiter stays on the
+// fallback New gave it, and the Follower's first schedule (a step of
+// 0 in windows of 100ms, another length) takes effect only at the end of
+// the 1s fallback window under way. b takes its 100 beside a's 100. Under
+// shares (the control) a new source takes the smaller quota at once: 0.
+func TestLedgerJoinerDropsItsFallback(t *testing.T) {
+	for _, coord := range []string{"ledger", "shares"} {
+		t.Run(coord, func(t *testing.T) {
+			const w = itWindow
+			srv := etcdtest.Start(t)
+			r := itServe(t, srv, "solo")
+			itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+			server := "--server=" + r.url()
+			itCLI(t, "set", "api", "--limit", "100", "--window", w.String(), "--coordination", coord, server)
+			var alog, blog logbuf.Buffer
+			a := joinAPI(t, itClient(t, srv), "a", &alog)
+			itWait(t, "a at 100", func() (bool, string) {
+				sum, why := quotas(a)
+				return sum == 100, why
+			})
+			c := newAdmitCounter(t, w)
+			c.take(a, nil)
+			time.Sleep(3 * w)
+			b := joinAPI(t, itClient(t, srv), "b", &blog, cluster.WithFallback(100, time.Second))
+			c.take(b, nil)
+			time.Sleep(1500 * time.Millisecond)
+			c.halt()
+			worst := c.over(t, 100)
+			sum, why := quotas(a, b)
+			t.Logf("fullest window: %d of 100; now %d: %s", worst, sum, why)
+		})
 	}
 }

@@ -3,13 +3,18 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/ledger"
 	ledgerstore "github.com/sluice-go/sluice/internal/ledger/store"
+	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter"
 )
 
 // errLedger ends the shares' session of a Member whose provider names
@@ -27,19 +32,22 @@ func (s *following) toLedger() error {
 }
 
 // followLedger keeps the limiter at what this incarnation's grants in
-// the provider's ledger allow, until ctx ends: a Follower enforces the
-// grants and writes the releases they ask for, and sessions with a lease
-// report the holder's demand, which configd grants to. window is the
-// length the limiter keeps with nothing granted.
+// the provider's ledger allow: a Follower enforces the grants and writes
+// the releases they ask for, and sessions with a lease report the
+// holder's demand, which configd grants to. cfg is the config that named
+// the ledger. It returns false when ctx ends, and true when the
+// provider's config names the shares again.
 //
 // Nothing here bounds safety: the Follower's grants end at their
 // publish's end (the limiter's expiry), so a process cut off from etcd,
 // paused or crashed admits nothing past what configd wrote for it.
-func (m *Member) followLedger(ctx context.Context, window time.Duration) {
+func (m *Member) followLedger(ctx context.Context, cfg schema.ProviderConfig) bool {
+	window := cfg.Window.D()
 	f, err := ledgerstore.NewFollower(m.cli, ledger.Keys(m.keys.Ledger(m.provider)), m.id, m.lim, window, m.log)
 	if err != nil {
 		m.log.Error("cannot follow the ledger", "err", err)
-		return
+		<-ctx.Done()
+		return false
 	}
 	m.holder = f.Holder().Name()
 	m.log.Info("following the provider's ledger", "holder", m.holder)
@@ -50,12 +58,16 @@ func (m *Member) followLedger(ctx context.Context, window time.Duration) {
 	wg.Go(func() { f.Run(fctx) })
 
 	rep := &reporter{started: time.Now()}
+	bound := cfg.ClockBound()
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
-		err := m.ledgerSession(ctx, rep, window)
+		err := m.ledgerSession(ctx, rep, window, bound)
 		if ctx.Err() != nil {
-			return
+			return false
+		}
+		if errors.Is(err, errShares) {
+			return true
 		}
 		m.setStatus(func(s *Status) { s.Connected, s.LastError = false, err.Error() })
 		if time.Since(start) > 10*time.Second {
@@ -65,17 +77,35 @@ func (m *Member) followLedger(ctx context.Context, window time.Duration) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return
+			return false
 		case <-t.C:
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 
+// errShares ends a ledger session when the provider's config names the
+// shares.
+var errShares = errors.New("cluster: the provider is coordinated by the shares")
+
+// leftLedger drops what the ledger's grants left in the limiter, at once,
+// and returns what the shares' session starts from: nothing, as a new
+// process, since a share record naming this ID was an earlier one's.
+func (m *Member) leftLedger() applied {
+	if err := m.lim.SetQuota(0, time.Time{}); err != nil && !errors.Is(err, limiter.ErrClosed) {
+		m.log.Error("cannot drop the ledger's quota", "err", err)
+	}
+	m.toLedger, m.holder = false, ""
+	m.registered, m.registeredAt = 0, time.Time{}
+	m.log.Info("the provider is coordinated by the shares again; leaving the ledger")
+	return applied{Source: follow.SourceLapsed, Window: m.lim.Stats().Window}
+}
+
 // ledgerSession registers the holder on a fresh lease and reports its
-// demand every report interval, until the lease is lost or ctx ends; on
-// ctx's end it says it is leaving and revokes the lease.
-func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window time.Duration) error {
+// demand every report interval, applying the clock monitor's measurement
+// with each, until the lease is lost, the config names the shares, or ctx
+// ends; on ctx's end it says it is leaving and revokes the lease.
+func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound time.Duration) error {
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -91,7 +121,9 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window time.D
 		}
 	}()
 	rep.haveWrite = false
+	m.clockCut(0, window, bound)
 	m.ledgerStatus(ap)
+	cfgs := m.cli.Watch(clientv3.WithRequireLeader(sctx), m.keys.Config(m.provider))
 	if err := s.report(sctx, true); err != nil {
 		return err
 	}
@@ -108,13 +140,38 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window time.D
 		case s.leaseEnd = <-renewed:
 		case err := <-kaDone:
 			return err
+		case wr, ok := <-cfgs:
+			if err := m.configEvents(wr, ok); err != nil {
+				return err
+			}
 		case <-tick.C:
+			m.clockCut(0, window, bound)
 			m.ledgerStatus(ap)
 			if err := s.report(sctx, false); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// configEvents returns errShares when a config of the watch names the
+// shares, and an error when the watch ended.
+func (m *Member) configEvents(wr clientv3.WatchResponse, ok bool) error {
+	if !ok {
+		return errors.New("cluster: the config's watch ended")
+	}
+	if err := wr.Err(); err != nil {
+		return fmt.Errorf("cluster: watching the config: %w", err)
+	}
+	for _, ev := range wr.Events {
+		if ev.Type != clientv3.EventTypePut {
+			continue
+		}
+		if c, err := schema.DecodeProviderConfig(ev.Kv.Value); err == nil && !c.Ledger() {
+			return errShares
+		}
+	}
+	return nil
 }
 
 // ledgerStatus puts what the limiter enforces now in ap, which the

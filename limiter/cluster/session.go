@@ -50,8 +50,14 @@ func (m *Member) run(ctx context.Context) {
 			return
 		}
 		if errors.Is(err, errLedger) {
-			m.followLedger(ctx, v.config.Window.D())
-			return
+			if !m.followLedger(ctx, *v.config) {
+				return
+			}
+			// The provider was created again, coordinated by the shares,
+			// which configd allows only once every grant of its ledger
+			// ended: start over as a joining instance does, with nothing.
+			v, ap = newView(), m.leftLedger()
+			continue
 		}
 		if connected {
 			connected = false
