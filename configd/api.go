@@ -613,7 +613,7 @@ func (a *api) fail(w http.ResponseWriter, err error) {
 		status = http.StatusNotFound
 	case errors.Is(err, ErrPreconditionFailed):
 		status = http.StatusPreconditionFailed
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, ErrConflict), errors.Is(err, ErrRecordsLeft):
 		status = http.StatusConflict
 	case errors.Is(err, ErrMalformedStored):
 		status = http.StatusInternalServerError

@@ -362,8 +362,16 @@ func (s *store) write(ctx context.Context, name string, put *schema.ProviderConf
 		} else {
 			ops = append(ops, clientv3.OpDelete(key))
 		}
+		conds := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur)}
+		if old == nil && newCfg != nil {
+			c, o, err := s.coordinationChecks(ctx, *newCfg)
+			if err != nil {
+				return changeView{}, err
+			}
+			conds, ops = append(conds, c...), append(ops, o...)
+		}
 		tresp, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", cur)).
+			If(conds...).
 			Then(ops...).
 			Commit()
 		if err != nil {

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/ledger"
+	ledgerstore "github.com/sluice-go/sluice/internal/ledger/store"
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// ErrRecordsLeft: a provider is created under one coordination while
+// records of the other, from before it was deleted, may still let
+// instances admit. Neither protocol counts the other's records.
+var ErrRecordsLeft = errors.New("configd: the provider's records from before it was deleted may still let instances admit")
+
+// coordinationChecks returns what creating cfg (no config stored) needs
+// of the records an earlier provider of the same names left: the
+// conditions its write adds and the deletions it makes, or
+// ErrRecordsLeft.
+//
+// A ledger provider needs no share records left: configd keeps them while
+// an instance they name may enforce them, and deletes them after. A shares
+// provider needs every grant of a ledger left to have ended: then the
+// ledger goes with the write, conditioned on its head.
+func (s *store) coordinationChecks(ctx context.Context, cfg schema.ProviderConfig) ([]clientv3.Cmp, []clientv3.Op, error) {
+	names := []string{cfg.Name}
+	for _, l := range cfg.Lanes {
+		names = append(names, schema.LaneName(cfg.Name, l.Lane))
+	}
+	var conds []clientv3.Cmp
+	var ops []clientv3.Op
+	for _, n := range names {
+		if cfg.Ledger() {
+			c, err := s.noShares(ctx, n)
+			if err != nil {
+				return nil, nil, err
+			}
+			conds = append(conds, c)
+			continue
+		}
+		c, o, err := s.ledgerEnded(ctx, n, cfg.ClockBound())
+		if err != nil {
+			return nil, nil, err
+		}
+		conds, ops = append(conds, c...), append(ops, o...)
+	}
+	return conds, ops, nil
+}
+
+// noShares returns the condition that provider n has no share record, or
+// ErrRecordsLeft when it has.
+func (s *store) noShares(ctx context.Context, n string) (clientv3.Cmp, error) {
+	prefix := s.keys.Shares(n)
+	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return clientv3.Cmp{}, etcdError(err)
+	}
+	if resp.Count > 0 {
+		return clientv3.Cmp{}, fmt.Errorf("%w: %q has %d share records, which its instances may still enforce; configd deletes them once no instance of it runs and their holds end: create it with the ledger then, or under another name", ErrRecordsLeft, n, resp.Count)
+	}
+	return clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix(), nil
+}
+
+// ledgerEnded returns, for provider n's ledger, the condition on its head
+// and the deletion of its records once every grant in it has ended (bound
+// past its last window, for the instances' clocks), or ErrRecordsLeft
+// saying until when one runs.
+func (s *store) ledgerEnded(ctx context.Context, n string, bound time.Duration) ([]clientv3.Cmp, []clientv3.Op, error) {
+	keys := ledger.Keys(s.keys.Ledger(n))
+	st, headMod, _, bad, err := ledgerstore.Read(ctx, s.cli, keys)
+	if err != nil {
+		return nil, nil, etcdError(err)
+	}
+	if headMod == 0 && len(bad) == 0 {
+		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(string(keys)), "=", 0).WithPrefix()}, nil, nil
+	}
+	if len(bad) > 0 {
+		return nil, nil, fmt.Errorf("%w: %q's ledger has %d records that do not decode (%v): it cannot tell when its grants end; delete them", ErrRecordsLeft, n, len(bad), bad[0])
+	}
+	var end time.Time
+	for _, e := range st.Head.Eras {
+		if k, ok := st.End(e.Seq); ok {
+			if t := time.Unix(0, ledger.StartOf(k+1, e.Window)).Add(2 * bound); t.After(end) {
+				end = t
+			}
+		}
+	}
+	if now := s.clock(); now.Before(end) {
+		return nil, nil, fmt.Errorf("%w: %q's ledger grants room until %s; create it with the shares after then, or with the ledger now", ErrRecordsLeft, n, end.UTC().Format(time.RFC3339Nano))
+	}
+	cond := clientv3.Compare(clientv3.ModRevision(keys.Head()), "=", headMod)
+	return []clientv3.Cmp{cond}, []clientv3.Op{clientv3.OpDelete(string(keys), clientv3.WithPrefix())}, nil
+}
