@@ -70,14 +70,14 @@ func TestAllocate(t *testing.T) {
 			map[string]int64{"a": 0, "b": 0, "c": 1000}, map[string]int64{"a": 20, "b": 20, "c": 60}},
 	}
 	for _, c := range cases {
-		got, err := allocate(c.cfg, records(c.demand))
+		got, err := alloc.Split(c.cfg, records(c.demand))
 		if err != nil || !maps.Equal(got, c.want) {
 			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
 		}
 	}
 	// The same as alloc.Fair on the same inputs.
 	d := map[string]int64{"i-a": 10, "i-b": 40, "i-c": 1000}
-	got, _ := allocate(schema.ProviderConfig{Limit: 300, Algorithm: schema.AlgorithmFair}, records(d))
+	got, _ := alloc.Split(schema.ProviderConfig{Limit: 300, Algorithm: schema.AlgorithmFair}, records(d))
 	if want := fairShares(t, 300, d); !maps.Equal(got, want) {
 		t.Errorf("allocate %v, alloc.Fair %v", got, want)
 	}
@@ -86,12 +86,12 @@ func TestAllocate(t *testing.T) {
 		big["i-"+strconv.Itoa(i)] = int64(i) * 1e9
 	}
 	for _, algo := range []schema.Algorithm{schema.AlgorithmEven, schema.AlgorithmFair} {
-		got, err := allocate(schema.ProviderConfig{Limit: schema.MaxLimit, Algorithm: algo}, records(big))
+		got, err := alloc.Split(schema.ProviderConfig{Limit: schema.MaxLimit, Algorithm: algo}, records(big))
 		if err != nil || sum(got) != schema.MaxLimit || len(got) != 97 {
 			t.Errorf("%s at the max limit: sum %d of %d shares, %v", algo, sum(got), len(got), err)
 		}
 	}
-	if _, err := allocate(schema.ProviderConfig{Limit: 1, Algorithm: "lottery"}, records(demand)); !errors.Is(err, alloc.ErrUnknownAlgorithm) {
+	if _, err := alloc.Split(schema.ProviderConfig{Limit: 1, Algorithm: "lottery"}, records(demand)); !errors.Is(err, alloc.ErrUnknownAlgorithm) {
 		t.Errorf("unknown algorithm: %v", err)
 	}
 }

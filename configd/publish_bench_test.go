@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/schema"
 )
@@ -41,7 +42,7 @@ func benchPublish(b *testing.B, algo schema.Algorithm, n int) {
 	}
 	// The fleet as the last publish left it: every share in force and
 	// acknowledged, the records in etcd as its layout wrote them.
-	split, err := allocate(cfg, recs)
+	split, err := alloc.Split(cfg, recs)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func benchPublish(b *testing.B, algo schema.Algorithm, n int) {
 	var keys, bytes, txns int
 	b.ResetTimer()
 	for range b.N {
-		target, err := allocate(retuned, recs)
+		target, err := alloc.Split(retuned, recs)
 		if err != nil {
 			b.Fatal(err)
 		}

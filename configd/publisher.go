@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/configd/plan"
 	"github.com/sluice-go/sluice/internal/schema"
 )
@@ -836,7 +837,7 @@ func (p *publisher) publish(ctx context.Context, f fence, name string, st *provi
 	for i, id := range ids {
 		recs[i] = st.instances[id]
 	}
-	split, err := allocate(cfg, recs)
+	split, err := alloc.Split(cfg, recs)
 	if err != nil {
 		return fmt.Errorf("allocation failed: %w", err)
 	}

@@ -5,8 +5,9 @@ import (
 	"strings"
 
 	"github.com/sluice-go/sluice/configd/adapt"
-	"github.com/sluice-go/sluice/configd/alloc"
+	"github.com/sluice-go/sluice/configd/round"
 	"github.com/sluice-go/sluice/internal/ledger"
+	"github.com/sluice-go/sluice/internal/schema"
 )
 
 // replica is one configd replica: it reads the ledger and the members'
@@ -60,8 +61,10 @@ func (r *replica) tick() {
 	if w.cfg.Break == "twice-ceiling" && w.prov != nil {
 		limit = 2 * w.prov.ctl.Ceiling
 	}
-	p := ledger.Policy{Limit: limit, Window: w.window, Horizon: w.horizon(), Keep: 3, Slack: w.limit / 50, MaxOps: w.cfg.MaxOps}
-	ch, err := ledger.Plan(st, p, r.target(limit), r.clock())
+	cfg := w.config(limit)
+	p := round.Policy(cfg)
+	p.MaxOps = w.cfg.MaxOps
+	ch, err := ledger.Plan(st, p, r.target(cfg), r.clock())
 	if err != nil {
 		w.fail("replica %d: %v", r.id, err)
 		return
@@ -93,30 +96,25 @@ func (r *replica) tick() {
 	})
 }
 
-// target allocates limit over the members registered in etcd.
-func (r *replica) target(limit int64) map[string]int64 {
+// target is what configd's leader asks for the members registered in
+// etcd (round.Target): each registers under its holder name.
+func (r *replica) target(cfg schema.ProviderConfig) map[string]int64 {
 	w := r.w
 	keys, kvs, _ := w.etcd.get("I/")
-	var in []alloc.Instance
+	live := make([]schema.InstanceRecord, 0, len(keys))
 	for _, k := range keys {
 		var rep report
 		if err := json.Unmarshal(kvs[k].value, &rep); err != nil {
 			w.fail("replica %d: the record %s: %v", r.id, k, err)
 			return nil
 		}
-		in = append(in, alloc.Instance{ID: strings.TrimPrefix(k, "I/"), Demand: float64(rep.Demand)})
+		h := strings.TrimPrefix(k, "I/")
+		live = append(live, schema.InstanceRecord{ID: h, Holder: h, Demand: rep.Demand})
 	}
-	if len(in) == 0 {
-		return nil
-	}
-	shares, err := alloc.Fair(limit, alloc.DefaultFloor(limit, len(in)), in)
+	t, err := round.Target(cfg, live)
 	if err != nil {
-		w.fail("alloc: %v", err)
+		w.fail("round: %v", err)
 		return nil
-	}
-	t := map[string]int64{}
-	for i, s := range shares {
-		t[in[i].ID] = s
 	}
 	return t
 }

@@ -1,6 +1,7 @@
 // Package world is a deterministic simulation of sluice's coordination
-// that runs the code that ships: configd's ledger decisions
-// (ledger.Plan), the members' (ledger.State.Schedule and ToRelease) and a
+// that runs the code that ships: configd's ledger decisions (its
+// leader's round: round.Policy, round.Target over alloc.Split, and
+// ledger.Plan), the members' (ledger.State.Schedule and ToRelease) and a
 // real limiter.Limiter per member, over a model of etcd that loses
 // answers, refuses writes, delays and batches each watcher's events,
 // expires leases, and over processes that crash, restart with the same
@@ -32,7 +33,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice/configd/round"
 	"github.com/sluice-go/sluice/internal/ledger"
+	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/internal/share"
 )
 
@@ -405,10 +408,18 @@ func (w *World) checkOutside(seqs []int64) {
 	}
 }
 
-// horizon is Config.Horizon in windows of the length in force.
-func (w *World) horizon() int64 {
-	return max(4, int64(w.cfg.Horizon/w.window))
+// config is the provider's config as configd reads it, with the limit
+// given: the fair algorithm, and the horizon as its fail_static.
+func (w *World) config(limit int64) schema.ProviderConfig {
+	return schema.ProviderConfig{
+		Name: "world", Limit: limit, Window: schema.Duration(w.window), Algorithm: schema.AlgorithmFair,
+		FailStatic: schema.Duration(w.cfg.Horizon), Coordination: schema.CoordinationLedger,
+	}
 }
+
+// horizon is the horizon configd grants, in windows of the length in
+// force (round.Horizon).
+func (w *World) horizon() int64 { return round.Horizon(w.config(w.limit)) }
 
 // String names a result for a test's log.
 func (r Result) String() string {
