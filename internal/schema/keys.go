@@ -21,6 +21,7 @@ const (
 	evenDir      = "even/"
 	historyDir   = "history/"
 	budgetDir    = "budget/"
+	ledgerDir    = "ledger/"
 	electionDir  = "configd/leader"
 	ownersDir    = "configd/owners/"
 )
@@ -145,6 +146,11 @@ func (k Keys) Budget(name string, window time.Duration, start int64) string {
 	return fmt.Sprintf("%s%d/%020d", k.Budgets(name), int64(window/time.Second), start)
 }
 
+// Ledger returns the prefix of a provider's ledger (ends with '/'): its
+// head, publishes, grants and releases (package internal/ledger), for a
+// provider whose Coordination is CoordinationLedger.
+func (k Keys) Ledger(name string) string { return k.Provider(name) + ledgerDir }
+
 // History returns the prefix of a provider's audit records (ends with '/').
 func (k Keys) History(name string) string { return k.Provider(name) + historyDir }
 
@@ -222,6 +228,7 @@ const (
 	KindHistory                 // <prefix>providers/<name>/history/<seq>
 	KindEven                    // <prefix>providers/<name>/even/<id>
 	KindBudget                  // <prefix>providers/<name>/budget/<window seconds>/<start>
+	KindLedger                  // <prefix>providers/<name>/ledger/<record>: package internal/ledger parses the rest
 )
 
 // String returns the kind's name.
@@ -239,6 +246,8 @@ func (k KeyKind) String() string {
 		return "even"
 	case KindBudget:
 		return "budget"
+	case KindLedger:
+		return "ledger"
 	}
 	return "unknown"
 }
@@ -296,6 +305,8 @@ func (k Keys) Parse(key string) (Key, error) {
 			return bad()
 		}
 		return Key{Kind: KindHistory, Provider: name, Seq: seq}, nil
+	case strings.HasPrefix(leaf, ledgerDir) && len(leaf) > len(ledgerDir):
+		return Key{Kind: KindLedger, Provider: name}, nil
 	case strings.HasPrefix(leaf, budgetDir):
 		secs, rest, _ := strings.Cut(leaf[len(budgetDir):], "/")
 		n, err1 := strconv.ParseInt(secs, 10, 64)

@@ -127,6 +127,7 @@ func (l Lane) Derive(c ProviderConfig) ProviderConfig {
 		Limit: l.Limit, Window: l.Window, Dimension: l.Dimension,
 		Mode: c.Mode, Algorithm: c.Algorithm, Pacing: c.Pacing,
 		MaxClockOffset: c.MaxClockOffset, FailStatic: c.FailStatic,
+		Coordination: c.Coordination,
 	}
 	if l.Retired {
 		d.Limit = MaxLimit
@@ -210,6 +211,9 @@ func (c ProviderConfig) validateLanes() error {
 func (c ProviderConfig) NumberLanes(old *ProviderConfig) (ProviderConfig, error) {
 	var prev []Lane
 	if old != nil {
+		if old.Ledger() != c.Ledger() {
+			return c, invalid("coordination", string(c.Coordination), ErrCoordinationFixed)
+		}
 		prev = old.Lanes
 		var err error
 		if c, err = c.keepFirst(*old); err != nil {

@@ -153,3 +153,23 @@ func TestNumberLanesKeepsTheFirstDimension(t *testing.T) {
 		t.Errorf("no limit of requests left: %v, want ErrInvalidLanes naming the first's dimension", err)
 	}
 }
+
+func TestNumberLanesKeepsTheCoordination(t *testing.T) {
+	old := ProviderConfig{Name: "p", Limit: 100, Window: Duration(time.Second), Coordination: CoordinationLedger}.WithDefaults()
+	c := old
+	c.Limit = 200
+	if _, err := c.NumberLanes(&old); err != nil {
+		t.Fatalf("a retune of a ledger provider: %v", err)
+	}
+	for _, to := range []Coordination{"", CoordinationShares} {
+		c.Coordination = to
+		if _, err := c.NumberLanes(&old); !errors.Is(err, ErrCoordinationFixed) {
+			t.Errorf("ledger to %q: %v, want ErrCoordinationFixed", to, err)
+		}
+	}
+	old.Coordination = ""
+	c.Coordination = CoordinationShares
+	if _, err := c.NumberLanes(&old); err != nil {
+		t.Errorf("empty to shares, the same: %v", err)
+	}
+}

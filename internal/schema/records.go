@@ -94,6 +94,23 @@ const (
 	AlgorithmFair Algorithm = "fair" // max-min fair by reported demand
 )
 
+// Coordination names how configd hands a provider's limit to its
+// instances.
+type Coordination string
+
+// Coordinations.
+const (
+	// CoordinationShares: configd publishes a share record per instance
+	// and infers from acknowledgements what each may still admit. The
+	// default.
+	CoordinationShares Coordination = "shares"
+	// CoordinationLedger: configd writes grants of room in numbered
+	// windows, and the instances their releases, under Keys.Ledger (see
+	// package internal/ledger): what each may admit is stored, so the
+	// guarantee can be checked by reading etcd (configd audit).
+	CoordinationLedger Coordination = "ledger"
+)
+
 // ProviderConfig is an operator's configuration of one provider, stored at
 // Keys.Config(name).
 type ProviderConfig struct {
@@ -134,7 +151,15 @@ type ProviderConfig struct {
 	// Adaptive, when set, makes Limit the effective limit configd keeps
 	// between a floor and the operator's ceiling (see Adaptive).
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
+	// Coordination is how the limit reaches the instances: empty or
+	// CoordinationShares, or CoordinationLedger. It is fixed when the
+	// provider is created: the two keep different records, and neither
+	// counts the other's.
+	Coordination Coordination `json:"coordination,omitempty"`
 }
+
+// Ledger reports whether the provider is coordinated by the ledger.
+func (c ProviderConfig) Ledger() bool { return c.Coordination == CoordinationLedger }
 
 // DimensionOrDefault returns Dimension, or limiter.Requests when empty.
 func (c ProviderConfig) DimensionOrDefault() string {
@@ -255,6 +280,9 @@ func (c ProviderConfig) Validate() error {
 		if err := c.Adaptive.validate(c.Limit, len(c.Lanes)); err != nil {
 			return err
 		}
+	}
+	if err := c.validateCoordination(); err != nil {
+		return err
 	}
 	return c.validateLanes()
 }
@@ -387,6 +415,11 @@ type InstanceRecord struct {
 	// unused in it (limiter.Stats.ProviderRemaining).
 	Remaining   int64     `json:"remaining,omitempty"`
 	RemainingAt time.Time `json:"remaining_at,omitzero"`
+	// Holder is, for a provider coordinated by the ledger, the name this
+	// incarnation of the instance holds grants under: its ID, a dot and
+	// an id drawn at start, never reused by a restart. configd grants to
+	// it; empty for the shares.
+	Holder string `json:"holder,omitempty"`
 }
 
 // Sources of the quota an instance enforces (InstanceRecord.Source).
@@ -432,8 +465,24 @@ func (r InstanceRecord) Validate() error {
 		return invalid("pushbacks", r.Pushbacks, ErrInvalidField)
 	case r.Remaining < 0 || r.Remaining > MaxLimit:
 		return invalid("remaining", r.Remaining, ErrInvalidField)
+	case r.Holder != "" && !validHolder(r.ID, r.Holder):
+		return invalid("holder", r.Holder, fmt.Errorf("%w: holder must be the id, a dot and 1 to 32 letters or digits", ErrInvalidField))
 	}
 	return nil
+}
+
+// validHolder reports whether holder names an incarnation of instance id.
+func validHolder(id, holder string) bool {
+	inc, ok := strings.CutPrefix(holder, id+".")
+	if !ok || len(inc) == 0 || len(inc) > 32 {
+		return false
+	}
+	for _, c := range inc {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // ShareRecord is one instance's share, as configd's leader publishes it at
@@ -1014,4 +1063,22 @@ func ParseLimitWindow(s string) (time.Duration, error) {
 		return 0, err
 	}
 	return w, nil
+}
+
+// validateCoordination checks Coordination, and that a ledger provider
+// has no budget: a budget is taken from a counter, not granted.
+func (c ProviderConfig) validateCoordination() error {
+	switch c.Coordination {
+	case "", CoordinationShares:
+		return nil
+	case CoordinationLedger:
+	default:
+		return invalid("coordination", string(c.Coordination), ErrInvalidCoordination)
+	}
+	for _, l := range c.Lanes {
+		if !l.Retired && l.Window.D() > MaxWindow {
+			return invalid("coordination", string(c.Coordination), ErrLedgerBudget)
+		}
+	}
+	return nil
 }

@@ -46,12 +46,14 @@ func TestKeysLayout(t *testing.T) {
 func TestKeysParse(t *testing.T) {
 	k := DefaultKeys()
 	good := map[string]Key{
-		k.Config("a.b-c_d"):          {Kind: KindConfig, Provider: "a.b-c_d"},
-		k.LegacyShares("p"):          {Kind: KindShares, Provider: "p"},
-		k.Share("p", "Host-1:99"):    {Kind: KindShares, Provider: "p", Instance: "Host-1:99"},
-		k.EvenMark("p", "Host-1:99"): {Kind: KindEven, Provider: "p", Instance: "Host-1:99"},
-		k.Instance("p", "Host-1:99"): {Kind: KindInstance, Provider: "p", Instance: "Host-1:99"},
-		k.HistoryEntry("p", 12345):   {Kind: KindHistory, Provider: "p", Seq: 12345},
+		k.Config("a.b-c_d"):           {Kind: KindConfig, Provider: "a.b-c_d"},
+		k.LegacyShares("p"):           {Kind: KindShares, Provider: "p"},
+		k.Share("p", "Host-1:99"):     {Kind: KindShares, Provider: "p", Instance: "Host-1:99"},
+		k.EvenMark("p", "Host-1:99"):  {Kind: KindEven, Provider: "p", Instance: "Host-1:99"},
+		k.Instance("p", "Host-1:99"):  {Kind: KindInstance, Provider: "p", Instance: "Host-1:99"},
+		k.HistoryEntry("p", 12345):    {Kind: KindHistory, Provider: "p", Seq: 12345},
+		k.Ledger("p") + "head":        {Kind: KindLedger, Provider: "p"},
+		k.Ledger("p") + "grant/a.1/2": {Kind: KindLedger, Provider: "p"},
 	}
 	for key, want := range good {
 		got, err := k.Parse(key)
@@ -63,7 +65,7 @@ func TestKeysParse(t *testing.T) {
 		"", "/sluice/", "/sluice/providers/", "/sluice/providers/p", "/sluice/providers/p/",
 		"/sluice/providers/P/config", "/sluice/providers/p/other", "/sluice/providers/p/instances/",
 		"/sluice/providers/p/instances/a/b", "/sluice/providers/p/history/x", "/sluice/providers/p/shares/",
-		"/sluice/providers/p/shares/a/b", "/other/providers/p/config",
+		"/sluice/providers/p/shares/a/b", "/other/providers/p/config", "/sluice/providers/p/ledger/",
 		"/sluice/providers/p/config/x", "/sluice/configd/leader/abc",
 	} {
 		got, err := k.Parse(key)
@@ -122,6 +124,13 @@ func TestProviderConfigValidate(t *testing.T) {
 		{"mode bad", func(c *ProviderConfig) { c.Mode = "off" }, ErrInvalidMode},
 		{"algorithm fair", func(c *ProviderConfig) { c.Algorithm = AlgorithmFair }, nil},
 		{"algorithm bad", func(c *ProviderConfig) { c.Algorithm = "random" }, ErrInvalidAlgorithm},
+		{"coordination ledger", func(c *ProviderConfig) { c.Coordination = CoordinationLedger }, nil},
+		{"coordination shares", func(c *ProviderConfig) { c.Coordination = CoordinationShares }, nil},
+		{"coordination bad", func(c *ProviderConfig) { c.Coordination = "paxos" }, ErrInvalidCoordination},
+		{"ledger with a budget", func(c *ProviderConfig) {
+			c.Coordination = CoordinationLedger
+			c.Lanes = []Lane{{Lane: 1, Limit: 5000, Window: Duration(24 * time.Hour)}}
+		}, ErrLedgerBudget},
 		{"floor over limit", func(c *ProviderConfig) { c.Floor = c.Limit + 1 }, ErrInvalidFloor},
 		{"floor negative", func(c *ProviderConfig) { c.Floor = -1 }, ErrInvalidFloor},
 		{"max clock offset 2h", func(c *ProviderConfig) { c.MaxClockOffset = Duration(2 * time.Hour) }, ErrInvalidMaxClockOffset},
@@ -304,6 +313,11 @@ func TestInstanceRecordValidate(t *testing.T) {
 		func(r *InstanceRecord) { r.Enforced = MaxLimit + 1 },
 		func(r *InstanceRecord) { r.ClockUncertainty = Duration(-time.Nanosecond) },
 		func(r *InstanceRecord) { r.ClockUncertainty = Duration(time.Hour + 1) },
+		func(r *InstanceRecord) { r.Holder = "host-1:4242" },
+		func(r *InstanceRecord) { r.Holder = "host-1:4242." },
+		func(r *InstanceRecord) { r.Holder = "other.0123abcd" },
+		func(r *InstanceRecord) { r.Holder = "host-1:4242.01/23" },
+		func(r *InstanceRecord) { r.Holder = "host-1:4242." + strings.Repeat("a", 33) },
 	}
 	for i, m := range bad {
 		r := ok
@@ -313,6 +327,11 @@ func TestInstanceRecordValidate(t *testing.T) {
 		}
 	}
 	r := ok
+	r.Holder = "host-1:4242.0123abcdef"
+	if err := r.Validate(); err != nil {
+		t.Errorf("holder %q: %v", r.Holder, err)
+	}
+	r = ok
 	r.FailStatic = Duration(MaxFailStatic)
 	if err := r.Validate(); err != nil {
 		t.Errorf("fail_static %v: %v", MaxFailStatic, err)
