@@ -31,6 +31,7 @@ func TestValidate(t *testing.T) {
 		{"settle -1s", func(c *Config) { c.Settle = -time.Second }, ErrSettle},
 		{"settle 2h", func(c *Config) { c.Settle = 2 * time.Hour }, ErrSettle},
 		{"max pause 2h", func(c *Config) { c.MaxPause = 2 * time.Hour }, ErrMaxPause},
+		{"lead -1s", func(c *Config) { c.Lead = -time.Second }, ErrLead},
 	} {
 		c := ok
 		tc.edit(&c)
@@ -105,6 +106,36 @@ func TestStep(t *testing.T) {
 		}
 		if (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
 			t.Errorf("%s: reason %q, want one containing %q", tc.name, why, tc.why)
+		}
+	}
+}
+
+// TestRemainingOfFirstWindowInForce: a limit lowered 257 ms into a window
+// with a lead of 300 ms is in force from the next boundary, so the
+// remaining of the window after it is the provider's word on the new
+// limit; two windows after the round would wait a window more for the
+// same word (bench/adaptive: 1000 → 600 converged in 5–6 s).
+func TestRemainingOfFirstWindowInForce(t *testing.T) {
+	c := DefaultConfig(1000, time.Second)
+	c.Lead = 300 * time.Millisecond
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	lowered := State{Limit: 500, Last: ms(1257), Changed: ms(1257), Lowered: ms(1257)}
+	for _, tc := range []struct {
+		name        string
+		s           State
+		remainingAt time.Time
+		limit       int64
+	}{
+		{"the first window in force counts", lowered, ms(3000), 600},
+		{"its end said a little early counts", lowered, ms(2950), 600},
+		{"the window the change came in does not", lowered, ms(2000), 500},
+		{"a change too late for the next boundary: that window does not",
+			State{Limit: 500, Last: ms(1757), Changed: ms(1757), Lowered: ms(1757)}, ms(3000), 500},
+		{"nor for the one after", State{Limit: 500, Last: ms(1757), Changed: ms(1757), Lowered: ms(1757)}, ms(4000), 600},
+	} {
+		got, _ := c.Step(tc.s, Round{At: tc.remainingAt.Add(300 * time.Millisecond), Sent: 500, HasRemaining: true, Remaining: 100, RemainingAt: tc.remainingAt})
+		if got.Limit != tc.limit {
+			t.Errorf("%s: limit %d, want %d", tc.name, got.Limit, tc.limit)
 		}
 	}
 }
