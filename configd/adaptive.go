@@ -58,9 +58,11 @@ type adaptState struct {
 	tally adapt.Tally // the instances' counters of the last round
 }
 
-// run calls round every a.every until ctx ends; it returns then.
+// run calls round every a.every, at the phase adapt.Config.NextRound
+// gives (a round just in time for each window boundary), until ctx ends;
+// it returns then.
 func (a *adaptor) run(ctx context.Context) {
-	t := time.NewTicker(a.every)
+	t := time.NewTimer(a.untilNext())
 	defer t.Stop()
 	for {
 		select {
@@ -70,8 +72,15 @@ func (a *adaptor) run(ctx context.Context) {
 			if err := a.round(ctx); err != nil && ctx.Err() == nil {
 				a.log.Warn("adaptive round failed", "error", err)
 			}
+			t.Reset(a.untilNext())
 		}
 	}
+}
+
+// untilNext returns how long until the next round, on configd's clock.
+func (a *adaptor) untilNext() time.Duration {
+	now := a.now()
+	return adapt.Config{Lead: a.lead()}.NextRound(now, a.every).Sub(now)
 }
 
 // round runs one step of the controller of each adaptive provider this

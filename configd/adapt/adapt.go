@@ -272,6 +272,33 @@ func (c Config) Step(s State, r Round) (State, string) {
 	return s, why
 }
 
+// RoundEarly is how much earlier than needed NextRound places a round: it
+// allows for the round's reads before it decides, and a timer that fires
+// late.
+const RoundEarly = 50 * time.Millisecond
+
+// NextRound returns when the round after at should run, for rounds every
+// every: the first instant after at that is Lead and RoundEarly before a
+// multiple of every (since the Unix epoch). With a window that is a
+// multiple of every, one round falls just in time for each window
+// boundary, so that what the fleet said since the last boundary is in
+// force at the next, and the remaining of a window just ended (said as
+// the next begins) is read early in the next: a round at any other phase
+// waits for its boundary up to every longer.
+func (c Config) NextRound(at time.Time, every time.Duration) time.Time {
+	e := int64(every)
+	if e <= 0 {
+		return at
+	}
+	off := int64(c.Lead+RoundEarly) % e
+	x := at.UnixNano() + off
+	next := x - x%e + e // the first multiple of every after x
+	if x < 0 && x%e != 0 {
+		next -= e
+	}
+	return time.Unix(0, next-off)
+}
+
 // inForce returns when a limit set by the round at t is in force at the
 // latest: the first window boundary at least Lead after t.
 func (c Config) inForce(t time.Time) time.Time {

@@ -140,6 +140,33 @@ func TestRemainingOfFirstWindowInForce(t *testing.T) {
 	}
 }
 
+// TestNextRound: rounds every 500 ms with a lead of 300 ms fall at .150
+// and .650 of each second, so that one decides 350 ms before each
+// boundary, in time for it; a ticker's phase was chance, and a round just
+// after .7 left its limit a window later (bench/adaptive: the drop's
+// halving decided at 25.257 was in force at 26.000, one at 10.783 was read
+// as in force only at 12.000).
+func TestNextRound(t *testing.T) {
+	c := DefaultConfig(1000, time.Second)
+	c.Lead = 300 * time.Millisecond
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	for _, tc := range []struct{ at, want time.Time }{
+		{ms(0), ms(150)},
+		{ms(149), ms(150)},
+		{ms(150), ms(650)},
+		{ms(651), ms(1150)},
+		{ms(999), ms(1150)},
+	} {
+		got := c.NextRound(tc.at, 500*time.Millisecond)
+		if !got.Equal(tc.want) {
+			t.Errorf("NextRound(%v) = %v, want %v", tc.at.Sub(t0), got.Sub(t0), tc.want.Sub(t0))
+		}
+	}
+	if got, want := c.inForce(ms(650)), ms(1000); !got.Equal(want) {
+		t.Errorf("a round at 650ms is in force at %v, want the next boundary, %v", got.Sub(t0), want.Sub(t0))
+	}
+}
+
 func TestRoundsToCeiling(t *testing.T) {
 	for _, tc := range []struct {
 		c    Config
