@@ -42,6 +42,11 @@ type adaptor struct {
 	metrics *metrics
 	now     func() time.Time
 	every   time.Duration
+	// margin and uncertainty are the publisher's propagation margin and
+	// its clock's uncertainty (nil: none): with publishSlack, how long a
+	// limit written in a round may take to be in force (adapt.Config.Lead).
+	margin      time.Duration
+	uncertainty func() time.Duration
 	// states is each provider's controller state, kept between rounds by
 	// the run goroutine only. Lost on a restart or handover: the next
 	// owner starts probing from the first step, which is the slow one.
@@ -53,9 +58,11 @@ type adaptState struct {
 	tally adapt.Tally // the instances' counters of the last round
 }
 
-// run calls round every a.every until ctx ends; it returns then.
+// run calls round every a.every, at the phase adapt.Config.NextRound
+// gives (a round just in time for each window boundary), until ctx ends;
+// it returns then.
 func (a *adaptor) run(ctx context.Context) {
-	t := time.NewTicker(a.every)
+	t := time.NewTimer(a.untilNext())
 	defer t.Stop()
 	for {
 		select {
@@ -65,8 +72,15 @@ func (a *adaptor) run(ctx context.Context) {
 			if err := a.round(ctx); err != nil && ctx.Err() == nil {
 				a.log.Warn("adaptive round failed", "error", err)
 			}
+			t.Reset(a.untilNext())
 		}
 	}
+}
+
+// untilNext returns how long until the next round, on configd's clock.
+func (a *adaptor) untilNext() time.Duration {
+	now := a.now()
+	return adapt.Config{Lead: a.lead()}.NextRound(now, a.every).Sub(now)
 }
 
 // round runs one step of the controller of each adaptive provider this
@@ -118,6 +132,7 @@ func (a *adaptor) provider(ctx context.Context, name string) error {
 	}
 	ad := *cfg.Adaptive
 	c := controller(cfg)
+	c.Lead = a.lead()
 	st := a.states[name]
 	first := st == nil
 	if first {
@@ -186,6 +201,22 @@ func (a *adaptor) provider(ctx context.Context, name string) error {
 		a.log.Info("adaptive limit", "provider", name, "limit", next.Limit, "ceiling", ad.Ceiling, "shadow", ad.Shadow, "why", why)
 	}
 	return nil
+}
+
+// publishSlack is what the lead allows for the publisher to see a written
+// limit and publish it: a watch event and a decision, a few milliseconds
+// (stepGap paces the decisions). A publish later than that only makes the
+// controller read one remaining of the old limit as the new one's.
+const publishSlack = 100 * time.Millisecond
+
+// lead returns how long a limit written now may take to be in force,
+// before the window boundary it starts at.
+func (a *adaptor) lead() time.Duration {
+	d := a.margin + publishSlack
+	if a.uncertainty != nil {
+		d += max(0, a.uncertainty())
+	}
+	return d
 }
 
 // controller returns the controller's config for an adaptive provider.

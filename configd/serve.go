@@ -405,7 +405,7 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 	defer stopLeading()
 	wg.Go(func() { el.run(leadCtx) })
 	ad := &adaptor{cli: cli, keys: keys, store: st, replica: cfg.ReplicaID, log: log.With("replica", cfg.ReplicaID),
-		metrics: m, now: clk.now, every: cfg.AdaptiveInterval}
+		metrics: m, now: clk.now, every: cfg.AdaptiveInterval, margin: cfg.Margin, uncertainty: clk.uncertainty}
 	wg.Go(func() { ad.run(leadCtx) })
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- srv.Serve(ln) })

@@ -130,6 +130,7 @@ func New(quota int64, window time.Duration, opts ...Option) (*Limiter, error) {
 		book:         make(map[int64]*bookWindow),
 		scanFrom:     math.MinInt64,
 		backoffUntil: math.MinInt64,
+		fb:           feedback{news: make(chan struct{}, 1)},
 	}
 	l.shadow.Store(cfg.shadow)
 	l.base = time.Now()

@@ -34,12 +34,14 @@ type Signal struct {
 // least over the instances). A remaining without a reset is ignored.
 type feedback struct {
 	mu         sync.Mutex
-	pushbacks  int64 // answers that pushed back, since New
-	retryUntil int64 // corrected Unix ns: the latest end of a Retry-After
-	curEnd     int64 // corrected Unix ns: the end of the provider's window under way; 0: none
-	curRem     int64 // the least remaining said in it
-	endAt      int64 // the end of the last window that ended; 0: none
-	endRem     int64 // the least remaining said in it
+	pushbacks  int64         // answers that pushed back, since New
+	retryUntil int64         // corrected Unix ns: the latest end of a Retry-After
+	curEnd     int64         // corrected Unix ns: the end of the provider's window under way; 0: none
+	curRem     int64         // the least remaining said in it
+	endAt      int64         // the end of the last window that ended; 0: none
+	endRem     int64         // the least remaining said in it
+	toldEnd    int64         // the endAt ProviderNews last told of
+	news       chan struct{} // ProviderNews; one value waits, buffered
 }
 
 // Pushback records that the provider refused a call for its limit (429 or
@@ -66,8 +68,12 @@ func (l *Limiter) Observe(s Signal) {
 			f.retryUntil = max(f.retryUntil, addClamped(now, s.RetryAfter))
 		}
 	}
+	news := s.Pushback
 	if s.HasRemaining && s.Reset > 0 {
 		f.rollLocked(now)
+		if f.endAt != f.toldEnd { // rolled now, or by a Stats since the last answer
+			f.toldEnd, news = f.endAt, true
+		}
 		if f.curEnd == 0 {
 			f.curEnd, f.curRem = addClamped(now, s.Reset), max(s.Remaining, 0)
 		} else {
@@ -75,10 +81,25 @@ func (l *Limiter) Observe(s Signal) {
 		}
 	}
 	f.mu.Unlock()
+	if news {
+		select {
+		case f.news <- struct{}{}:
+		default: // news already waits
+		}
+	}
 	if s.Pushback {
 		l.Backoff(s.RetryAfter)
 	}
 }
+
+// ProviderNews returns a channel that receives when an answer of the
+// provider (Observe, Pushback) brought news for the instance's report: a
+// pushback, or the end of the provider's window with its remaining
+// (Stats.ProviderWindowEnd moved). One value waits until it is taken,
+// however much news came meanwhile; Observe never blocks on it. A cluster
+// Member reports on it, so that its fleet's controller hears of a pushback
+// without waiting for the next report interval.
+func (l *Limiter) ProviderNews() <-chan struct{} { return l.fb.news }
 
 // rollLocked ends the window under way if its reset has passed at now.
 // f.mu must be held.

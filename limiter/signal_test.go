@@ -57,3 +57,43 @@ func TestMultiPushback(t *testing.T) {
 		}
 	}
 }
+
+// TestProviderNews: a pushback and the end of the provider's window each
+// leave one value on ProviderNews, however many came; a remaining within
+// the window is no news, nor a window end already told.
+func TestProviderNews(t *testing.T) {
+	clk := &settableClock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	l, err := New(10, time.Second, WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	news := func() bool {
+		select {
+		case <-l.ProviderNews():
+			return true
+		default:
+			return false
+		}
+	}
+	l.Observe(Signal{HasRemaining: true, Remaining: 7, Reset: 500 * time.Millisecond})
+	if news() {
+		t.Error("news of a remaining within the window")
+	}
+	l.Pushback(time.Second)
+	l.Pushback(time.Second)
+	if !news() || news() {
+		t.Error("two pushbacks: want one value of news")
+	}
+	clk.ns.Add(int64(600 * time.Millisecond))
+	l.Stats() // rolls the window: the next answer still tells
+	l.Observe(Signal{HasRemaining: true, Remaining: 9, Reset: 900 * time.Millisecond})
+	if !news() {
+		t.Error("no news of the window's end")
+	}
+	l.Observe(Signal{HasRemaining: true, Remaining: 8, Reset: 800 * time.Millisecond})
+	if news() {
+		t.Error("news of the same window's end twice")
+	}
+}

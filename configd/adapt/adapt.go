@@ -22,9 +22,10 @@
 //     room the fleet left unused: the limit rises to what the fleet sent
 //     per window plus it, at once; a remaining below the first probe step
 //     (Probe·Ceiling: one window's hiccup leaves that much) holds the
-//     limit where it is; a remaining of a window that ended before the last change had
-//     two windows to take effect is ignored, and the limit holds for three
-//     more windows awaiting a fresh one;
+//     limit where it is; a remaining of a window that began before the
+//     last change was in force (the first window boundary at least Lead
+//     after it) is ignored, and the limit holds for three more windows
+//     awaiting a fresh one;
 //   - otherwise the limit probes up towards the ceiling in steps that grow
 //     by Probe·Ceiling each quiet round (1, 2, 3 … steps), slow near the
 //     level that was pushed back and quick beyond, so the ceiling is
@@ -47,6 +48,7 @@ var (
 	ErrProbe    = errors.New("adapt: probe must be above 0 and at most 1")
 	ErrSettle   = errors.New("adapt: settle must be from 0 to 1h")
 	ErrMaxPause = errors.New("adapt: max pause must be from 0 to 1h")
+	ErrLead     = errors.New("adapt: lead must be from 0 to 1h")
 )
 
 // Defaults of DefaultConfig.
@@ -82,6 +84,14 @@ type Config struct {
 	// MaxPause bounds how far ahead a Retry-After or a reset pauses the
 	// probing; a provider's absurd Retry-After cannot freeze the fleet.
 	MaxPause time.Duration
+	// Lead is how long after the round that set it a limit may take to
+	// be in force, before the window boundary it starts at: the
+	// enforcer's propagation margin, its clock's uncertainty and the time
+	// to publish. A new limit is in force from the first boundary (a
+	// multiple of Window since the Unix epoch) at least Lead after its
+	// round, and the provider's word on it is a remaining of a window
+	// that began then.
+	Lead time.Duration
 }
 
 // DefaultConfig returns a Config for a provider of limit ceiling per window
@@ -95,6 +105,7 @@ func DefaultConfig(ceiling int64, w time.Duration) Config {
 		Probe:    DefaultProbe,
 		Settle:   DefaultSettle * w,
 		MaxPause: DefaultMaxPause,
+		Lead:     w, // any propagation margin up to a window
 	}
 }
 
@@ -115,6 +126,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w, got %v", ErrSettle, c.Settle)
 	case c.MaxPause < 0 || c.MaxPause > time.Hour:
 		return fmt.Errorf("%w, got %v", ErrMaxPause, c.MaxPause)
+	case c.Lead < 0 || c.Lead > time.Hour:
+		return fmt.Errorf("%w, got %v", ErrLead, c.Lead)
 	}
 	return nil
 }
@@ -187,16 +200,21 @@ func (c Config) Step(s State, r Round) (State, string) {
 	old := s.Limit
 	s.Limit = min(max(s.Limit, c.Floor), c.Ceiling)
 	r.Pushbacks, r.Sent = max(r.Pushbacks, 0), max(r.Sent, 0)
-	// A remaining describes the limit in force when its window ended: one
-	// of a window that ended less than two windows after the last change
-	// may describe the limit before it. While the provider's word on the
-	// new limit is awaited (three more windows: one ends, is reported, and
-	// read), the limit holds rather than probes; after that, a provider
-	// that stopped saying is probed.
+	// A remaining describes the limits in force during its window: one of
+	// a window that began before the last change was in force may describe
+	// the limit before it. The instances' ends of a window agree to within
+	// a tenth of it (Tally), so a window that ended that much early is
+	// still the first under the new limit. While the provider's word on
+	// the new limit is awaited (three windows after that first one: it
+	// ends, is reported, and read), the limit holds rather than probes;
+	// after that, a provider that stopped saying is probed.
 	awaiting := false
-	if r.HasRemaining && !s.Changed.IsZero() && r.RemainingAt.Before(s.Changed.Add(2*c.Window)) {
-		r.HasRemaining = false
-		awaiting = r.At.Before(s.Changed.Add(5 * c.Window))
+	if r.HasRemaining && !s.Changed.IsZero() {
+		first := c.inForce(s.Changed).Add(c.Window) // the end of the first window under the new limit
+		if r.RemainingAt.Before(first.Add(-c.Window / 10)) {
+			r.HasRemaining = false
+			awaiting = r.At.Before(first.Add(3 * c.Window))
+		}
 	}
 	interval := r.At.Sub(s.Last)
 	if s.Last.IsZero() || interval <= 0 {
@@ -252,6 +270,44 @@ func (c Config) Step(s State, r Round) (State, string) {
 		s.Changed = r.At
 	}
 	return s, why
+}
+
+// RoundEarly is how much earlier than needed NextRound places a round: it
+// allows for the round's reads before it decides, and a timer that fires
+// late.
+const RoundEarly = 50 * time.Millisecond
+
+// NextRound returns when the round after at should run, for rounds every
+// every: the first instant after at that is Lead and RoundEarly before a
+// multiple of every (since the Unix epoch). With a window that is a
+// multiple of every, one round falls just in time for each window
+// boundary, so that what the fleet said since the last boundary is in
+// force at the next, and the remaining of a window just ended (said as
+// the next begins) is read early in the next: a round at any other phase
+// waits for its boundary up to every longer.
+func (c Config) NextRound(at time.Time, every time.Duration) time.Time {
+	e := int64(every)
+	if e <= 0 {
+		return at
+	}
+	off := int64(c.Lead+RoundEarly) % e
+	x := at.UnixNano() + off
+	next := x - x%e + e // the first multiple of every after x
+	if x < 0 && x%e != 0 {
+		next -= e
+	}
+	return time.Unix(0, next-off)
+}
+
+// inForce returns when a limit set by the round at t is in force at the
+// latest: the first window boundary at least Lead after t.
+func (c Config) inForce(t time.Time) time.Time {
+	n, w := t.Add(c.Lead).UnixNano(), int64(c.Window)
+	b := n - n%w
+	if b < n {
+		b += w
+	}
+	return time.Unix(0, b)
 }
 
 // room returns what the provider's last window allowed, at most the

@@ -31,6 +31,7 @@ func TestValidate(t *testing.T) {
 		{"settle -1s", func(c *Config) { c.Settle = -time.Second }, ErrSettle},
 		{"settle 2h", func(c *Config) { c.Settle = 2 * time.Hour }, ErrSettle},
 		{"max pause 2h", func(c *Config) { c.MaxPause = 2 * time.Hour }, ErrMaxPause},
+		{"lead -1s", func(c *Config) { c.Lead = -time.Second }, ErrLead},
 	} {
 		c := ok
 		tc.edit(&c)
@@ -106,6 +107,63 @@ func TestStep(t *testing.T) {
 		if (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
 			t.Errorf("%s: reason %q, want one containing %q", tc.name, why, tc.why)
 		}
+	}
+}
+
+// TestRemainingOfFirstWindowInForce: a limit lowered 257 ms into a window
+// with a lead of 300 ms is in force from the next boundary, so the
+// remaining of the window after it is the provider's word on the new
+// limit; two windows after the round would wait a window more for the
+// same word (bench/adaptive: 1000 → 600 converged in 5–6 s).
+func TestRemainingOfFirstWindowInForce(t *testing.T) {
+	c := DefaultConfig(1000, time.Second)
+	c.Lead = 300 * time.Millisecond
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	lowered := State{Limit: 500, Last: ms(1257), Changed: ms(1257), Lowered: ms(1257)}
+	for _, tc := range []struct {
+		name        string
+		s           State
+		remainingAt time.Time
+		limit       int64
+	}{
+		{"the first window in force counts", lowered, ms(3000), 600},
+		{"its end said a little early counts", lowered, ms(2950), 600},
+		{"the window the change came in does not", lowered, ms(2000), 500},
+		{"a change too late for the next boundary: that window does not",
+			State{Limit: 500, Last: ms(1757), Changed: ms(1757), Lowered: ms(1757)}, ms(3000), 500},
+		{"nor for the one after", State{Limit: 500, Last: ms(1757), Changed: ms(1757), Lowered: ms(1757)}, ms(4000), 600},
+	} {
+		got, _ := c.Step(tc.s, Round{At: tc.remainingAt.Add(300 * time.Millisecond), Sent: 500, HasRemaining: true, Remaining: 100, RemainingAt: tc.remainingAt})
+		if got.Limit != tc.limit {
+			t.Errorf("%s: limit %d, want %d", tc.name, got.Limit, tc.limit)
+		}
+	}
+}
+
+// TestNextRound: rounds every 500 ms with a lead of 300 ms fall at .150
+// and .650 of each second, so that one decides 350 ms before each
+// boundary, in time for it; a ticker's phase was chance, and a round just
+// after .7 left its limit a window later (bench/adaptive: the drop's
+// halving decided at 25.257 was in force at 26.000, one at 10.783 was read
+// as in force only at 12.000).
+func TestNextRound(t *testing.T) {
+	c := DefaultConfig(1000, time.Second)
+	c.Lead = 300 * time.Millisecond
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	for _, tc := range []struct{ at, want time.Time }{
+		{ms(0), ms(150)},
+		{ms(149), ms(150)},
+		{ms(150), ms(650)},
+		{ms(651), ms(1150)},
+		{ms(999), ms(1150)},
+	} {
+		got := c.NextRound(tc.at, 500*time.Millisecond)
+		if !got.Equal(tc.want) {
+			t.Errorf("NextRound(%v) = %v, want %v", tc.at.Sub(t0), got.Sub(t0), tc.want.Sub(t0))
+		}
+	}
+	if got, want := c.inForce(ms(650)), ms(1000); !got.Equal(want) {
+		t.Errorf("a round at 650ms is in force at %v, want the next boundary, %v", got.Sub(t0), want.Sub(t0))
 	}
 }
 

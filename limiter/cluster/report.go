@@ -30,6 +30,9 @@ type reporter struct {
 	written    schema.InstanceRecord
 	wroteAt    time.Time
 	haveWrite  bool
+	// pushbackAt and endAt are when news of a pushback and of the end of
+	// the provider's window were last written (following.news).
+	pushbackAt, endAt time.Time
 }
 
 // report writes the instance record when something changed meaningfully —
@@ -37,25 +40,28 @@ type reporter struct {
 // offset by a millisecond, the fail_static the expiry counts with — or when
 // it has not been written for ten report
 // intervals; force writes it regardless. Traffic stays flat whatever the
-// request rate: at most one small write per interval.
-func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied, rep *reporter, force bool) error {
+// request rate: at most one small write per interval, and three more for
+// the provider's news (news: the demand is not sampled, since the
+// smoothing weighs each sample as a whole interval).
+func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied, rep *reporter, force, news bool) error {
 	now := time.Now()
 	st := m.lim.Stats()
-	asked := st.Admitted + st.Rejected + st.TimedOut + st.Canceled
-	if !rep.lastAt.IsZero() {
-		elapsed := now.Sub(rep.lastAt)
-		w := ap.Window
-		if w <= 0 {
-			w = m.cfg.fallbackWindow
+	if asked := st.Admitted + st.Rejected + st.TimedOut + st.Canceled; !news || rep.lastAt.IsZero() {
+		if !rep.lastAt.IsZero() {
+			elapsed := now.Sub(rep.lastAt)
+			w := ap.Window
+			if w <= 0 {
+				w = m.cfg.fallbackWindow
+			}
+			if elapsed > 0 {
+				perWindow := float64(asked-rep.lastAsked) * float64(w) / float64(elapsed)
+				// Smoothed, with the queue that waits added, so a backlog
+				// weighs even when admissions are capped at the share.
+				rep.demand = follow.Smooth(rep.demand, perWindow)
+			}
 		}
-		if elapsed > 0 {
-			perWindow := float64(asked-rep.lastAsked) * float64(w) / float64(elapsed)
-			// Smoothed, with the queue that waits added, so a backlog
-			// weighs even when admissions are capped at the share.
-			rep.demand = follow.Smooth(rep.demand, perWindow)
-		}
+		rep.lastAsked, rep.lastAt = asked, now
 	}
-	rep.lastAsked, rep.lastAt = asked, now
 	demand := int64(math.Round(rep.demand)) + st.WaitingPermits
 	m.setStatus(func(s *Status) { s.Demand = demand })
 

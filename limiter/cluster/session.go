@@ -104,7 +104,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 		}
 	}()
 	s.startOver()
-	if err := m.report(sctx, s.lease, ap, rep, true); err != nil {
+	if err := m.report(sctx, s.lease, ap, rep, true, false); err != nil {
 		return err
 	}
 	// The latest lease end, never blocking the keep-alive loop: a renewal
@@ -127,6 +127,7 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 	defer func() { s.w.stop() }()
 	tick := time.NewTicker(m.cfg.report)
 	defer tick.Stop()
+	news := m.lim.ProviderNews()
 	// The even split's counts are polled at least every follow.MaxPoll,
 	// whatever the report interval: the others' holds count on it.
 	var poll <-chan time.Time
@@ -154,6 +155,8 @@ func (m *Member) session(ctx context.Context, v *view, ap *applied, rep *reporte
 			err = s.leaderEvents(sctx, wr, ok)
 		case <-tick.C:
 			err = s.tick(sctx)
+		case <-news:
+			err = s.news(sctx)
 		case <-poll:
 			if err = s.m.pollEven(sctx, s.v); err == nil {
 				s.applyView()
@@ -286,7 +289,40 @@ func (s *following) applyView() bool {
 // too, by the lease's end at the latest, and the Member says at once that
 // it is disconnected.
 func (s *following) report(ctx context.Context, force bool) error {
-	err := s.m.report(ctx, s.lease, s.ap, s.rep, force)
+	return s.write(ctx, force, false)
+}
+
+// news writes the instance record when the provider's answers brought
+// news (Limiter.ProviderNews), so that configd's controller hears of a
+// pushback within its round rather than a report interval later, and of
+// a window's remaining as the next window begins. Each kind at most so
+// often, so traffic stays flat whatever the provider says: a pushback once
+// per report interval (the controller needs the first; the count
+// carries the rest), the end of a window twice (a pause for Retry-After
+// can delay one window's end until just before the next's). News that
+// comes sooner waits for the next report.
+func (s *following) news(ctx context.Context) error {
+	if !s.rep.haveWrite {
+		return nil // the report writes it first
+	}
+	now, st, every := time.Now(), s.m.lim.Stats(), s.m.cfg.report
+	pushback := st.Pushbacks != s.rep.written.Pushbacks && now.Sub(s.rep.pushbackAt) >= every
+	ended := !st.ProviderWindowEnd.IsZero() && !st.ProviderWindowEnd.Equal(s.rep.written.RemainingAt) && now.Sub(s.rep.endAt) >= every/2
+	if !pushback && !ended {
+		return nil
+	}
+	if pushback {
+		s.rep.pushbackAt = now
+	}
+	if ended {
+		s.rep.endAt = now
+	}
+	return s.write(ctx, false, true)
+}
+
+// write is report, or news when news is set.
+func (s *following) write(ctx context.Context, force, news bool) error {
+	err := s.m.report(ctx, s.lease, s.ap, s.rep, force, news)
 	if !errors.Is(err, errLate) || !s.renews(ctx) {
 		return err
 	}
