@@ -101,6 +101,12 @@ func (f *Follower) Run(ctx context.Context) error {
 // release depends on the time as well as on the records.
 func (f *Follower) tick() time.Duration { return max(f.idle/4, 10*time.Millisecond) }
 
+// opTimeout bounds one read or write of the follower's. It bounds no
+// safety (the limiter keeps what was last read, and grants end): a loaded
+// etcd answering in more than half a short window must not keep the
+// follower from ever reading.
+func (f *Follower) opTimeout() time.Duration { return max(2*f.tick(), 500*time.Millisecond) }
+
 // follow reads, then watches from the revision read, until the watch
 // fails or ctx ends.
 func (f *Follower) follow(ctx context.Context) error {
@@ -137,7 +143,7 @@ func (f *Follower) follow(ctx context.Context) error {
 // read replaces what the holder has read with the publishes, its grants
 // and its releases as etcd holds them at one revision, which it returns.
 func (f *Follower) read(ctx context.Context) (int64, error) {
-	rctx, cancel := context.WithTimeout(ctx, 2*f.tick())
+	rctx, cancel := context.WithTimeout(ctx, f.opTimeout())
 	defer cancel()
 	name := f.hold.Name()
 	resp, err := f.cli.Txn(rctx).Then(
@@ -196,7 +202,7 @@ func (f *Follower) sync(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	wctx, cancel := context.WithTimeout(ctx, 2*f.tick())
+	wctx, cancel := context.WithTimeout(ctx, f.opTimeout())
 	defer cancel()
 	// Each release is its own record that only lowers: any of them may be
 	// stored before the others.

@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/ledger"
@@ -311,6 +312,50 @@ func TestARestartedProcessDoesNotInheritItsGrants(t *testing.T) {
 	}
 	if got[0] != 60 || got[1] != 0 {
 		t.Errorf("a admitted %v in one window as incarnations %v under a grant of 60 to the first (b holds the other 40 of 100), want [60 0]", got, names)
+	}
+}
+
+// TestAFollowerReadsThroughASlowEtcd: with windows of 10 ms a follower's
+// reads timed out after 20 ms, so behind an etcd 60 ms away it never read
+// its grant and admitted nothing, for good.
+func TestAFollowerReadsThroughASlowEtcd(t *testing.T) {
+	const win = 10 * time.Millisecond
+	srv := etcdtest.Start(t)
+	px := netcut.StartProxy(t, srv.Endpoints()[0][len("http://"):])
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	keys := ledger.Keys("/test/ledger/")
+	clk := &fixedClock{}
+	clk.t.Store(ledger.StartOf(1000, win) + int64(win)/2)
+	lim, err := limiter.New(0, win, limiter.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	sl := &signalLim{Limiter: lim, done: make(chan struct{}, 1)}
+	f, err := NewFollower(cli, keys, "a", sl, win, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ledger.Policy{Limit: 100, Window: win, Horizon: 4, Keep: 1}
+	if _, err := NewPublisher(srv.Client(t), keys, clk.Now).Round(context.Background(), p, map[string]int64{f.Holder().Name(): 60, "b": 40}); err != nil {
+		t.Fatal(err)
+	}
+	px.SetDelay(30 * time.Millisecond) // each way
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan struct{})
+	go func() { f.Run(ctx); close(ended) }()
+	defer func() { cancel(); <-ended }()
+	select {
+	case <-sl.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower read nothing in 10 s through an etcd 60 ms away")
+	}
+	if got := admit(lim, 1000); got != 60 {
+		t.Errorf("admitted %d under a grant of 60", got)
 	}
 }
 
