@@ -436,3 +436,52 @@ func TestLedgerJoinerDropsItsFallback(t *testing.T) {
 		})
 	}
 }
+
+// TestLedgerProviderOfTwoLimits: a provider of 300 requests and 3,000
+// tokens per 100ms window on the ledger, joined by two instances with
+// cluster.JoinProvider: each limit is a ledger of its own (the tokens' the
+// lane provider api~1), each granted whole, and both audit clean.
+func TestLedgerProviderOfTwoLimits(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	server := "--server=" + r.url()
+	itCLI(t, "set", "api", "--limit", "300/"+itWindow.String(), "--limit", "tokens=3000/"+itWindow.String(), "--coordination", "ledger", server)
+
+	var groups []*cluster.Group
+	for _, id := range []string{"a", "b"} {
+		ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
+		g, err := cluster.JoinProvider(ctx, itClient(t, srv), "api", cluster.WithID(id), cluster.WithLeaseTTL(time.Second),
+			cluster.WithReportInterval(100*time.Millisecond), cluster.WithFallback(0, itWindow))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Close() })
+		groups = append(groups, g)
+	}
+	for lane, want := range []int64{300, 3000} {
+		itWait(t, fmt.Sprintf("limit %d granted whole", want), func() (bool, string) {
+			var ms []*cluster.Member
+			for _, g := range groups {
+				ms = append(ms, g.Members()[lane])
+			}
+			sum, why := quotas(ms...)
+			for _, m := range ms {
+				if m.Status().Source != schema.SourceLedger {
+					return false, why
+				}
+			}
+			return sum == want, why
+		})
+	}
+	for _, name := range []string{"api", schema.LaneName("api", 1)} {
+		if v := ledger.Audit(readLedger(t, cli, name)); len(v) > 0 {
+			t.Errorf("%s's ledger audits over: %v", name, v)
+		}
+	}
+	if out := itCLI(t, "audit", "api", server); strings.Count(out, " ok") != 2 {
+		t.Errorf("configd audit api printed %q, want both limits ok", out)
+	}
+}
