@@ -485,3 +485,46 @@ func TestLedgerProviderOfTwoLimits(t *testing.T) {
 		t.Errorf("configd audit api printed %q, want both limits ok", out)
 	}
 }
+
+// TestLedgerWithoutConfigd: configd's only replica stops while a and b
+// hold 50 each of a ledger provider of 100/100ms (fail_static 1s: grants
+// run 10 windows ahead). The instance of the least ID stands in for
+// configd's rounds: a and b keep the whole limit past the horizon, c
+// joins and gets its even share, and no window admits over 100.
+func TestLedgerWithoutConfigd(t *testing.T) {
+	const w = itWindow
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	itCLI(t, "set", "api", "--limit", "100", "--window", w.String(), "--fail-static", "1s", "--coordination", "ledger", "--server="+r.url())
+	var alog, blog, clog logbuf.Buffer
+	a := joinAPI(t, itClient(t, srv), "a", &alog)
+	b := joinAPI(t, itClient(t, srv), "b", &blog)
+	c := newAdmitCounter(t, w)
+	c.take(a, nil)
+	c.take(b, nil)
+	itWait(t, "a and b at 50 each", func() (bool, string) {
+		sum, why := quotas(a, b)
+		return sum == 100 && a.Limiter().Stats().Quota == 50, why
+	})
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	c.runFor(t, 20) // twice the horizon
+	if sum, why := quotas(a, b); sum != 100 {
+		t.Errorf("20 windows after configd stopped: %s, want the whole 100", why)
+	}
+	cm := joinAPI(t, itClient(t, srv), "c", &clog)
+	c.take(cm, nil)
+	itWait(t, "the three on the even split without configd", func() (bool, string) {
+		sum, why := quotas(a, b, cm)
+		return sum == 100 && cm.Limiter().Stats().Quota >= 33 && a.Limiter().Stats().Quota <= 34, why
+	})
+	c.runFor(t, 10)
+	c.halt()
+	t.Logf("fullest window: %d of 100", c.over(t, 100))
+	if v := ledger.Audit(readLedger(t, cli, "api")); len(v) > 0 {
+		t.Errorf("the ledger audits over: %v", v)
+	}
+}

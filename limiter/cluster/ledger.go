@@ -147,6 +147,7 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound
 		case <-tick.C:
 			m.clockCut(0, window, bound)
 			m.ledgerStatus(ap)
+			m.tryStandIn(sctx)
 			if err := s.report(sctx, false); err != nil {
 				return err
 			}

@@ -81,6 +81,9 @@ type Member struct {
 	// then the incarnation's holder name, which its record reports.
 	toLedger bool
 	holder   string
+	// noStandIn says etcd denied this instance the ledger's grants: it
+	// does not stand in for configd (standIn).
+	noStandIn bool
 	// budgetUnknown counts the permits of takes from the budget whose
 	// outcome is unknown (etcd did not answer): taken for all if they
 	// landed, spent by none.
