@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluice-go/sluice/internal/ledger"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -146,11 +147,16 @@ func closeAccess(ctx context.Context, cli *clientv3.Client, dataDir string, keys
 }
 
 // grantProvider lets the instance user write the instance records, the
-// even-split confirmations and, of a budget lane, the counters of
-// provider name. Granted when the provider is created, and again for
-// every provider when configd starts; granting twice is harmless.
+// even-split confirmations, of a budget lane the counters and of a
+// ledger its releases, of provider name: a release only lowers, so a
+// forged one takes room away and never adds any. Not the ledger's grants
+// or head: without configd, instances stand in for its rounds only where
+// an operator grants them the whole ledger. Granted when the provider is
+// created, and again for every provider when configd starts; granting
+// twice is harmless.
 func grantProvider(ctx context.Context, cli *clientv3.Client, keys schema.Keys, name string) error {
-	for _, key := range []string{keys.Instances(name), keys.Even(name), keys.Budgets(name)} {
+	releases := ledger.Keys(keys.Ledger(name)).AllReleases()
+	for _, key := range []string{keys.Instances(name), keys.Even(name), keys.Budgets(name), releases} {
 		if _, err := cli.RoleGrantPermission(ctx, instanceRole, key, clientv3.GetPrefixRangeEnd(key), clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
 			return fmt.Errorf("letting instances of %q write their records: %w", name, err)
 		}

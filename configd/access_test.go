@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/ledger"
 	"github.com/sluice-go/sluice/limiter/cluster"
 )
 
@@ -106,6 +107,8 @@ func TestEmbeddedEtcdIsClosed(t *testing.T) {
 		"history":                       keys.HistoryEntry("pay", 1),
 		"election":                      keys.Election() + "/forged",
 		"another provider's instances":  keys.Instance("other", "x"),
+		"a ledger's head":               string(ledger.Keys(keys.Ledger("pay")).Head()),
+		"a ledger's grant":              ledger.Keys(keys.Ledger("pay")).Grant("x.1", 1),
 	}
 	for what, key := range denied {
 		if _, err := inst.Put(ctx, key, "{}"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
@@ -114,6 +117,9 @@ func TestEmbeddedEtcdIsClosed(t *testing.T) {
 	}
 	if _, err := inst.Put(ctx, keys.EvenMark("pay", "x"), "{}"); err != nil {
 		t.Errorf("instance writing an even-split mark of its provider: %v", err)
+	}
+	if _, err := inst.Put(ctx, ledger.Keys(keys.Ledger("pay")).AllReleases()+"x.1/1", "{}"); err != nil {
+		t.Errorf("instance writing a release of its provider's ledger: %v", err)
 	}
 	if _, err := inst.Delete(ctx, keys.Instance("pay", "a")); err != nil {
 		t.Errorf("instance deleting an instance record of its provider: %v", err)
