@@ -40,7 +40,7 @@ func (s *store) coordinationChecks(ctx context.Context, cfg schema.ProviderConfi
 			if err != nil {
 				return nil, nil, err
 			}
-			conds = append(conds, c)
+			conds = append(conds, c...)
 			continue
 		}
 		c, o, err := s.ledgerEnded(ctx, n, cfg.ClockBound())
@@ -52,18 +52,31 @@ func (s *store) coordinationChecks(ctx context.Context, cfg schema.ProviderConfi
 	return conds, ops, nil
 }
 
-// noShares returns the condition that provider n has no share record, or
-// ErrRecordsLeft when it has.
-func (s *store) noShares(ctx context.Context, n string) (clientv3.Cmp, error) {
+// noShares returns the conditions that provider n has no share record
+// and no instance on the even split, or ErrRecordsLeft when it has.
+func (s *store) noShares(ctx context.Context, n string) ([]clientv3.Cmp, error) {
 	prefix := s.keys.Shares(n)
 	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
-		return clientv3.Cmp{}, etcdError(err)
+		return nil, etcdError(err)
 	}
 	if resp.Count > 0 {
-		return clientv3.Cmp{}, fmt.Errorf("%w: %q has %d share records, which its instances may still enforce; configd deletes them once no instance of it runs and their holds end: create it with the ledger then, or under another name", ErrRecordsLeft, n, resp.Count)
+		return nil, fmt.Errorf("%w: %q has %d share records, which its instances may still enforce; configd deletes them once no instance of it runs and their holds end: create it with the ledger then, or under another name", ErrRecordsLeft, n, resp.Count)
 	}
-	return clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix(), nil
+	// With no configd alive the instances enforce the even split, which
+	// no share record holds: each says so with a mark on its lease.
+	even := s.keys.Even(n)
+	resp, err = s.cli.Get(ctx, even, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return nil, etcdError(err)
+	}
+	if resp.Count > 0 {
+		return nil, fmt.Errorf("%w: %q has %d instances on the even split, which they may still enforce until their leases end: create it with the ledger then, or under another name", ErrRecordsLeft, n, resp.Count)
+	}
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(even), "=", 0).WithPrefix(),
+	}, nil
 }
 
 // ledgerEnded returns, for provider n's ledger, the condition on its head

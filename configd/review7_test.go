@@ -19,9 +19,11 @@ import (
 // even split, 50 each, which no share record holds (only their even
 // marks, on their leases). b is cut off from etcd: it keeps its 50 for
 // its fail_static past its last count. The provider is deleted and
-// created again on the ledger: noShares finds no share record and lets
-// it through. configd starts and grants a, the only holder, the whole
-// 100 beside b's 50: 150 in windows of 100 until b's fail_static ends.
+// created again on the ledger: noShares found no share record and let
+// it through, and configd granted a, the only holder, the whole 100
+// beside b's 50: 150 in windows of 100 until b's fail_static ended. The
+// ledger's config is now refused while an even mark is left, which b's
+// lease holds past b's last admission.
 // Created again on the shares (the control), configd's shares count b
 // until its hold ends: 100.
 func TestEvenSplitRecreatedAsLedger(t *testing.T) {
@@ -58,8 +60,16 @@ func evenSplitRecreated(t *testing.T, coord string) {
 	px.Cut()
 	t.Logf("b cut off at %s; admits until %s", time.Now().Format("15:04:05.000"), b.Status().AdmitsUntil.Format("15:04:05.000"))
 	itCLI(t, "delete", "api", direct)
-	itCLI(t, append(set, "--coordination", coord)...) // accepted: no share record
-	t.Logf("the config accepted at %s", time.Now().Format("15:04:05.000"))
+	accepted := time.Now()
+	if coord == "ledger" {
+		accepted = setUntilAccepted(t, "on the even split", append(set, "--coordination", coord)...)
+		if until := b.Status().AdmitsUntil; accepted.Before(until) {
+			t.Errorf("the ledger's config accepted at %s, before cut-off b stopped admitting at %s", accepted.Format("15:04:05.000"), until.Format("15:04:05.000"))
+		}
+	} else {
+		itCLI(t, append(set, "--coordination", coord)...)
+	}
+	t.Logf("the config accepted at %s", accepted.Format("15:04:05.000"))
 	r := itServe(t, srv, "solo")
 	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
 	itWait(t, "a on configd's", func() (bool, string) {
