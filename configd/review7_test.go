@@ -1,7 +1,12 @@
 package main
 
 import (
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,4 +86,129 @@ func evenSplitRecreated(t *testing.T, coord string) {
 	time.Sleep(time.Until(b.Status().AdmitsUntil) + 5*w)
 	c.halt()
 	t.Logf("fullest window: %d of 100", c.over(t, 100))
+}
+
+// joinGroup joins provider api with JoinProvider over cli, as joinAPI
+// does a lone Member.
+func joinGroup(t *testing.T, cli *clientv3.Client, id string, log *logbuf.Buffer) *cluster.Group {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
+	defer cancel()
+	g, err := cluster.JoinProvider(ctx, cli, "api", cluster.WithID(id), cluster.WithLeaseTTL(time.Second), cluster.WithReportInterval(100*time.Millisecond),
+		cluster.WithFallback(0, 100*time.Millisecond), cluster.WithLogger(slog.New(slog.NewTextHandler(log, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// TestLaneAddedBesideItsLedgerGrants: provider api on the ledger with two
+// limits, 100/100ms and 200/5s (lane api~1, whose ledger grants reach 4
+// windows of 5s ahead, the first limit's 100 windows of 100ms: its
+// fail_static of 10s). a and b join it with JoinProvider; b's lane holds
+// 100 of the 200. api is deleted, and created again on the shares with
+// the first limit alone once its ledger's grants ended (10s); api~1's
+// still run for 10s more. b, now on the shares' 50 of the first limit,
+// is cut off from etcd: it keeps that share its fail_static past its
+// lease, and its lane's grants. The second limit is set again: lane 1
+// comes back on the shares, and as the provider exists (old != nil) the
+// write checks nothing of api~1's ledger. a, the only instance of api~1
+// alive, takes the whole 200 beside b's 100 under its grant.
+func TestLaneAddedBesideItsLedgerGrants(t *testing.T) {
+	const lw = 5 * time.Second
+	srv := etcdtest.Start(t)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	server := "--server=" + r.url()
+	one := []string{"set", "api", "--limit", "100/100ms", "--fail-static", "10s", server}
+	two := []string{"set", "api", "--limit", "100/100ms", "--limit", "200/5s", "--fail-static", "10s", server}
+	itCLI(t, append(two, "--coordination", "ledger")...)
+
+	var alog, blog logbuf.Buffer
+	a := joinGroup(t, itClient(t, srv), "a", &alog)
+	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	bcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop(), DialOptions: cluster.DialOptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bcli.Close() })
+	b := joinGroup(t, bcli, "b", &blog)
+	lane := func(g *cluster.Group) *cluster.Member { return g.Members()[1] }
+	first := func(g *cluster.Group) *cluster.Member { return g.Members()[0] }
+	if len(a.Members()) != 2 || len(b.Members()) != 2 {
+		t.Fatalf("a has %d lanes, b %d; want 2", len(a.Members()), len(b.Members()))
+	}
+	itWait(t, "a and b at 100 each of the lane's ledger", func() (bool, string) {
+		sum, why := quotas(lane(a), lane(b))
+		return sum == 200 && lane(b).Limiter().Stats().Quota == 100 && lane(b).Status().Source == "ledger", why
+	})
+
+	// Admissions of both limits per aligned window of the lane's, true time.
+	var mu sync.Mutex
+	n := map[int64]map[string]int64{}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, g := range []*cluster.Group{a, b} {
+		id := first(g).ID()
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if _, ok := g.Multi().TryAcquire(); ok {
+					k := time.Now().UnixNano() / int64(lw)
+					mu.Lock()
+					if n[k] == nil {
+						n[k] = map[string]int64{}
+					}
+					n[k][id]++
+					mu.Unlock()
+				} else {
+					time.Sleep(200 * time.Microsecond)
+				}
+			}
+		})
+	}
+	halt := sync.OnceFunc(func() { close(done); wg.Wait() })
+	t.Cleanup(halt)
+
+	itCLI(t, "delete", "api", server)
+	t.Logf("deleted at %s", time.Now().Format("15:04:05.000"))
+	accepted := setUntilAccepted(t, "grants room until", one...)
+	t.Logf("api on the shares, first limit alone, at %s", accepted.Format("15:04:05.000"))
+	itWait(t, "a's and b's first limits on the shares", func() (bool, string) {
+		sum, why := quotas(first(a), first(b))
+		return sum == 100 && first(a).Status().Source == "shares" && first(b).Status().Source == "shares" && first(b).Limiter().Stats().Quota > 0, why
+	})
+	px.Cut()
+	t.Logf("b cut off at %s: first limit %d until %s, lane %d (%s) until %s", time.Now().Format("15:04:05.000"),
+		first(b).Limiter().Stats().Quota, first(b).Status().AdmitsUntil.Format("15:04:05.000"),
+		lane(b).Limiter().Stats().Quota, lane(b).Status().Source, lane(b).Limiter().Expiry().Format("15:04:05.000"))
+	time.Sleep(2 * time.Second) // b's instance records go with its leases
+	itCLI(t, two...)
+	t.Logf("the second limit set again (on the shares) at %s", time.Now().Format("15:04:05.000"))
+	itWait(t, "a's lane on the shares' 200", func() (bool, string) {
+		sum, why := quotas(lane(a))
+		return sum == 200 && lane(a).Status().Source == "shares", why
+	})
+	t.Logf("a's lane on the shares' 200 at %s", time.Now().Format("15:04:05.000"))
+	time.Sleep(time.Until(lane(b).Limiter().Expiry()) + lw)
+	halt()
+	mu.Lock()
+	defer mu.Unlock()
+	worst := int64(0)
+	for _, k := range slices.Sorted(maps.Keys(n)) {
+		var sum int64
+		for _, v := range n[k] {
+			sum += v
+		}
+		worst = max(worst, sum)
+		if sum > 200 {
+			t.Errorf("window %s: admitted %d in a window of 200: %v", time.Unix(0, k*int64(lw)).Format("15:04:05.000"), sum, n[k])
+		}
+	}
+	t.Logf("fullest window: %d of 200", worst)
 }
