@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -18,36 +19,45 @@ import (
 // instances admit. Neither protocol counts the other's records.
 var ErrRecordsLeft = errors.New("configd: the provider's records from before it was deleted may still let instances admit")
 
-// coordinationChecks returns what creating cfg (no config stored) needs
-// of the records an earlier provider of the same names left: the
-// conditions its write adds and the deletions it makes, or
-// ErrRecordsLeft.
+// coordinationChecks returns what writing cfg needs of the records an
+// earlier provider of the same names left: the conditions its write adds
+// and the deletions it makes, or ErrRecordsLeft. old is the config stored
+// (nil: none, or malformed): every name cfg writes a config for that old
+// did not hold is checked, the provider's own and each lane's, since a
+// lane number that a provider deleted and created again does not hold
+// may have been its earlier incarnation's.
 //
 // A ledger provider needs no share records left: configd keeps them while
 // an instance they name may enforce them, and deletes them after. A shares
 // provider needs every grant of a ledger left to have ended: then the
 // ledger goes with the write, conditioned on its head.
-func (s *store) coordinationChecks(ctx context.Context, cfg schema.ProviderConfig) ([]clientv3.Cmp, []clientv3.Op, error) {
-	names := []string{cfg.Name}
+func (s *store) coordinationChecks(ctx context.Context, old *schema.ProviderConfig, cfg schema.ProviderConfig) ([]clientv3.Cmp, []clientv3.Op, error) {
+	var names []schema.ProviderConfig
+	if old == nil {
+		names = append(names, cfg)
+	}
 	for _, l := range cfg.Lanes {
-		names = append(names, schema.LaneName(cfg.Name, l.Lane))
+		if old != nil && slices.ContainsFunc(old.Lanes, func(o schema.Lane) bool { return o.Lane == l.Lane }) {
+			continue
+		}
+		names = append(names, l.Derive(cfg))
 	}
 	var conds []clientv3.Cmp
 	var ops []clientv3.Op
-	for _, n := range names {
+	for _, c := range names {
 		if cfg.Ledger() {
-			c, err := s.noShares(ctx, n)
+			cs, err := s.noShares(ctx, c.Name)
 			if err != nil {
 				return nil, nil, err
 			}
-			conds = append(conds, c...)
+			conds = append(conds, cs...)
 			continue
 		}
-		c, o, err := s.ledgerEnded(ctx, n, cfg.ClockBound())
+		cs, o, err := s.ledgerEnded(ctx, c.Name, c.ClockBound())
 		if err != nil {
 			return nil, nil, err
 		}
-		conds, ops = append(conds, c...), append(ops, o...)
+		conds, ops = append(conds, cs...), append(ops, o...)
 	}
 	return conds, ops, nil
 }

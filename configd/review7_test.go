@@ -113,8 +113,10 @@ func joinGroup(t *testing.T, cli *clientv3.Client, id string, log *logbuf.Buffer
 // is cut off from etcd: it keeps that share its fail_static past its
 // lease, and its lane's grants. The second limit is set again: lane 1
 // comes back on the shares, and as the provider exists (old != nil) the
-// write checks nothing of api~1's ledger. a, the only instance of api~1
-// alive, takes the whole 200 beside b's 100 under its grant.
+// write checked nothing of api~1's ledger: a, the only instance of api~1
+// alive, took the whole 200 beside b's 100 under its grant, 300 in a
+// window of 200. The write now checks every lane it brings that the
+// stored config has not: refused until api~1's grants ended.
 func TestLaneAddedBesideItsLedgerGrants(t *testing.T) {
 	const lw = 5 * time.Second
 	srv := etcdtest.Start(t)
@@ -188,14 +190,18 @@ func TestLaneAddedBesideItsLedgerGrants(t *testing.T) {
 		first(b).Limiter().Stats().Quota, first(b).Status().AdmitsUntil.Format("15:04:05.000"),
 		lane(b).Limiter().Stats().Quota, lane(b).Status().Source, lane(b).Limiter().Expiry().Format("15:04:05.000"))
 	time.Sleep(2 * time.Second) // b's instance records go with its leases
-	itCLI(t, two...)
-	t.Logf("the second limit set again (on the shares) at %s", time.Now().Format("15:04:05.000"))
+	until := lane(b).Limiter().Expiry()
+	again := setUntilAccepted(t, "grants room until", two...)
+	t.Logf("the second limit set again (on the shares) at %s", again.Format("15:04:05.000"))
+	if again.Before(until) {
+		t.Errorf("the second limit set again at %s, before cut-off b's lane stopped admitting at %s", again.Format("15:04:05.000"), until.Format("15:04:05.000"))
+	}
 	itWait(t, "a's lane on the shares' 200", func() (bool, string) {
 		sum, why := quotas(lane(a))
 		return sum == 200 && lane(a).Status().Source == "shares", why
 	})
 	t.Logf("a's lane on the shares' 200 at %s", time.Now().Format("15:04:05.000"))
-	time.Sleep(time.Until(lane(b).Limiter().Expiry()) + lw)
+	time.Sleep(time.Until(until) + 2*lw)
 	halt()
 	mu.Lock()
 	defer mu.Unlock()

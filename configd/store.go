@@ -363,8 +363,8 @@ func (s *store) write(ctx context.Context, name string, put *schema.ProviderConf
 			ops = append(ops, clientv3.OpDelete(key))
 		}
 		conds := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur)}
-		if old == nil && newCfg != nil {
-			c, o, err := s.coordinationChecks(ctx, *newCfg)
+		if newCfg != nil {
+			c, o, err := s.coordinationChecks(ctx, old, *newCfg)
 			if err != nil {
 				return changeView{}, err
 			}
