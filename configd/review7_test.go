@@ -218,3 +218,46 @@ func TestLaneAddedBesideItsLedgerGrants(t *testing.T) {
 	}
 	t.Logf("fullest window: %d of 200", worst)
 }
+
+// TestLedgerMemberCutOffAcrossTheSharesReturns: a provider of 100/100ms on
+// the ledger; a and b at 50 each. It is deleted, b is cut off from etcd,
+// and the provider is created again on the shares once the ledger's
+// grants ended. a sees the config and goes to the shares; b's ledger
+// session ended with its lease, and the one it starts when etcd is back
+// watches the config from then on: the config that names the shares was
+// written before, and b stays on the Follower of a ledger configd
+// deleted, admitting nothing for good while configd counts it a share.
+func TestLedgerMemberCutOffAcrossTheSharesReturns(t *testing.T) {
+	const w = itWindow
+	srv := etcdtest.Start(t)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	server := "--server=" + r.url()
+	set := []string{"set", "api", "--limit", "100", "--window", w.String(), "--fail-static", "1s", server}
+	itCLI(t, append(set, "--coordination", "ledger")...)
+
+	var alog, blog logbuf.Buffer
+	a := joinAPI(t, itClient(t, srv), "a", &alog)
+	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
+	bcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop(), DialOptions: cluster.DialOptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bcli.Close() })
+	b := joinAPI(t, bcli, "b", &blog)
+	itWait(t, "a and b at 50 each from the ledger", func() (bool, string) {
+		sum, why := quotas(a, b)
+		return sum == 100 && a.Limiter().Stats().Quota == 50, why
+	})
+	itCLI(t, "delete", "api", server)
+	px.Cut()
+	accepted := setUntilAccepted(t, "grants room until", set...)
+	t.Logf("the shares' config accepted at %s", accepted.Format("15:04:05.000"))
+	time.Sleep(2 * time.Second) // b's ledger session ends with its lease
+	px.Heal()
+	t.Logf("b back at %s", time.Now().Format("15:04:05.000"))
+	itWait(t, "b on the shares", func() (bool, string) {
+		sum, why := quotas(a, b)
+		return sum == 100 && b.Status().Source == "shares" && b.Limiter().Stats().Quota > 0, why
+	})
+}
