@@ -123,7 +123,21 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound
 	rep.haveWrite = false
 	m.clockCut(0, window, bound)
 	m.ledgerStatus(ap)
-	cfgs := m.cli.Watch(clientv3.WithRequireLeader(sctx), m.keys.Config(m.provider))
+	// The config as it is now, and its watch from there: a config that
+	// names the shares written while no session ran (cut off past the
+	// lease) is seen here, not missed for good.
+	octx, ocancel := m.opCtx(sctx)
+	cur, err := m.cli.Get(octx, m.keys.Config(m.provider))
+	ocancel()
+	if err != nil {
+		return fmt.Errorf("cluster: reading the config: %w", err)
+	}
+	for _, kv := range cur.Kvs {
+		if c, err := schema.DecodeProviderConfig(kv.Value); err == nil && !c.Ledger() {
+			return errShares
+		}
+	}
+	cfgs := m.cli.Watch(clientv3.WithRequireLeader(sctx), m.keys.Config(m.provider), clientv3.WithRev(cur.Header.Revision+1))
 	if err := s.report(sctx, true); err != nil {
 		return err
 	}
