@@ -528,3 +528,70 @@ func TestLedgerWithoutConfigd(t *testing.T) {
 		t.Errorf("the ledger audits over: %v", v)
 	}
 }
+
+// admittedBetween returns the windows from k0 (inclusive) to k1
+// (exclusive) that admitted anything, and the permits they admitted.
+func (c *admitCounter) admittedBetween(k0, k1 int64) (windows int, sum int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := k0; k < k1; k++ {
+		var s int64
+		for _, n := range c.n[k] {
+			s += n
+		}
+		if s > 0 {
+			windows++
+		}
+		sum += s
+	}
+	return windows, sum
+}
+
+// TestLedgerStandInAtTheDefaultReportInterval: a ledger provider of
+// 100/100ms with fail_static 400ms (horizon: 4 windows, extended once
+// fewer than 2 remain). configd runs its rounds every round.Tick (25 ms
+// here, 50 ms at least); the stand-in runs its rounds on the member's
+// report tick, 1 s by default (cluster.DefaultReportInterval). Without
+// configd, each round extends the grants 4 windows ahead and the next
+// comes 10 windows later: the fleet admits in about half its windows.
+func TestLedgerStandInAtTheDefaultReportInterval(t *testing.T) {
+	const w = itWindow
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	itCLI(t, "set", "api", "--limit", "100", "--window", w.String(), "--fail-static", "400ms", "--coordination", "ledger", "--server="+r.url())
+	var alog, blog logbuf.Buffer
+	rep := cluster.WithReportInterval(cluster.DefaultReportInterval)
+	a := joinAPI(t, itClient(t, srv), "a", &alog, rep)
+	b := joinAPI(t, itClient(t, srv), "b", &blog, rep)
+	c := newAdmitCounter(t, w)
+	c.take(a, nil)
+	c.take(b, nil)
+	itWait(t, "a and b at 50 each", func() (bool, string) {
+		sum, why := quotas(a, b)
+		return sum == 100 && a.Limiter().Stats().Quota == 50, why
+	})
+	const n = 30
+	k0 := time.Now().UnixNano()/int64(w) + 1
+	time.Sleep(time.Duration(n+1) * w)
+	withConfigd, sumWith := c.admittedBetween(k0, k0+n)
+	t.Logf("with configd: %d of %d windows admitted, %d permits of %d", withConfigd, n, sumWith, n*100)
+
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // past the grants configd wrote, and a few stand-in rounds
+	k0 = time.Now().UnixNano()/int64(w) + 1
+	time.Sleep(time.Duration(n+1) * w)
+	without, sumWithout := c.admittedBetween(k0, k0+n)
+	t.Logf("without configd: %d of %d windows admitted, %d permits of %d", without, n, sumWithout, n*100)
+	c.halt()
+	c.over(t, 100)
+	if v := ledger.Audit(readLedger(t, cli, "api")); len(v) > 0 {
+		t.Errorf("the ledger audits over: %v", v)
+	}
+	if without < n*9/10 {
+		t.Errorf("without configd the fleet admitted in %d of %d windows (%d permits of %d); want nearly all", without, n, sumWithout, n*100)
+	}
+}
