@@ -595,3 +595,61 @@ func TestLedgerStandInAtTheDefaultReportInterval(t *testing.T) {
 		t.Errorf("without configd the fleet admitted in %d of %d windows (%d permits of %d); want nearly all", without, n, sumWithout, n*100)
 	}
 }
+
+// TestLedgerMemberWithItsClockUnknown: a provider of 100/100ms; a's
+// clock is right, b's runs 60ms behind, and b's clock monitor cannot
+// reach its NTP server: the offset is unknown. Under the shares (the
+// control), clockCut enforces skew.EnforcedShare, half the share while
+// the offset is unknown (WithClockMonitor's doc): b takes at most 25 in
+// each of its windows, 50 in any true window, beside a's 50. Under the
+// ledger the session calls clockCut(0, ...) and drops what it returns:
+// b enforces its whole grant of 50 per window of its own clock, idles in
+// odd true windows and takes in even ones from 5ms to 95ms, which spans
+// the tail of its window k-1 (unused) and the head of its window k: 100
+// from b, with a's 50, 150 in a true window of 100.
+func TestLedgerMemberWithItsClockUnknown(t *testing.T) {
+	for _, coord := range []string{"ledger", "shares"} {
+		t.Run(coord, func(t *testing.T) {
+			const w = itWindow
+			srv := etcdtest.Start(t)
+			r := itServe(t, srv, "solo")
+			itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+			server := "--server=" + r.url()
+			itCLI(t, "set", "api", "--limit", "100", "--window", w.String(), "--coordination", coord, server)
+
+			ntp, err := ntptest.Start()
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := ntp.Addr()
+			ntp.Close() // unreachable: the offset is never known
+			behind := behindClock{60 * time.Millisecond}
+			mon, err := skew.New(skew.WithServers(addr), skew.WithInterval(50*time.Millisecond),
+				skew.WithTimeout(100*time.Millisecond), skew.WithStaleness(200*time.Millisecond), skew.WithClock(behind))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var alog, blog logbuf.Buffer
+			a := joinAPI(t, itClient(t, srv), "a", &alog)
+			b := joinAPI(t, itClient(t, srv), "b", &blog, cluster.WithClockMonitor(mon),
+				cluster.WithLimiterOptions(limiter.WithClock(behind)))
+			itWait(t, "a at 50", func() (bool, string) {
+				_, why := quotas(a, b)
+				return a.Limiter().Stats().Quota == 50 && b.Limiter().Stats().Quota > 0, why
+			})
+			time.Sleep(500 * time.Millisecond)
+			t.Logf("b's clock known %v, quota %d (%s)", b.Status().ClockKnown, b.Limiter().Stats().Quota, b.Status().Source)
+
+			c := newAdmitCounter(t, w)
+			c.take(a, nil)
+			c.take(b, func(now time.Time) bool {
+				k, ph := now.UnixNano()/int64(w), time.Duration(now.UnixNano()%int64(w))
+				return k%2 == 0 && ph >= 5*time.Millisecond && ph < 95*time.Millisecond
+			})
+			time.Sleep(2 * time.Second)
+			c.halt()
+			worst := c.over(t, 100)
+			t.Logf("fullest window: %d of 100", worst)
+		})
+	}
+}
