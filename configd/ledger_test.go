@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -651,5 +652,74 @@ func TestLedgerMemberWithItsClockUnknown(t *testing.T) {
 			worst := c.over(t, 100)
 			t.Logf("fullest window: %d of 100", worst)
 		})
+	}
+}
+
+// TestLedgerStandInBesideAnInstanceThatCannot: the stand-in is the live
+// instance of the least ID among those whose records name a holder,
+// whether or not it can stand in: an instance of a release before the
+// stand-in (a rolling upgrade), or one whose etcd user may write only its
+// releases (noStandIn), names a holder all the same. Here "0" is such an
+// instance's record, on a lease kept alive. configd stops: a and b see
+// that they are not the least ID, "0" never writes, and the grants end at
+// their horizon (10 windows): the fleet admits nothing for good.
+func TestLedgerStandInBesideAnInstanceThatCannot(t *testing.T) {
+	const w = itWindow
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	itCLI(t, "set", "api", "--limit", "100", "--window", w.String(), "--fail-static", "1s", "--coordination", "ledger", "--server="+r.url())
+	var alog, blog logbuf.Buffer
+	a := joinAPI(t, itClient(t, srv), "a", &alog)
+	b := joinAPI(t, itClient(t, srv), "b", &blog)
+
+	// "0": the record an instance that does not stand in keeps.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var rec schema.InstanceRecord
+	itWait(t, "a's record to name its holder", func() (bool, string) {
+		resp, err := cli.Get(ctx, itKeys.Instance("api", "a"))
+		if err != nil || len(resp.Kvs) == 0 {
+			return false, fmt.Sprint(err)
+		}
+		rec, err = schema.DecodeInstanceRecord(resp.Kvs[0].Value)
+		return err == nil && rec.Holder != "", rec.Holder
+	})
+	rec.ID, rec.Holder = "0", "0.0123456789abcdef"
+	lease, err := cli.Grant(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.KeepAlive(ctx, lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	val, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, itKeys.Instance("api", "0"), string(val), clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	c := newAdmitCounter(t, w)
+	c.take(a, nil)
+	c.take(b, nil)
+	itWait(t, "a and b at 33 each beside 0", func() (bool, string) {
+		sum, why := quotas(a, b)
+		return sum >= 66 && a.Limiter().Stats().Quota >= 33, why
+	})
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // three times the horizon
+	sum, why := quotas(a, b)
+	const n = 20
+	k0 := time.Now().UnixNano()/int64(w) + 1
+	time.Sleep(time.Duration(n+1) * w)
+	windows, permits := c.admittedBetween(k0, k0+n)
+	t.Logf("3 s after configd stopped: %s; %d of %d windows admitted, %d permits", why, windows, n, permits)
+	c.halt()
+	if sum == 0 || windows == 0 {
+		t.Errorf("without configd, beside an instance that does not stand in, a and b admit nothing: %s", why)
 	}
 }
