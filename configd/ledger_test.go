@@ -655,14 +655,14 @@ func TestLedgerMemberWithItsClockUnknown(t *testing.T) {
 	}
 }
 
-// TestLedgerStandInBesideAnInstanceThatCannot: the stand-in is the live
-// instance of the least ID among those whose records name a holder,
-// whether or not it can stand in: an instance of a release before the
-// stand-in (a rolling upgrade), or one whose etcd user may write only its
-// releases (noStandIn), names a holder all the same. Here "0" is such an
-// instance's record, on a lease kept alive. configd stops: a and b see
-// that they are not the least ID, "0" never writes, and the grants end at
-// their horizon (10 windows): the fleet admits nothing for good.
+// TestLedgerStandInBesideAnInstanceThatCannot: an instance of a release
+// before the stand-in (a rolling upgrade), or one whose etcd user may
+// write only its releases, names a holder all the same. Here "0" is such
+// an instance's record, on a lease kept alive. configd stops. When the
+// stand-in was the least ID of the records naming a holder, a and b saw
+// that they were not it, "0" never wrote, and the grants ended at their
+// horizon (10 windows): the fleet admitted nothing for good. The stand-in
+// is now the least ID of the records that say they stand in.
 func TestLedgerStandInBesideAnInstanceThatCannot(t *testing.T) {
 	const w = itWindow
 	srv := etcdtest.Start(t)
@@ -686,7 +686,7 @@ func TestLedgerStandInBesideAnInstanceThatCannot(t *testing.T) {
 		rec, err = schema.DecodeInstanceRecord(resp.Kvs[0].Value)
 		return err == nil && rec.Holder != "", rec.Holder
 	})
-	rec.ID, rec.Holder = "0", "0.0123456789abcdef"
+	rec.ID, rec.Holder, rec.StandsIn = "0", "0.0123456789abcdef", false
 	lease, err := cli.Grant(ctx, 1)
 	if err != nil {
 		t.Fatal(err)

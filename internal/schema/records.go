@@ -420,6 +420,10 @@ type InstanceRecord struct {
 	// an id drawn at start, never reused by a restart. configd grants to
 	// it; empty for the shares.
 	Holder string `json:"holder,omitempty"`
+	// StandsIn says the instance runs configd's ledger rounds while no
+	// configd replica is alive, if it has the least ID of those that say
+	// so: etcd lets it write the ledger's grants, as far as it knows.
+	StandsIn bool `json:"stands_in,omitempty"`
 }
 
 // Sources of the quota an instance enforces (InstanceRecord.Source).

@@ -1,9 +1,11 @@
 package cluster
 
 import (
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/sluice-go/sluice/limiter"
 	"github.com/sluice-go/sluice/limiter/skew"
 )
 
@@ -38,6 +40,9 @@ type clockState struct {
 	at      time.Time     // the measurement last folded in, so each counts once
 	step    time.Duration // extra uncertainty since the last step; 0: none
 	calm    int           // measurements agreeing with applied since the step
+	// last is the measurement clockCut last cut a share by, the step's
+	// widening included (a ledger member cuts its grants by it).
+	last skew.Measurement
 }
 
 // clockCut corrects the limiter's clock by the latest measurement and
@@ -88,6 +93,7 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 		c.applied = meas.Offset
 	}
 	meas.Uncertainty += c.step
+	c.last = meas
 	if meas.Known {
 		// The band first, then the clock: see above.
 		c.to.SetClockUncertainty(meas.Uncertainty)
@@ -100,4 +106,57 @@ func (m *Member) clockCut(q int64, w, bound time.Duration) int64 {
 	// window in the fault suite).
 	m.setStatus(func(s *Status) { s.ClockKnown, s.ClockUncertainty = meas.Known, meas.Uncertainty })
 	return skew.EnforcedShare(q, w, meas, bound)
+}
+
+// measured returns the measurement clockCut last applied (Known false
+// before the first).
+func (c *clock) measured() skew.Measurement {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
+}
+
+// cutLimiter is the limiter a ledger member's Follower enforces on: each
+// step of the grants' schedule cut for the clock as a share is
+// (skew.EnforcedShare: half while the offset is unknown), and kept so cut
+// until two windows after a cut last applied, so that a quota grows back
+// only in windows that begin after the clock was corrected, which no
+// window of the uncorrected clock overlaps.
+type cutLimiter struct {
+	*limiter.Limiter
+	m     *Member
+	bound time.Duration
+	mu    sync.Mutex
+	cut   skew.Measurement // the measurement of the last cut
+	until time.Time        // on the limiter's clock: cut until then
+}
+
+// SetSchedule cuts steps and sets them (limiter.Limiter.SetSchedule).
+func (c *cutLimiter) SetSchedule(steps []limiter.Step, expiry time.Time) (time.Time, error) {
+	if c.m.cfg.clock == nil {
+		return c.Limiter.SetSchedule(steps, expiry)
+	}
+	meas := c.m.clk.measured()
+	now := c.Limiter.Now()
+	c.mu.Lock()
+	cut := slices.Clone(steps)
+	for i, s := range cut {
+		q := skew.EnforcedShare(s.Quota, s.Window, meas, c.bound)
+		switch {
+		case q < s.Quota:
+			c.cut, c.until = meas, laterOf(c.until, now.Add(2*s.Window))
+		case now.Before(c.until):
+			q = skew.EnforcedShare(s.Quota, s.Window, c.cut, c.bound)
+		}
+		cut[i].Quota = q
+	}
+	c.mu.Unlock()
+	return c.Limiter.SetSchedule(cut, expiry)
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

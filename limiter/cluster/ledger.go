@@ -43,7 +43,8 @@ func (s *following) toLedger() error {
 // paused or crashed admits nothing past what configd wrote for it.
 func (m *Member) followLedger(ctx context.Context, cfg schema.ProviderConfig) bool {
 	window := cfg.Window.D()
-	f, err := ledgerstore.NewFollower(m.cli, ledger.Keys(m.keys.Ledger(m.provider)), m.id, m.lim, window, m.log)
+	cut := &cutLimiter{Limiter: m.lim, m: m, bound: cfg.ClockBound()}
+	f, err := ledgerstore.NewFollower(m.cli, ledger.Keys(m.keys.Ledger(m.provider)), m.id, cut, window, m.log)
 	if err != nil {
 		m.log.Error("cannot follow the ledger", "err", err)
 		<-ctx.Done()
@@ -62,7 +63,7 @@ func (m *Member) followLedger(ctx context.Context, cfg schema.ProviderConfig) bo
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
-		err := m.ledgerSession(ctx, rep, window, bound)
+		err := m.ledgerSession(ctx, rep, window, bound, standInEvery(cfg, m.cfg.report))
 		if ctx.Err() != nil {
 			return false
 		}
@@ -105,7 +106,7 @@ func (m *Member) leftLedger() applied {
 // demand every report interval, applying the clock monitor's measurement
 // with each, until the lease is lost, the config names the shares, or ctx
 // ends; on ctx's end it says it is leaving and revokes the lease.
-func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound time.Duration) error {
+func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound, standEvery time.Duration) error {
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -147,10 +148,14 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound
 	m.setStatus(func(st *Status) { st.Connected, st.LastError = true, "" })
 	tick := time.NewTicker(m.cfg.report)
 	defer tick.Stop()
+	stand := time.NewTicker(standEvery)
+	defer stand.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err() // the deferred call leaves
+		case <-stand.C:
+			m.tryStandIn(sctx)
 		case s.leaseEnd = <-renewed:
 		case err := <-kaDone:
 			return err
@@ -161,7 +166,6 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound
 		case <-tick.C:
 			m.clockCut(0, window, bound)
 			m.ledgerStatus(ap)
-			m.tryStandIn(sctx)
 			if err := s.report(sctx, false); err != nil {
 				return err
 			}

@@ -88,6 +88,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		Pushbacks:         st.Pushbacks,
 		Remaining:         st.ProviderRemaining,
 		Holder:            m.holder,
+		StandsIn:          m.holder != "" && !m.noStandIn,
 	}
 	if !st.RetryUntil.IsZero() {
 		rec.RetryUntil = st.RetryUntil.UTC()

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -34,6 +35,15 @@ func (m *Member) tryStandIn(ctx context.Context) {
 	}
 }
 
+// standInEvery is how often a ledger member looks whether to stand in
+// for configd: every report interval, or more often when the grants
+// reach fewer windows ahead, so that one round extends them before they
+// end (a round extends once fewer than half the horizon remain).
+func standInEvery(cfg schema.ProviderConfig, report time.Duration) time.Duration {
+	ahead := time.Duration(round.Horizon(cfg)) * cfg.Window.D()
+	return min(report, max(ahead/4, 50*time.Millisecond))
+}
+
 // standIn runs configd's round of the provider's ledger while no configd
 // replica is alive, if this instance is the one of the live instances to
 // do it (the least ID among those following the ledger): configd's own
@@ -46,6 +56,11 @@ func (m *Member) tryStandIn(ctx context.Context) {
 func (m *Member) standIn(ctx context.Context) error {
 	octx, cancel := m.opCtx(ctx)
 	defer cancel()
+	// A count first: with configd alive, that is all each member reads.
+	leaders, err := m.cli.Get(octx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || leaders.Count > 0 {
+		return err
+	}
 	resp, err := m.cli.Txn(octx).Then(
 		clientv3.OpGet(m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		clientv3.OpGet(m.keys.Config(m.provider)),
@@ -91,7 +106,8 @@ func (m *Member) standIn(ctx context.Context) error {
 }
 
 // liveHolders decodes the instance records that do, and returns the
-// least ID among those that follow the ledger and are not leaving.
+// least ID among those that follow the ledger, may stand in and are not
+// leaving.
 func liveHolders(kvs []*mvccpb.KeyValue) (live []schema.InstanceRecord, first string) {
 	for _, kv := range kvs {
 		r, err := schema.DecodeInstanceRecord(kv.Value)
@@ -99,7 +115,7 @@ func liveHolders(kvs []*mvccpb.KeyValue) (live []schema.InstanceRecord, first st
 			continue
 		}
 		live = append(live, r)
-		if r.Holder != "" && !r.Leaving && (first == "" || r.ID < first) {
+		if r.Holder != "" && r.StandsIn && !r.Leaving && (first == "" || r.ID < first) {
 			first = r.ID
 		}
 	}
