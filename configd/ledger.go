@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -38,21 +37,16 @@ func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st 
 	}
 	pb := ledgerstore.NewPublisher(p.cli, ledger.Keys(p.keys.Ledger(name)), p.wall)
 	conds := []clientv3.Cmp{f.cmp(), clientv3.Compare(clientv3.ModRevision(p.keys.Config(name)), "=", st.keyRev)}
-	for range ledgerRounds {
-		ch, err := pb.Round(ctx, round.Policy(cfg), target, conds...)
-		switch {
-		case errors.Is(err, ledgerstore.ErrMoved):
-			// Another write came first (an instance's release, or the
-			// config or leadership moved): the next round decides again
-			// from what etcd holds.
-			continue
-		case err != nil:
-			return err
-		case ch.Empty():
-			return nil
-		}
+	// A round that finds another write came first (an instance's
+	// release, or the config or leadership moved) is followed by another,
+	// decided again from what etcd holds.
+	written, done, err := pb.Rounds(ctx, round.Policy(cfg), target, ledgerRounds, conds...)
+	for _, ch := range written {
 		p.metrics.publishes.WithLabelValues(name).Inc()
 		p.log.Debug("ledger written", "provider", name, "why", ch.Why)
+	}
+	if err != nil || done {
+		return err
 	}
 	st.due = p.wall() // more to write: at once
 	return nil

@@ -90,19 +90,11 @@ func (m *Member) standIn(ctx context.Context) error {
 		clientv3.Compare(clientv3.CreateRevision(m.keys.Election()+"/"), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.ModRevision(m.keys.Config(m.provider)), "=", cfgs[0].ModRevision),
 	}
-	for range standInRounds {
-		ch, err := pb.Round(octx, round.Policy(cfg), target, conds...)
-		switch {
-		case errors.Is(err, ledgerstore.ErrMoved):
-			continue
-		case err != nil:
-			return err
-		case ch.Empty():
-			return nil
-		}
+	written, _, err := pb.Rounds(octx, round.Policy(cfg), target, standInRounds, conds...)
+	for _, ch := range written {
 		m.log.Debug("ledger written, standing in for configd", "why", ch.Why)
 	}
-	return nil
+	return err
 }
 
 // liveHolders decodes the instance records that do, and returns the

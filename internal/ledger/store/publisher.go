@@ -62,3 +62,24 @@ func (pb *Publisher) Round(ctx context.Context, p ledger.Policy, target map[stri
 	}
 	return ch, nil
 }
+
+// Rounds runs up to most rounds toward target under p, until one has
+// nothing to write, and returns the changes written and whether the last
+// round found nothing more to write. A round that finds another write
+// came first (ErrMoved) is followed by another, decided again from what
+// etcd holds; any other error ends them.
+func (pb *Publisher) Rounds(ctx context.Context, p ledger.Policy, target map[string]int64, most int, extra ...clientv3.Cmp) (written []ledger.Change, done bool, err error) {
+	for range most {
+		ch, err := pb.Round(ctx, p, target, extra...)
+		switch {
+		case errors.Is(err, ErrMoved):
+			continue
+		case err != nil:
+			return written, false, err
+		case ch.Empty():
+			return written, true, nil
+		}
+		written = append(written, ch)
+	}
+	return written, false, nil
+}
