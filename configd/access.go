@@ -124,6 +124,7 @@ func closeAccess(ctx context.Context, cli *clientv3.Client, dataDir string, keys
 	}{
 		{instanceRole, instanceUser, keys.Providers(), clientv3.PermissionType(clientv3.PermRead)},
 		{instanceRole, instanceUser, keys.Election(), clientv3.PermissionType(clientv3.PermRead)},
+		{instanceRole, instanceUser, keys.Ledgers(), clientv3.PermissionType(clientv3.PermRead)},
 		{readerRole, readerUser, keys.Prefix(), clientv3.PermissionType(clientv3.PermRead)},
 	}
 	for _, g := range grants {

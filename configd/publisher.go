@@ -350,7 +350,7 @@ func (p *publisher) visit(name string, resps []*etcdserverpb.ResponseOp, count b
 			// nor a budget's counters keep a provider known (found by
 			// review: a deleted budget lane stayed owned for good after a
 			// takeover, its counters left).
-			if k, err := p.keys.Parse(string(kv.Key)); count && err == nil && k.Kind != schema.KindEven && k.Kind != schema.KindHistory && k.Kind != schema.KindBudget && k.Kind != schema.KindLedger {
+			if k, err := p.keys.Parse(string(kv.Key)); count && err == nil && k.Kind != schema.KindEven && k.Kind != schema.KindHistory && k.Kind != schema.KindBudget {
 				p.count(k.Provider, 1)
 			}
 			p.applyKV(mvccpb.PUT, kv, true)
@@ -605,11 +605,8 @@ func (p *publisher) applyKV(typ mvccpb.Event_EventType, kv *mvccpb.KeyValue, loa
 		return
 	}
 	put := typ == mvccpb.PUT
-	if k.Kind == schema.KindEven || k.Kind == schema.KindBudget || k.Kind == schema.KindLedger {
-		// The instances' own business (confirmations while no configd
-		// leads, a budget's counters), or the ledger's, which each
-		// round reads afresh.
-		return
+	if k.Kind == schema.KindEven || k.Kind == schema.KindBudget {
+		return // the instances' own business: confirmations while no configd leads, a budget's counters
 	}
 	if k.Kind != schema.KindHistory && !loaded {
 		switch {

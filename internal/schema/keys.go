@@ -146,10 +146,15 @@ func (k Keys) Budget(name string, window time.Duration, start int64) string {
 	return fmt.Sprintf("%s%d/%020d", k.Budgets(name), int64(window/time.Second), start)
 }
 
+// Ledgers returns the prefix under which every provider's ledger lives:
+// beside the providers, not under them, so that a watch of the providers
+// (configd's) does not carry the ledgers' traffic.
+func (k Keys) Ledgers() string { return k.Prefix() + ledgerDir }
+
 // Ledger returns the prefix of a provider's ledger (ends with '/'): its
 // head, publishes, grants and releases (package internal/ledger), for a
 // provider whose Coordination is CoordinationLedger.
-func (k Keys) Ledger(name string) string { return k.Provider(name) + ledgerDir }
+func (k Keys) Ledger(name string) string { return k.Ledgers() + name + "/" }
 
 // History returns the prefix of a provider's audit records (ends with '/').
 func (k Keys) History(name string) string { return k.Provider(name) + historyDir }
@@ -228,7 +233,6 @@ const (
 	KindHistory                 // <prefix>providers/<name>/history/<seq>
 	KindEven                    // <prefix>providers/<name>/even/<id>
 	KindBudget                  // <prefix>providers/<name>/budget/<window seconds>/<start>
-	KindLedger                  // <prefix>providers/<name>/ledger/<record>: package internal/ledger parses the rest
 )
 
 // String returns the kind's name.
@@ -246,8 +250,6 @@ func (k KeyKind) String() string {
 		return "even"
 	case KindBudget:
 		return "budget"
-	case KindLedger:
-		return "ledger"
 	}
 	return "unknown"
 }
@@ -305,8 +307,6 @@ func (k Keys) Parse(key string) (Key, error) {
 			return bad()
 		}
 		return Key{Kind: KindHistory, Provider: name, Seq: seq}, nil
-	case strings.HasPrefix(leaf, ledgerDir) && len(leaf) > len(ledgerDir):
-		return Key{Kind: KindLedger, Provider: name}, nil
 	case strings.HasPrefix(leaf, budgetDir):
 		secs, rest, _ := strings.Cut(leaf[len(budgetDir):], "/")
 		n, err1 := strconv.ParseInt(secs, 10, 64)

@@ -26,6 +26,7 @@ func TestKeysLayout(t *testing.T) {
 		{k.Instance("pay", "host-1:42"), "/sluice/providers/pay/instances/host-1:42"},
 		{k.History("pay"), "/sluice/providers/pay/history/"},
 		{k.HistoryEntry("pay", 7), "/sluice/providers/pay/history/00000000000000000007"},
+		{k.Ledger("pay"), "/sluice/ledger/pay/"},
 		{k.Election(), "/sluice/configd/leader"},
 		{Keys{}.Config("x"), "/sluice/providers/x/config"},
 	}
@@ -46,14 +47,12 @@ func TestKeysLayout(t *testing.T) {
 func TestKeysParse(t *testing.T) {
 	k := DefaultKeys()
 	good := map[string]Key{
-		k.Config("a.b-c_d"):           {Kind: KindConfig, Provider: "a.b-c_d"},
-		k.LegacyShares("p"):           {Kind: KindShares, Provider: "p"},
-		k.Share("p", "Host-1:99"):     {Kind: KindShares, Provider: "p", Instance: "Host-1:99"},
-		k.EvenMark("p", "Host-1:99"):  {Kind: KindEven, Provider: "p", Instance: "Host-1:99"},
-		k.Instance("p", "Host-1:99"):  {Kind: KindInstance, Provider: "p", Instance: "Host-1:99"},
-		k.HistoryEntry("p", 12345):    {Kind: KindHistory, Provider: "p", Seq: 12345},
-		k.Ledger("p") + "head":        {Kind: KindLedger, Provider: "p"},
-		k.Ledger("p") + "grant/a.1/2": {Kind: KindLedger, Provider: "p"},
+		k.Config("a.b-c_d"):          {Kind: KindConfig, Provider: "a.b-c_d"},
+		k.LegacyShares("p"):          {Kind: KindShares, Provider: "p"},
+		k.Share("p", "Host-1:99"):    {Kind: KindShares, Provider: "p", Instance: "Host-1:99"},
+		k.EvenMark("p", "Host-1:99"): {Kind: KindEven, Provider: "p", Instance: "Host-1:99"},
+		k.Instance("p", "Host-1:99"): {Kind: KindInstance, Provider: "p", Instance: "Host-1:99"},
+		k.HistoryEntry("p", 12345):   {Kind: KindHistory, Provider: "p", Seq: 12345},
 	}
 	for key, want := range good {
 		got, err := k.Parse(key)
@@ -65,7 +64,7 @@ func TestKeysParse(t *testing.T) {
 		"", "/sluice/", "/sluice/providers/", "/sluice/providers/p", "/sluice/providers/p/",
 		"/sluice/providers/P/config", "/sluice/providers/p/other", "/sluice/providers/p/instances/",
 		"/sluice/providers/p/instances/a/b", "/sluice/providers/p/history/x", "/sluice/providers/p/shares/",
-		"/sluice/providers/p/shares/a/b", "/other/providers/p/config", "/sluice/providers/p/ledger/",
+		"/sluice/providers/p/shares/a/b", "/other/providers/p/config", "/sluice/providers/p/ledger/head", "/sluice/ledger/p/head",
 		"/sluice/providers/p/config/x", "/sluice/configd/leader/abc",
 	} {
 		got, err := k.Parse(key)
