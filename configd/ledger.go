@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -37,15 +38,17 @@ func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st 
 	}
 	pb := ledgerstore.NewPublisher(p.cli, ledger.Keys(p.keys.Ledger(name)), p.wall)
 	conds := []clientv3.Cmp{f.cmp(), clientv3.Compare(clientv3.ModRevision(p.keys.Config(name)), "=", st.keyRev)}
-	// A round that finds another write came first (an instance's
-	// release, or the config or leadership moved) is followed by another,
-	// decided again from what etcd holds.
-	written, done, err := pb.Rounds(ctx, round.Policy(cfg), target, ledgerRounds, conds...)
+	written, done, err := pb.Rounds(ctx, round.Policy(cfg, len(target)), target, ledgerRounds, conds...)
 	for _, ch := range written {
 		p.metrics.publishes.WithLabelValues(name).Inc()
 		p.log.Debug("ledger written", "provider", name, "why", ch.Why)
 	}
-	if err != nil || done {
+	switch {
+	case errors.Is(err, ledgerstore.ErrMoved):
+		// The config, the leadership or the head moved since: the watch
+		// brings the first two, and the next round reads the third.
+		return nil
+	case err != nil || done:
 		return err
 	}
 	st.due = p.wall() // more to write: at once

@@ -62,9 +62,10 @@ func (r *replica) tick() {
 		limit = 2 * w.prov.ctl.Ceiling
 	}
 	cfg := w.config(limit)
-	p := round.Policy(cfg)
+	target := r.target(cfg)
+	p := round.Policy(cfg, len(target))
 	p.MaxOps = w.cfg.MaxOps
-	ch, err := ledger.Plan(st, p, r.target(cfg), r.clock())
+	ch, err := ledger.Plan(st, p, target, r.clock())
 	if err != nil {
 		w.fail("replica %d: %v", r.id, err)
 		return

@@ -66,14 +66,13 @@ func (pb *Publisher) Round(ctx context.Context, p ledger.Policy, target map[stri
 // Rounds runs up to most rounds toward target under p, until one has
 // nothing to write, and returns the changes written and whether the last
 // round found nothing more to write. A round that finds another write
-// came first (ErrMoved) is followed by another, decided again from what
-// etcd holds; any other error ends them.
+// came first ends them with ErrMoved: what moved (the config, the
+// leadership, another writer) is for the caller to read before it
+// decides again.
 func (pb *Publisher) Rounds(ctx context.Context, p ledger.Policy, target map[string]int64, most int, extra ...clientv3.Cmp) (written []ledger.Change, done bool, err error) {
 	for range most {
 		ch, err := pb.Round(ctx, p, target, extra...)
 		switch {
-		case errors.Is(err, ErrMoved):
-			continue
 		case err != nil:
 			return written, false, err
 		case ch.Empty():
