@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -139,6 +140,8 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound
 		}
 	}
 	cfgs := m.cli.Watch(clientv3.WithRequireLeader(sctx), m.keys.Config(m.provider), clientv3.WithRev(cur.Header.Revision+1))
+	leaders := m.cli.Watch(clientv3.WithRequireLeader(sctx), m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(cur.Header.Revision+1))
+	alive := int64(-1) // configd's replicas alive; -1: not known (tryStandIn)
 	if err := s.report(sctx, true); err != nil {
 		return err
 	}
@@ -155,7 +158,12 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound
 		case <-ctx.Done():
 			return ctx.Err() // the deferred call leaves
 		case <-stand.C:
-			m.tryStandIn(sctx)
+			m.tryStandIn(sctx, &alive)
+		case wr, ok := <-leaders:
+			if !ok || wr.Err() != nil {
+				return fmt.Errorf("cluster: watching configd's election: %w", cmp.Or(wr.Err(), errors.New("the watch ended")))
+			}
+			alive = -1
 		case s.leaseEnd = <-renewed:
 		case err := <-kaDone:
 			return err

@@ -19,9 +19,24 @@ import (
 const standInRounds = 8
 
 // tryStandIn is standIn, logged; once etcd denies it the writes, it
-// says so once and tries no more.
-func (m *Member) tryStandIn(ctx context.Context) {
+// says so once and tries no more. alive is what it knows of configd:
+// -1 unknown (it counts the election's keys, and sets it), 0 none alive,
+// more: alive, when it reads nothing. The election's watch sets it back
+// to unknown on any change, so with configd alive a member reads nothing.
+func (m *Member) tryStandIn(ctx context.Context, alive *int64) {
 	if m.noStandIn {
+		return
+	}
+	if *alive < 0 {
+		octx, cancel := m.opCtx(ctx)
+		resp, err := m.cli.Get(octx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		if err != nil {
+			return
+		}
+		*alive = resp.Count
+	}
+	if *alive > 0 {
 		return
 	}
 	err := m.standIn(ctx)
@@ -56,11 +71,6 @@ func standInEvery(cfg schema.ProviderConfig, report time.Duration) time.Duration
 func (m *Member) standIn(ctx context.Context) error {
 	octx, cancel := m.opCtx(ctx)
 	defer cancel()
-	// A count first: with configd alive, that is all each member reads.
-	leaders, err := m.cli.Get(octx, m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-	if err != nil || leaders.Count > 0 {
-		return err
-	}
 	resp, err := m.cli.Txn(octx).Then(
 		clientv3.OpGet(m.keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		clientv3.OpGet(m.keys.Config(m.provider)),
