@@ -104,6 +104,19 @@
 // even-split confirmations under even/ (one per instance that follows the
 // split, on its lease, written by this package).
 //
+// A provider created with coordination "ledger" (configd set NAME
+// --coordination ledger) is followed otherwise: on reading its config
+// the Member drops what it held at once and follows the provider's
+// ledger for good (until the provider is created again on the shares):
+// grants of room in numbered windows that configd writes, conditioned on
+// what etcd holds, and that the Member enforces exactly, cut for its
+// clock as a share is; its releases it writes itself. The limiter's
+// expiry is the end of its grants, not its lease. With no configd
+// alive, the live instance of the least ID that may write the ledger's
+// grants runs configd's round in its stead. What it reads: its own
+// grants, the provider's publishes, the config and configd's election.
+// See docs/architecture.md, section 8.
+//
 // The even split without configd is a degraded mode. It must not overlap
 // with what configd's last shares let another instance enforce, and the
 // instances do not see each other's shares, so an instance takes at most
