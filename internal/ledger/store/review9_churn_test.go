@@ -1,0 +1,72 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/configd/round"
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/ledger"
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// TestReview9ASmallSlackMarchesGrantsPastTheHorizon (review of 3045e3d):
+// configd's rounds (round.Target of the "fair" split, round.Policy with
+// the slack per holder, Publisher.Rounds, as configd/ledger.go
+// publishLedger runs them) over a real etcd, ten holders whose smoothed
+// demands wiggle by a few percent, four rounds a window (round.Tick).
+// The slack is now 1000/50/10 = 2 permits: almost every round's target
+// misses the open publish's quotas by more, so Plan makes a new publish
+// (plan.go matches), and a new publish starts only after the open one
+// ends (plan.go publish: a = max(lo, open.B+1)), one window further each
+// round. The grants run ever further past the horizon: a cut-off holder
+// admits that long (not its fail_static), a lowering waits that long, a
+// crashed holder's room stays taken that long, and the ledger every round
+// reads grows without bound. With the old slack (1000/50 = 20) none of
+// this happens for these targets.
+func TestReview9ASmallSlackMarchesGrantsPastTheHorizon(t *testing.T) {
+	const win = time.Second
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := ledger.Keys("/test/ledger/api/")
+	cfg := schema.ProviderConfig{Version: 1, Name: "api", Limit: 1000, Window: schema.Duration(win),
+		Algorithm: schema.Algorithm("fair"), Coordination: schema.CoordinationLedger}
+	now := time.Unix(0, ledger.StartOf(1000, win))
+	pb := NewPublisher(cli, keys, func() time.Time { return now })
+	rng := rand.New(rand.NewPCG(9, 9))
+	live := make([]schema.InstanceRecord, 10)
+	for i := range live {
+		live[i] = schema.InstanceRecord{ID: fmt.Sprintf("i%02d", i), Holder: fmt.Sprintf("h%02d", i), Demand: 70}
+	}
+	var slack int64
+	for r := range 120 { // 30 windows
+		for i := range live {
+			live[i].Demand = 65 + rng.Int64N(10) // smoothed demand, within ±7%, all of it under the limit
+		}
+		target, err := round.Target(cfg, live)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := round.Policy(cfg, len(target))
+		slack = p.Slack
+		if _, _, err := pb.Rounds(context.Background(), p, target, 8); err != nil {
+			t.Fatalf("round %d: %v", r, err)
+		}
+		now = now.Add(round.Tick(win))
+	}
+	s := auditAt(t, cli, keys)
+	k := ledger.WindowOf(now.UnixNano(), win)
+	var end int64
+	for _, pub := range s.Pubs {
+		end = max(end, pub.B)
+	}
+	h := round.Horizon(cfg)
+	t.Logf("slack %d; after 120 rounds (30 windows): %d publishes and %d grants live; the last grant ends at window %d, %d windows past now, horizon %d",
+		slack, len(s.Pubs), len(s.Grants), end, end-k, h)
+	if end-k > h+1 {
+		t.Errorf("grants run %d windows (%v) past now, the horizon is %d windows: a cut-off holder admits that long and a lowering waits that long", end-k, time.Duration(end-k)*win, h)
+	}
+}
