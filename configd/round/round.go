@@ -33,17 +33,17 @@ func Horizon(cfg schema.ProviderConfig) int64 {
 	return max(4, int64((cfg.FailStaticOrDefault()+w-1)/w))
 }
 
-// Policy is what the leader asks of a ledger provider's ledger for
-// holders holders: a target within 2% of a holder's average share of the
-// limit needs no new publish (a slack of the whole limit's 2% hid a
-// raise of 10% spread over more than 5 holders).
-func Policy(cfg schema.ProviderConfig, holders int) ledger.Policy {
+// Policy is what the leader asks of a ledger provider's ledger: a
+// target within 2% of the limit of each holder's quota, and of their sum,
+// needs no new publish, so that demands that jitter do not make one every
+// round.
+func Policy(cfg schema.ProviderConfig) ledger.Policy {
 	return ledger.Policy{
 		Limit:   cfg.Limit,
 		Window:  cfg.Window.D(),
 		Horizon: Horizon(cfg),
 		Keep:    Keep,
-		Slack:   cfg.Limit / 50 / int64(max(1, holders)),
+		Slack:   cfg.Limit / 50,
 	}
 }
 

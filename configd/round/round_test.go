@@ -49,7 +49,7 @@ func TestHorizonCoversTheFailStatic(t *testing.T) {
 		if got := Horizon(cfg); got != c.want {
 			t.Errorf("Horizon(window %v, fail_static %v) = %d, want %d", c.window, c.failStatic, got, c.want)
 		}
-		if p := Policy(cfg, 1); p.Horizon != c.want || p.Limit != 100 || p.Window != c.window || p.Keep != Keep || p.Slack != 2 {
+		if p := Policy(cfg); p.Horizon != c.want || p.Limit != 100 || p.Window != c.window || p.Keep != Keep || p.Slack != 2 {
 			t.Errorf("Policy = %+v", p)
 		}
 	}
@@ -67,7 +67,7 @@ func TestPolicyPublishesARaiseSpreadOverManyHolders(t *testing.T) {
 	write := func(cfg schema.ProviderConfig, target map[string]int64) int {
 		n := 0
 		for range 20 { // a publish to many holders takes several changes
-			ch, err := ledger.Plan(st, Policy(cfg, len(target)), target, now)
+			ch, err := ledger.Plan(st, Policy(cfg), target, now)
 			if err != nil {
 				t.Fatal(err)
 			}

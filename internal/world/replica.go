@@ -63,7 +63,7 @@ func (r *replica) tick() {
 	}
 	cfg := w.config(limit)
 	target := r.target(cfg)
-	p := round.Policy(cfg, len(target))
+	p := round.Policy(cfg)
 	p.MaxOps = w.cfg.MaxOps
 	ch, err := ledger.Plan(st, p, target, r.clock())
 	if err != nil {

@@ -100,7 +100,7 @@ func (m *Member) standIn(ctx context.Context) error {
 		clientv3.Compare(clientv3.CreateRevision(m.keys.Election()+"/"), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.ModRevision(m.keys.Config(m.provider)), "=", cfgs[0].ModRevision),
 	}
-	written, _, err := pb.Rounds(octx, round.Policy(cfg, len(target)), target, standInRounds, conds...)
+	written, _, err := pb.Rounds(octx, round.Policy(cfg), target, standInRounds, conds...)
 	for _, ch := range written {
 		m.log.Debug("ledger written, standing in for configd", "why", ch.Why)
 	}

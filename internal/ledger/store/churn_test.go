@@ -13,21 +13,16 @@ import (
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
-// TestReview9ASmallSlackMarchesGrantsPastTheHorizon (review of 3045e3d):
-// configd's rounds (round.Target of the "fair" split, round.Policy with
-// the slack per holder, Publisher.Rounds, as configd/ledger.go
+// TestJitteringDemandsKeepGrantsWithinTheHorizon: configd's rounds
+// (round.Target of the "fair" split, round.Policy, Publisher.Rounds, as
 // publishLedger runs them) over a real etcd, ten holders whose smoothed
-// demands wiggle by a few percent, four rounds a window (round.Tick).
-// The slack is now 1000/50/10 = 2 permits: almost every round's target
-// misses the open publish's quotas by more, so Plan makes a new publish
-// (plan.go matches), and a new publish starts only after the open one
-// ends (plan.go publish: a = max(lo, open.B+1)), one window further each
-// round. The grants run ever further past the horizon: a cut-off holder
-// admits that long (not its fail_static), a lowering waits that long, a
-// crashed holder's room stays taken that long, and the ledger every round
-// reads grows without bound. With the old slack (1000/50 = 20) none of
-// this happens for these targets.
-func TestReview9ASmallSlackMarchesGrantsPastTheHorizon(t *testing.T) {
+// demands wiggle by a few percent, four rounds a window. With a slack of
+// 2% of a holder's average share (1000/50/10 = 2), almost every round
+// missed the open publish's quotas, and each new publish started after
+// the open one ended: 104 publishes, the last grant 99 windows past now,
+// with a horizon of 10. The slack is 2% of the limit for each holder and
+// for their sum: one publish, within the horizon.
+func TestJitteringDemandsKeepGrantsWithinTheHorizon(t *testing.T) {
 	const win = time.Second
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
@@ -50,7 +45,7 @@ func TestReview9ASmallSlackMarchesGrantsPastTheHorizon(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := round.Policy(cfg, len(target))
+		p := round.Policy(cfg)
 		slack = p.Slack
 		if _, _, err := pb.Rounds(context.Background(), p, target, 8); err != nil {
 			t.Fatalf("round %d: %v", r, err)
