@@ -34,9 +34,8 @@ func Horizon(cfg schema.ProviderConfig) int64 {
 }
 
 // Policy is what the leader asks of a ledger provider's ledger: a
-// target within 2% of the limit of each holder's quota, and of their sum,
-// needs no new publish, so that demands that jitter do not make one every
-// round.
+// target within 2% of the limit of each holder's quota needs no new
+// publish, so that demands that jitter do not make one every round.
 func Policy(cfg schema.ProviderConfig) ledger.Policy {
 	return ledger.Policy{
 		Limit:   cfg.Limit,

@@ -367,17 +367,13 @@ func (pl *planner) matches(quotas map[string]int64) bool {
 	if len(quotas) != len(pl.target) {
 		return false
 	}
-	var want, held int64
 	for h, q := range pl.target {
 		have, ok := quotas[h]
 		if !ok || have < q-pl.p.Slack || have > q+pl.p.Slack || have > q && q < pl.p.Slack {
 			return false
 		}
-		want, held = want+q, held+have
 	}
-	// The slack forgives each holder's jitter, not a change of the whole:
-	// a raise spread thin over many holders is still a raise.
-	return held >= want-pl.p.Slack && held <= want+pl.p.Slack
+	return true
 }
 
 // extend moves the open publish's end to the horizon when fewer than

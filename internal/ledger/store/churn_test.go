@@ -20,8 +20,8 @@ import (
 // 2% of a holder's average share (1000/50/10 = 2), almost every round
 // missed the open publish's quotas, and each new publish started after
 // the open one ended: 104 publishes, the last grant 99 windows past now,
-// with a horizon of 10. The slack is 2% of the limit for each holder and
-// for their sum: one publish, within the horizon.
+// with a horizon of 10. With 2% of the limit for each holder: one
+// publish, within the horizon.
 func TestJitteringDemandsKeepGrantsWithinTheHorizon(t *testing.T) {
 	const win = time.Second
 	srv := etcdtest.Start(t)
