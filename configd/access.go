@@ -124,7 +124,6 @@ func closeAccess(ctx context.Context, cli *clientv3.Client, dataDir string, keys
 	}{
 		{instanceRole, instanceUser, keys.Providers(), clientv3.PermissionType(clientv3.PermRead)},
 		{instanceRole, instanceUser, keys.Election(), clientv3.PermissionType(clientv3.PermRead)},
-		{instanceRole, instanceUser, keys.Ledgers(), clientv3.PermissionType(clientv3.PermRead)},
 		{readerRole, readerUser, keys.Prefix(), clientv3.PermissionType(clientv3.PermRead)},
 	}
 	for _, g := range grants {
@@ -161,6 +160,13 @@ func grantProvider(ctx context.Context, cli *clientv3.Client, keys schema.Keys, 
 		if _, err := cli.RoleGrantPermission(ctx, instanceRole, key, clientv3.GetPrefixRangeEnd(key), clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
 			return fmt.Errorf("letting instances of %q write their records: %w", name, err)
 		}
+	}
+	// Its ledger lives beside the providers, outside what the role reads
+	// from the first start: it is granted here, for each provider, so that
+	// an install from before the ledger reads it too.
+	key := keys.Ledger(name)
+	if _, err := cli.RoleGrantPermission(ctx, instanceRole, key, clientv3.GetPrefixRangeEnd(key), clientv3.PermissionType(clientv3.PermRead)); err != nil {
+		return fmt.Errorf("letting instances of %q read its ledger: %w", name, err)
 	}
 	return nil
 }

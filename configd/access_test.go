@@ -121,6 +121,9 @@ func TestEmbeddedEtcdIsClosed(t *testing.T) {
 	if _, err := inst.Put(ctx, ledger.Keys(keys.Ledger("pay")).AllReleases()+"x.1/1", "{}"); err != nil {
 		t.Errorf("instance writing a release of its provider's ledger: %v", err)
 	}
+	if _, err := inst.Get(ctx, keys.Ledger("pay"), clientv3.WithPrefix()); err != nil {
+		t.Errorf("instance reading its provider's ledger: %v", err)
+	}
 	if _, err := inst.Delete(ctx, keys.Instance("pay", "a")); err != nil {
 		t.Errorf("instance deleting an instance record of its provider: %v", err)
 	}
