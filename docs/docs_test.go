@@ -118,10 +118,13 @@ const (
 )
 
 // clientSubcommands are configd's subcommands that talk to the admin API.
-var clientSubcommands = []string{"set", "get", "list", "delete", "status", "history"}
+var clientSubcommands = []string{"set", "get", "list", "delete", "status", "history", "audit"}
 
 // nameSubcommands take exactly one provider NAME.
 var nameSubcommands = []string{"set", "get", "delete", "status", "history"}
+
+// optionalNameSubcommands take a provider NAME or none.
+var optionalNameSubcommands = []string{"audit"}
 
 // --- the binaries ---------------------------------------------------------
 
@@ -956,6 +959,9 @@ func (c *checker) checkConfigd(where string, args []string) {
 	if slices.Contains(nameSubcommands, sub) {
 		want = 1
 	}
+	if slices.Contains(optionalNameSubcommands, sub) && len(pos) <= 1 {
+		want = len(pos)
+	}
 	if len(pos) != want {
 		c.errorf("%s: configd %s takes %d argument(s), got %q", where, sub, want, pos)
 		return
@@ -1431,6 +1437,12 @@ func checkKey(k string) error {
 	}
 	if name, ok := strings.CutPrefix(k, keys.Owners()); ok && schema.ValidateName(name) == nil {
 		return nil
+	}
+	if rest, ok := strings.CutPrefix(k, keys.Ledgers()); ok {
+		// A provider's ledger: package internal/ledger parses the rest.
+		if name, _, _ := strings.Cut(rest, "/"); schema.ValidateName(name) == nil {
+			return nil
+		}
 	}
 	if rest, ok := strings.CutPrefix(k, keys.Providers()); ok {
 		name, leaf, _ := strings.Cut(rest, "/")
