@@ -167,9 +167,7 @@ func TestHandoverWaitsForSilentInstance(t *testing.T) {
 	// i-b's lease ends without a leaving mark (as when it expires): its
 	// grant stays held for the fail_static (it may still be enforcing it,
 	// cut off from etcd); then the rest reach 25 each.
-	if _, err := cli.Revoke(ctxT(t), leases["i-b"]); err != nil {
-		t.Fatal(err)
-	}
+	sim.revoke(t, cli, "i-b", leases["i-b"], time.Second) // --fail-static 1s
 	heldGen := waitShares(t, cli, "pay", "i-b gone and held", func(s schema.Shares) bool {
 		_, named := s.Shares["i-b"]
 		return s.Instances == 4 && !named
