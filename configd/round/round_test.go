@@ -1,10 +1,12 @@
 package round
 
 import (
+	"fmt"
 	"maps"
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/ledger"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -50,5 +52,56 @@ func TestHorizonCoversTheFailStatic(t *testing.T) {
 		if p := Policy(cfg); p.Horizon != c.want || p.Limit != 100 || p.Window != c.window || p.Keep != Keep || p.Slack != 2 {
 			t.Errorf("Policy = %+v", p)
 		}
+	}
+}
+
+// TestPolicyPublishesARaiseSpreadOverManyHolders: 100 holders granted
+// 9,000 each of 900,000; the limit rises to 1,000,000, 10,000 each. With
+// a slack of the whole limit's 2% (20,000 per holder) Plan saw every
+// holder within it and wrote nothing: the raise never reached them.
+func TestPolicyPublishesARaiseSpreadOverManyHolders(t *testing.T) {
+	const w = time.Second
+	keys := ledger.Keys("/l/")
+	st := ledger.NewState()
+	now := ledger.StartOf(1000, w)
+	write := func(cfg schema.ProviderConfig, target map[string]int64) int {
+		n := 0
+		for range 20 { // a publish to many holders takes several changes
+			ch, err := ledger.Plan(st, Policy(cfg), target, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ch.Empty() {
+				return n
+			}
+			ops, err := keys.Ops(ch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range ops {
+				if err := keys.Decode(st, o.Key, o.Value); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n++
+		}
+		return n
+	}
+	cfg := schema.ProviderConfig{Limit: 900_000, Window: schema.Duration(w), Algorithm: schema.AlgorithmEven}
+	each := func(q int64) map[string]int64 {
+		m := map[string]int64{}
+		for i := range 100 {
+			m[fmt.Sprintf("h%02d.1", i)] = q
+		}
+		return m
+	}
+	write(cfg, each(9_000))
+	cfg.Limit = 1_000_000
+	if n := write(cfg, each(10_000)); n == 0 {
+		t.Fatal("the raise to 1,000,000 wrote nothing")
+	}
+	k := ledger.WindowOf(now, w) + Horizon(cfg)/2
+	if got := st.Allowance("h00.1", st.Head.Eras[len(st.Head.Eras)-1].Seq, k); got != 10_000 {
+		t.Errorf("h00.1's allowance in window %d after the raise: %d, want 10,000", k, got)
 	}
 }

@@ -272,6 +272,14 @@ func (pl *planner) publish() {
 		return
 	}
 	a := pl.lo()
+	if ok && open.B >= max(a, pl.k+pl.p.Horizon+1) {
+		// A new publish starts after the open one ends, at most a window
+		// past the horizon: else targets that keep moving would start
+		// each one further out. The windows before it are topped up
+		// meanwhile.
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("no publish: publish %d runs to window %d, past the horizon", open.Seq, open.B))
+		return
+	}
 	if ok {
 		a = max(a, open.B+1)
 	}
@@ -367,13 +375,17 @@ func (pl *planner) matches(quotas map[string]int64) bool {
 	if len(quotas) != len(pl.target) {
 		return false
 	}
+	var want, held int64
 	for h, q := range pl.target {
 		have, ok := quotas[h]
 		if !ok || have < q-pl.p.Slack || have > q+pl.p.Slack || have > q && q < pl.p.Slack {
 			return false
 		}
+		want, held = want+q, held+have
 	}
-	return true
+	// The slack forgives each holder's jitter, not a change of the whole:
+	// a raise spread thin over many holders is still a raise.
+	return held >= want-pl.p.Slack && held <= want+pl.p.Slack
 }
 
 // extend moves the open publish's end to the horizon when fewer than

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -220,4 +221,49 @@ func TestGrantsWrittenAheadDoNotCrossAnEra(t *testing.T) {
 	if e, _ := s.Head.Current(); s.Sum(e.Seq, 8) != 100 {
 		t.Errorf("the ten holders hold %d in window 8, want 100", s.Sum(e.Seq, 8))
 	}
+}
+
+// TestTargetsThatKeepMovingStayWithinTheHorizon: ten holders whose
+// targets move past the slack four times a window. A new publish starts
+// after the open one ends, so one started while the open one had not
+// begun ran a window further each round: the grants must stay within
+// the horizon and one window, and the holders keep being granted.
+func TestTargetsThatKeepMovingStayWithinTheHorizon(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 1000, Window: w, Horizon: 6, Keep: 3, Slack: 20}
+	rng := rand.New(rand.NewPCG(33, 7))
+	k0 := int64(100)
+	pubs, grants, seen := 0, 0, map[int64]bool{}
+	for r := range 160 { // 40 windows
+		tgt := map[string]int64{}
+		for i := range 10 {
+			tgt[fmt.Sprintf("h%d", i)] = 40 + rng.Int64N(60)
+		}
+		k := k0 + int64(r/4)
+		c, err := Plan(s, p, tgt, StartOf(k, w)+int64(r%4)*int64(w)/4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		apply(s, c)
+		for _, pb := range c.Pubs {
+			if !pb.TopUp && !seen[pb.Seq] {
+				pubs++
+			}
+			seen[pb.Seq] = true
+		}
+		grants += len(c.Grants)
+		for _, pb := range s.Pubs {
+			if pb.B > k+p.Horizon+1 {
+				t.Fatalf("round %d, window %d: publish %d runs to window %d, %d windows ahead; the horizon is %d", r, k, pb.Seq, pb.B, pb.B-k, p.Horizon)
+			}
+		}
+		if vs := Audit(s); len(vs) > 0 {
+			t.Fatalf("round %d: %v", r, vs)
+		}
+	}
+	k := k0 + 40
+	if got := s.Sum(s.Head.Eras[len(s.Head.Eras)-1].Seq, k); got < 400 {
+		t.Errorf("window %d holds %d of 1000 after 40 windows of moving targets of 400 to 1000", k, got)
+	}
+	t.Logf("160 rounds: %d publishes, %d grants written", pubs, grants)
 }

@@ -146,6 +146,19 @@ func unixOrZero(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
+// leastSince returns the least limit in force from t until now.
+func (p *provider) leastSince(t int64) int64 {
+	least := p.changes[0].limit
+	for _, c := range p.changes {
+		if c.at <= t {
+			least = c.limit // the one in force at t
+		} else {
+			least = min(least, c.limit)
+		}
+	}
+	return least
+}
+
 // setLimit makes limit the config's limit from now.
 func (w *World) setLimit(limit int64) {
 	w.limit = limit
