@@ -69,8 +69,14 @@ func checkKeys(s *keyScan, t reflect.Type, where string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if reflect.PointerTo(t).Implements(jsonUnmarshaler) || (t.Kind() != reflect.Struct && t.Kind() != reflect.Map) {
+	if reflect.PointerTo(t).Implements(jsonUnmarshaler) {
 		// Duration, time.Time: a string, read by its own method.
+		return s.skip()
+	}
+	if t.Kind() == reflect.Slice && t.Elem().Kind() != reflect.Uint8 {
+		return checkElems(s, t.Elem(), where)
+	}
+	if t.Kind() != reflect.Struct && t.Kind() != reflect.Map {
 		return s.skip()
 	}
 	s.space()
@@ -134,6 +140,38 @@ func checkKeys(s *keyScan, t reflect.Type, where string) error {
 			continue
 		}
 		if err := checkKeys(s, ft, key); err != nil {
+			return err
+		}
+	}
+}
+
+// checkElems reads the next JSON value from s, which is decoded into a
+// slice of elem, and checks the keys of each element as checkKeys does:
+// a list of objects (a provider's lanes, its classes) is held to the
+// same rules as the record around it.
+func checkElems(s *keyScan, elem reflect.Type, where string) error {
+	s.space()
+	if s.peek() != '[' {
+		return s.skip() // null
+	}
+	s.i++
+	for first := true; ; first = false {
+		s.space()
+		switch s.peek() {
+		case ']':
+			s.i++
+			return nil
+		case ',':
+			if first {
+				return s.malformed()
+			}
+			s.i++
+		default:
+			if !first {
+				return s.malformed()
+			}
+		}
+		if err := checkKeys(s, elem, where); err != nil {
 			return err
 		}
 	}

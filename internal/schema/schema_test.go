@@ -484,6 +484,10 @@ func TestDecodeRejectsAmbiguousKeys(t *testing.T) {
 		{"history", `{` + history + `,"new":{` + cfg + `,"Floor":1}}`, ErrUnknownField, `new: unknown field "Floor" (field names are case-sensitive; did you mean "floor"?)`},
 		{"history", `{` + history + `,"new":{` + cfg + `},"new":null}`, ErrDuplicateKey, `body: duplicate key "new" (a key may appear only once in an object)`},
 		{"history", `{` + history + `,"NEW":{` + cfg + `}}`, ErrUnknownField, `body: unknown field "NEW" (field names are case-sensitive; did you mean "new"?)`},
+		{"config", `{` + cfg + `,"lanes":[{"lane":1,"limit":6,"window":"1m"}]}`, nil, ""},
+		{"config", `{` + cfg + `,"lanes":[{"lane":1,"limit":6,"window":"1m"},{"lane":2,"limit":6,"LIMIT":7,"window":"1h"}]}`, ErrUnknownField, `lanes: unknown field "LIMIT" (field names are case-sensitive; did you mean "limit"?)`},
+		{"config", `{` + cfg + `,"lanes":[{"lane":1,"limit":6,"limit":7,"window":"1m"}]}`, ErrDuplicateKey, `lanes: duplicate key "limit" (a key may appear only once in an object)`},
+		{"history", `{` + history + `,"new":{` + cfg + `,"lanes":[{"lane":1,"Limit":6,"window":"1m"}]}}`, ErrUnknownField, `lanes: unknown field "Limit" (field names are case-sensitive; did you mean "limit"?)`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.decoder+"/"+tc.body, func(t *testing.T) {
