@@ -28,6 +28,7 @@ var fieldSentinels = map[string]error{
 	"clock_offset":     ErrInvalidClockOffset,
 	"version":          ErrInvalidVersion,
 	"total":            ErrInvalidLimit,
+	"reserve":          ErrInvalidReserve,
 }
 
 // decode decodes exactly one JSON value from b into v, rejecting unknown

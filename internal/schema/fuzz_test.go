@@ -34,6 +34,10 @@ var configSeeds = []string{
 	`{"name":"llm~1","limit":200000,"window":"1m"}`,
 	`{"name":"llm","limit":5,"window":"1s","lanes":[{"lane":1,"limit":6,"window":"1s"}]}`,
 	`{"name":"llm","limit":5,"window":"1s","lanes":[{"lane":1,"limit":6,"window":"1m"},{"lane":1,"limit":7,"window":"1h"}]}`,
+	`{"name":"api","limit":1000,"window":"1s","classes":[{"name":"critical","reserve":"60%"},{"name":"default","reserve":100},{"name":"batch"}]}`,
+	`{"name":"api","limit":1000,"window":"1s","classes":[{"name":"a","reserve":"12.5%"},{"name":"a"}]}`,
+	`{"name":"api","limit":1,"window":"1s","classes":[{"name":"a","reserve":"60%"},{"name":"b","reserve":"60%"}]}`,
+	`{"name":"api","limit":10,"window":"1s","classes":[{"name":"a","reserve":"60"},{"name":"b","reserve":11},{"name":"c","Reserve":1}]}`,
 }
 
 func FuzzDecodeProviderConfig(f *testing.F) {

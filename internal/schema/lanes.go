@@ -320,11 +320,12 @@ func (c ProviderConfig) keepFirst(old ProviderConfig) (ProviderConfig, error) {
 }
 
 // Equal reports whether c and o are the same config (no lanes and an
-// empty list of lanes are the same).
+// empty list of lanes are the same, and so for classes).
 func (c ProviderConfig) Equal(o ProviderConfig) bool {
 	lc, lo := c.Lanes, o.Lanes
-	c.Lanes, o.Lanes = nil, nil
-	return reflect.DeepEqual(c, o) && slices.Equal(lc, lo)
+	cc, co := c.Classes, o.Classes
+	c.Lanes, o.Lanes, c.Classes, o.Classes = nil, nil, nil, nil
+	return reflect.DeepEqual(c, o) && slices.Equal(lc, lo) && slices.Equal(cc, co)
 }
 
 // checkNumbered reports a lane of a stored config that has no number.

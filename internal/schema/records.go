@@ -156,6 +156,10 @@ type ProviderConfig struct {
 	// provider is created: the two keep different records, and neither
 	// counts the other's.
 	Coordination Coordination `json:"coordination,omitempty"`
+	// Classes are the provider's priority classes, highest first, each
+	// with its reserve of the limit (see Class). None: every call is
+	// alike. They are of the first limit: a lane provider has none.
+	Classes []Class `json:"classes,omitempty"`
 }
 
 // Ledger reports whether the provider is coordinated by the ledger.
@@ -282,6 +286,9 @@ func (c ProviderConfig) Validate() error {
 		}
 	}
 	if err := c.validateCoordination(); err != nil {
+		return err
+	}
+	if err := c.validateClasses(); err != nil {
 		return err
 	}
 	return c.validateLanes()
