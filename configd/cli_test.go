@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"regexp"
@@ -125,6 +126,13 @@ func TestBadInputCLI(t *testing.T) {
 		{[]string{"set", "p", "--limit", "5", "--algorithm", "magic"}, `algorithm must be "even" or "fair"`},
 		{[]string{"set", "p", "--limit", "5", "--floor", "6"}, "floor must be"},
 		{[]string{"set", "p", "--window", "1s"}, "--limit is required"},
+		{[]string{"set", "p", "--limit", "5", "--class", "Critical"}, "class name must be 1 to 32 lower-case letters"},
+		{[]string{"set", "p", "--limit", "5", "--class", "a=101%"}, `share of the limit from 0% to 100%`},
+		{[]string{"set", "p", "--limit", "5", "--class", "a=1.5"}, `reserve must be a count of permits per window (e.g. 600) or a share`},
+		{[]string{"set", "p", "--limit", "5", "--class", "a", "--class", "a"}, `"a" is listed twice`},
+		{[]string{"set", "p", "--limit", "5", "--class", "a=3", "--class", "b=3"}, "reserves must add up to at most the limit"},
+		{[]string{"set", "p", "--limit", "5", "--class", "a", "--no-classes"}, "--no-classes removes"},
+		{[]string{"set", "p", "--limit", "5", "--class", "a", "--class", "b", "--class", "c", "--class", "d", "--class", "e", "--class", "f", "--class", "g", "--class", "h", "--class", "i"}, "at most 8 classes"},
 		{[]string{"set", "p", "--limit", "5/7s"}, "divides 24h"},
 		{[]string{"set", "p", "--limit", "5/"}, `window must be`},
 		{[]string{"set", "p", "--limit", "/1s"}, `limit must be a positive integer`},
@@ -303,6 +311,52 @@ func TestSetDimension(t *testing.T) {
 	}
 	if d := dimension(); d != "" {
 		t.Errorf("after requests=5: get shows dimension %q, want none (the default)", d)
+	}
+}
+
+// TestSetClasses: --class gives a provider its classes in order, which
+// set, get, status and history show as --class takes them, and the admin
+// API takes and gives as JSON; --no-classes removes them.
+func TestSetClasses(t *testing.T) {
+	srv := etcdtest.Start(t)
+	r := startReplica(t, srv, "r1")
+	out := cliOK(t, "set", "api", "--limit", "1000/1s", "--class", "critical=60%", "--class", "default", "--class", "batch", "--server", r.url())
+	if !strings.Contains(out, "classes=critical=60%,default,batch") {
+		t.Errorf("set: %s", out)
+	}
+	if out := cliOK(t, "get", "api", "--server", r.url()); !regexp.MustCompile(`(?m)^classes:\s+critical=60%,default,batch$`).MatchString(out) {
+		t.Errorf("get:\n%s", out)
+	}
+	if out := cliOK(t, "status", "api", "--server", r.url()); !strings.Contains(out, "classes=critical=60%,default,batch") {
+		t.Errorf("status:\n%s", out)
+	}
+	out = cliOK(t, "set", "api", "--class", "critical=700", "--class", "batch", "--server", r.url())
+	if !strings.Contains(out, "classes critical=60%,default,batch → critical=700,batch") {
+		t.Errorf("set again: %s", out)
+	}
+	status, body := do(t, "GET", r.url()+"/v1/providers/api", nil, "")
+	var compact bytes.Buffer
+	json.Compact(&compact, []byte(body))
+	if status != 200 || !strings.Contains(compact.String(), `"classes":[{"name":"critical","reserve":700},{"name":"batch"}]`) {
+		t.Errorf("GET: %d %s", status, body)
+	}
+	status, body = do(t, "PUT", r.url()+"/v1/providers/api", nil, `{"limit":1000,"classes":[{"name":"critical","reserve":"12.5%"},{"name":"batch"}]}`)
+	if status != 200 {
+		t.Fatalf("PUT: %d %s", status, body)
+	}
+	status, body = do(t, "PUT", r.url()+"/v1/providers/api", nil, `{"limit":1000,"classes":[{"name":"critical","reserve":"60%"},{"name":"batch","reserve":"50%"}]}`)
+	if status != 400 || !strings.Contains(errorOf(t, body), "reserves must add up to at most the limit") {
+		t.Errorf("PUT over the limit: %d %s", status, body)
+	}
+	out = cliOK(t, "set", "api", "--no-classes", "--server", r.url())
+	if !strings.Contains(out, "classes critical=12.5%,batch → none") {
+		t.Errorf("set --no-classes: %s", out)
+	}
+	hist := cliOK(t, "history", "api", "--server", r.url())
+	for _, want := range []string{"classes=critical=60%,default,batch", "→ critical=700,batch", "critical=700,batch → critical=12.5%,batch", "critical=12.5%,batch → none"} {
+		if !strings.Contains(hist, want) {
+			t.Errorf("history lacks %q:\n%s", want, hist)
+		}
 	}
 }
 

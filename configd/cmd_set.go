@@ -19,6 +19,7 @@ const setUsage = `Usage: configd set NAME --limit [DIM=]N[/W] [--limit [DIM=]N/W
                    [--mode enforce|shadow] [--algorithm even|fair]
                    [--pacing] [--floor N] [--max-clock-offset D] [--fail-static D]
                    [--adaptive floor=N[,shadow]|off] [--coordination shares|ledger]
+                   [--class NAME[=RESERVE] ...|--no-classes]
                    [--if-revision R] [--dry-run]
 
 Creates provider NAME or changes it, and prints the change (old → new). Flags
@@ -38,6 +39,12 @@ given is removed (with --only, a lone --limit removes the others too). A lone
 none; give the window where a dimension has several) and keeps the others.
 Instances enforce every limit when they join with cluster.JoinProvider.
 
+A provider may list up to 8 priority classes, highest first: give --class
+once per class, in order; the provider's classes become those given.
+NAME=RESERVE keeps part of the limit for the class in every window, a count
+(critical=600) or a share of the limit (critical=60%); the reserves add up
+to at most the limit. --no-classes removes them.
+
 Examples:
   configd set payments --limit 300000
   configd set payments --limit 5000/1m
@@ -48,6 +55,7 @@ Examples:
   configd set payments --limit 250000 --window 100ms --pacing
   configd set payments --mode shadow --if-revision 42
   configd set llm --limit 1000/1s --adaptive floor=200
+  configd set api --limit 1000/1s --class critical=60% --class default --class batch
 
 Flags:
 `
@@ -91,6 +99,10 @@ type edit struct {
 	// names (changeLimit).
 	more []string
 	only bool
+	// classes are the --class flags, in order: given, they are the
+	// provider's classes; noClasses removes them.
+	classes   []string
+	noClasses bool
 }
 
 // apply returns cfg with the fields e gives changed, validated. Fields not
@@ -161,7 +173,52 @@ func (e edit) apply(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
 	if e.coordination.set {
 		cfg.Coordination = schema.Coordination(e.coordination.val)
 	}
+	if cfg, err = e.applyClasses(cfg); err != nil {
+		return cfg, err
+	}
 	return cfg, cfg.Validate()
+}
+
+// applyClasses makes the --class flags given the provider's classes, in
+// their order, or removes them for --no-classes. Each is checked as it is
+// parsed; the list as a whole (unique names, reserves within the limit) by
+// Validate.
+func (e edit) applyClasses(cfg schema.ProviderConfig) (schema.ProviderConfig, error) {
+	switch {
+	case e.noClasses && len(e.classes) > 0:
+		return cfg, usageErrorf("--no-classes removes the provider's classes: give it without --class")
+	case e.noClasses:
+		cfg.Classes = nil
+	case len(e.classes) > 0:
+		classes := make([]schema.Class, 0, len(e.classes))
+		for _, v := range e.classes {
+			cl, err := schema.ParseClass(v)
+			if err != nil {
+				return cfg, err
+			}
+			classes = append(classes, cl)
+		}
+		cfg.Classes = classes
+	}
+	return cfg, nil
+}
+
+// classFlag is --class, given once per class.
+type classFlag struct{ e *edit }
+
+func (c classFlag) String() string {
+	if c.e == nil {
+		return ""
+	}
+	return strings.Join(c.e.classes, ",")
+}
+
+func (c classFlag) Set(s string) error {
+	if len(c.e.classes) >= schema.MaxClasses {
+		return fmt.Errorf("a provider has at most %d classes", schema.MaxClasses)
+	}
+	c.e.classes = append(c.e.classes, s)
+	return nil
 }
 
 // applyAdaptive applies an --adaptive value to cfg: "off" restores the
@@ -380,6 +437,8 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(&e.failStatic, "fail-static", "how long an instance cut off from etcd keeps its share past its lease, and configd keeps an expired instance's share reserved (0: the default, 10s; at most 1h)")
 	fs.Var(&e.coordination, "coordination", "how the limit reaches the instances: shares (the default) or ledger (grants stored in etcd, checked by configd audit); fixed when the provider is created")
 	fs.Var(&e.adaptive, "adaptive", "follow the provider's pushback: floor=N[,shadow][,decrease=F][,probe=F] keeps an effective limit between N and --limit (the ceiling); off turns it off")
+	fs.Var(classFlag{&e}, "class", "a priority class, highest first: NAME, or NAME=RESERVE to keep a count (critical=600) or a share (critical=60%) of every window's limit for it. Given once per class, in order; the provider's classes become those given (at most 8, reserves adding up to at most the limit)")
+	fs.BoolVar(&e.noClasses, "no-classes", false, "remove the provider's classes: every call is alike")
 	fs.Var(&ifRevision, "if-revision", "write only if the provider is at this revision (0: only if it does not exist)")
 	dryRun := fs.Bool("dry-run", false, "print the change without making it")
 	pos, err := parseArgs(fs, setUsage, args, stdout)
@@ -497,6 +556,7 @@ func fields(c schema.ProviderConfig) [][2]string {
 		{"lane_of", c.Of},
 		{"adaptive", adaptiveSummary(c.Adaptive)},
 		{"coordination", coordinationOf(c)},
+		{"classes", c.ClassesString()},
 	}
 }
 
@@ -552,7 +612,8 @@ func shown(c schema.ProviderConfig) [][2]string {
 	fs := fields(c)
 	return slices.DeleteFunc(fs, func(f [2]string) bool {
 		return (f[0] == "dimension" && c.Dimension == "") || (f[0] == "more_limits" && f[1] == "none") || (f[0] == "lane_of" && f[1] == "") ||
-			(f[0] == "adaptive" && c.Adaptive == nil) || (f[0] == "coordination" && !c.Ledger())
+			(f[0] == "adaptive" && c.Adaptive == nil) || (f[0] == "coordination" && !c.Ledger()) ||
+			(f[0] == "classes" && len(c.Classes) == 0)
 	})
 }
 

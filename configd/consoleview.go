@@ -72,6 +72,9 @@ type configView struct {
 	// MoreLimits are the further limits in force, as --limit takes them
 	// ("tokens=200000/1m,50000/1h"); empty: none.
 	MoreLimits string `json:"more_limits,omitempty"`
+	// Classes are the provider's priority classes, highest first, as
+	// --class takes them ("critical=60%,default,batch"); empty: none.
+	Classes string `json:"classes,omitempty"`
 	// Adaptive is set for an adaptive provider: Limit is then its
 	// effective limit (in shadow mode, the ceiling).
 	Adaptive *adaptiveView `json:"adaptive,omitempty"`
@@ -429,6 +432,9 @@ func buildPanel(st *consoleState, v statusView, hist []schema.HistoryEntry, now 
 			Pacing: c.Pacing, FailStatic: c.FailStaticOrDefault().String(), ClockBound: c.ClockBound().String(), Summary: summary(*c)}
 		if more := moreLimits(*c); more != "none" {
 			p.Config.MoreLimits = more
+		}
+		if len(c.Classes) > 0 {
+			p.Config.Classes = c.ClassesString()
 		}
 		p.Config.Adaptive = adaptiveOf(*c)
 	}

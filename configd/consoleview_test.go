@@ -113,3 +113,19 @@ func TestConsoleSaysTheLedger(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleShowsClasses: the panel's config lists a provider's classes
+// as --class takes them, highest first, and nothing for a provider
+// without.
+func TestConsoleShowsClasses(t *testing.T) {
+	now := time.Date(2026, 12, 6, 5, 0, 0, 0, time.UTC)
+	cfg := schema.ProviderConfig{Name: "p", Limit: 1000}.WithDefaults()
+	if p := buildPanel(newConsoleState(), statusView{Provider: "p", Config: &cfg}, nil, now); p.Config.Classes != "" {
+		t.Errorf("no classes: the panel says %q", p.Config.Classes)
+	}
+	cfg.Classes = []schema.Class{{Name: "critical", Reserve: schema.Reserve{Share: 6000}}, {Name: "default"}, {Name: "batch", Reserve: schema.Reserve{Count: 5}}}
+	p := buildPanel(newConsoleState(), statusView{Provider: "p", Config: &cfg}, nil, now)
+	if want := "critical=60%,default,batch=5"; p.Config.Classes != want {
+		t.Errorf("the panel says %q, want %q", p.Config.Classes, want)
+	}
+}

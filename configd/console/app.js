@@ -148,7 +148,7 @@
     }
     const c = p.config;
     $('#config').textContent = c
-      ? `limit ${c.limit} per ${c.window}${c.more_limits ? ' and ' + c.more_limits.split(',').join(' and ') : ''} · ${c.mode} · ${c.algorithm}${c.pacing ? ' · paced' : ''} · fail_static ${c.fail_static} · clock bound ${c.clock_bound} · revision ${p.revision}`
+      ? `limit ${c.limit} per ${c.window}${c.more_limits ? ' and ' + c.more_limits.split(',').join(' and ') : ''} · ${c.mode} · ${c.algorithm}${c.pacing ? ' · paced' : ''}${c.classes ? ' · classes ' + c.classes.split(',').join(' > ') : ''} · fail_static ${c.fail_static} · clock bound ${c.clock_bound} · revision ${p.revision}`
       : 'No valid config (deleted, or malformed): the instances keep the last good one.';
     const a = c && c.adaptive;
     $('#adaptive').hidden = !a;
