@@ -51,6 +51,13 @@
 //	…
 //	g.Settle(limiter.Cost("tokens", usedTokens))
 //
+// Priority classes (WithClasses) keep part of every window for the calls
+// that matter most: a call names its class with WithClass(ctx,
+// "critical"); each class's reserve is kept from the others, waiters of a
+// higher class are served ahead of lower ones, and the room beyond the
+// reserves goes to whoever asks. A Limiter without classes pays nothing
+// for them.
+//
 // Time comes from the system clock, or from a Clock given to WithClock.
 // Tests of waits run under testing/synctest, whose fake time the system
 // clock follows.

@@ -75,6 +75,9 @@ type Limiter struct {
 	base  time.Time // monotonic anchor of the system clock
 	clock Clock     // nil: the system clock through base
 	group *Multi    // the Multi this is a limit of, if any (see lockChange)
+	// classes are the priority classes served (WithClasses); nil: none,
+	// and then every call is alike and the hot path serves it.
+	classes *classes
 
 	mu sync.Mutex // guards the fields below, and every change of the window
 	// in the state word
@@ -92,6 +95,10 @@ type Limiter struct {
 	backoffUntil int64
 	closed       bool
 	counts       counts
+	// curUsed is what each class took of the current window, promised
+	// permits included; nil without classes. A future window's is in its
+	// book entry.
+	curUsed []int64
 
 	fb feedback // what the provider's answers said (Observe)
 }
@@ -103,6 +110,7 @@ type bookWindow struct {
 	charged int64
 	next    int64
 	res     map[*Reservation]struct{}
+	used    []int64 // charged by class; nil without classes
 }
 
 // New returns a Limiter that admits at most quota permits in every window of
@@ -123,6 +131,9 @@ func New(quota int64, window time.Duration, opts ...Option) (*Limiter, error) {
 			o.apply(&cfg)
 		}
 	}
+	if err := validateClasses(cfg.classes); err != nil {
+		return nil, err
+	}
 	l := &Limiter{
 		clock:        cfg.clock,
 		pacing:       cfg.pacing,
@@ -131,6 +142,10 @@ func New(quota int64, window time.Duration, opts ...Option) (*Limiter, error) {
 		scanFrom:     math.MinInt64,
 		backoffUntil: math.MinInt64,
 		fb:           feedback{news: make(chan struct{}, 1)},
+		classes:      newClasses(cfg.classes),
+	}
+	if l.classes != nil {
+		l.curUsed = make([]int64, len(cfg.classes))
 	}
 	l.shadow.Store(cfg.shadow)
 	l.base = time.Now()
@@ -254,7 +269,7 @@ func (l *Limiter) trySlow(n int64, shadow bool) (seq uint64, charged, ok bool) {
 	}
 	now := l.now()
 	l.advanceLocked(now)
-	if l.takeLocked(n, now) {
+	if l.takeLocked(n, now, l.classes.defaultClass()) {
 		return seqOf(l.seq), true, true
 	}
 	if shadow && l.shadow.Load() {
@@ -271,7 +286,9 @@ func (l *Limiter) advanceLocked(now int64) {
 	if now >= l.cur.end {
 		l.roll(now)
 	}
-	slow := l.closed || now < l.backoffUntil || now < l.cur.open()
+	// A limiter with classes decides every call under mu, where the
+	// reserves are counted.
+	slow := l.closed || now < l.backoffUntil || now < l.cur.open() || l.classes != nil
 	for {
 		s := l.state.Load()
 		next := s &^ slowBit
@@ -292,6 +309,7 @@ func (l *Limiter) roll(now int64) {
 	old := l.cur
 	l.cur = l.spanLocked(now)
 	var charged, next int64
+	clear(l.curUsed)
 	for start, bw := range l.book {
 		switch {
 		case start < l.cur.start:
@@ -300,6 +318,10 @@ func (l *Limiter) roll(now int64) {
 		case start == l.cur.start:
 			charged, next = bw.charged, bw.next
 			bw.charged, bw.next = 0, 0 // from now on in the state word
+			if bw.used != nil {
+				copy(l.curUsed, bw.used) // from now on in curUsed
+				clear(bw.used)
+			}
 		}
 	}
 	if l.cur.paced && next > charged {
@@ -351,13 +373,13 @@ func (l *Limiter) consumedLocked() int64 {
 	return l.cur.quota - int64(l.state.Load()&remMask) + l.overCur
 }
 
-// takeLocked takes n permits from the current window if they are valid at
-// now and nobody waits for them.
-func (l *Limiter) takeLocked(n, now int64) bool {
+// takeLocked takes n permits of class cls from the current window if they
+// are valid at now and nobody waits for them.
+func (l *Limiter) takeLocked(n, now int64, cls int) bool {
 	if now < l.backoffUntil || l.closed || now >= l.cur.shut() || now < l.cur.open() {
 		return false
 	}
-	p, st := l.placeCurrentLocked(n, now, now, true)
+	p, st := l.placeCurrentLocked(n, now, now, true, cls)
 	return st == fits && p.due <= now
 }
 

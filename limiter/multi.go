@@ -98,6 +98,9 @@ func NewMulti(limits []Limit, opts ...Option) (*Multi, error) {
 		if err != nil {
 			return nil, fmt.Errorf("limit %v: %w", lm, err)
 		}
+		if l.classes != nil {
+			return nil, fmt.Errorf("%w: a Multi does not serve priority classes (WithClasses)", ErrInvalid)
+		}
 		if len(m.lims) > 0 {
 			l.shareClock(m.lims[0])
 		}

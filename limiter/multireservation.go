@@ -122,7 +122,7 @@ func (m *Multi) describe(ns [MaxLimits]int64) string {
 // each has them valid now, and marks r granted; otherwise it takes none.
 func (m *Multi) takeAllLocked(r *MultiReservation, now int64) bool {
 	for i, l := range m.lims {
-		if r.ns[i] > 0 && !l.takeLocked(r.ns[i], now) {
+		if r.ns[i] > 0 && !l.takeLocked(r.ns[i], now, 0) {
 			for j := range i {
 				if r.ns[j] > 0 {
 					m.lims[j].addRemainingLocked(r.ns[j])
@@ -149,7 +149,7 @@ func (m *Multi) shadowLocked(r *MultiReservation, now int64) {
 			continue
 		}
 		kind := shadowRejected
-		if _, err := l.placeLocked(r.ns[i], now, r.deadlineLocked(), math.MinInt64, nil); err == nil {
+		if _, err := l.placeLocked(r.ns[i], now, r.deadlineLocked(), math.MinInt64, nil, 0); err == nil {
 			kind = shadowDelayed
 		}
 		l.counts.shadow(kind, r.ns[i])
@@ -179,7 +179,7 @@ func (m *Multi) placeAllLocked(r *MultiReservation, now, minDue int64) (k int, e
 			if r.ns[i] == 0 {
 				continue
 			}
-			p, err := l.placeLocked(r.ns[i], now, deadline, t, nil)
+			p, err := l.placeLocked(r.ns[i], now, deadline, t, nil, 0)
 			if err != nil {
 				return i, err
 			}
@@ -197,7 +197,7 @@ func (m *Multi) placeAllLocked(r *MultiReservation, now, minDue int64) (k int, e
 			if r.ns[i] == 0 {
 				continue
 			}
-			p, err := l.placeLocked(r.ns[i], now, deadline, t, r.rs[i])
+			p, err := l.placeLocked(r.ns[i], now, deadline, t, r.rs[i], 0)
 			if err == nil {
 				r.placed[i] = true
 			}

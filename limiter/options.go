@@ -22,10 +22,11 @@ type Option interface {
 }
 
 type config struct {
-	clock  Clock
-	pacing bool
-	shadow bool
-	offset time.Duration
+	clock   Clock
+	pacing  bool
+	shadow  bool
+	offset  time.Duration
+	classes []Class
 }
 
 type optionFunc func(*config)

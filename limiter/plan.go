@@ -45,7 +45,8 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 	}
 	now := l.now()
 	l.advanceLocked(now)
-	if l.takeLocked(n, now) {
+	cls := l.classes.of(ctx)
+	if l.takeLocked(n, now, cls) {
 		if wait {
 			return nil, nil
 		}
@@ -59,7 +60,7 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 		// Admit at once; count what enforcing would have done: place the
 		// permits within the wait, wait for a quota, or refuse.
 		kind := shadowRejected
-		if _, err := l.placeLocked(n, now, deadline, math.MinInt64, nil); err == nil || (wait && l.waitsForQuotaLocked(err, now, deadline)) {
+		if _, err := l.placeLocked(n, now, deadline, math.MinInt64, nil, cls); err == nil || (wait && l.waitsForQuotaLocked(err, now, deadline)) {
 			kind = shadowDelayed
 		}
 		l.counts.shadow(kind, n)
@@ -69,7 +70,12 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 		return &Reservation{l: l, n: n, win: math.MinInt64, due: now, state: resDone, shadow: kind}, nil
 	}
 	r := l.newReservation(n, now, deadline, !wait)
-	_, err := l.placeLocked(n, now, deadline, math.MinInt64, r)
+	r.class = cls
+	bumped := l.unplaceBelowLocked(cls, now)
+	_, err := l.placeLocked(n, now, deadline, math.MinInt64, r, cls)
+	if bumped != nil {
+		l.replaceLocked(bumped, now, 0)
+	}
 	switch {
 	case err == nil:
 		return r, nil
@@ -130,10 +136,10 @@ func (l *Limiter) newReservation(n, now, deadline int64, holder bool) *Reservati
 // deadline, and, if r is not nil, charges r to it. It returns ErrTimeout
 // when that place lies beyond deadline and ErrNoQuota when the quota in
 // force is below n for good.
-func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation) (placement, error) {
+func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation, cls int) (placement, error) {
 	t := max(now, l.backoffUntil, minDue)
 	if t < l.cur.end {
-		p, st := l.placeCurrentLocked(n, t, deadline, r != nil)
+		p, st := l.placeCurrentLocked(n, t, deadline, r != nil, cls)
 		switch st {
 		case fits:
 			if r != nil {
@@ -144,12 +150,18 @@ func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation) (p
 			return placement{}, ErrTimeout
 		}
 	}
-	p, err := l.placeFutureLocked(n, t, deadline)
+	p, err := l.placeFutureLocked(n, t, deadline, cls)
 	if err != nil || r == nil {
 		return p, err
 	}
 	bw := l.bookWindowLocked(p.win.start)
 	bw.charged += n
+	if l.classes != nil {
+		if bw.used == nil {
+			bw.used = make([]int64, len(l.curUsed))
+		}
+		bw.used[cls] += n
+	}
 	bw.next = max(bw.next, p.slot+n)
 	if l.scanFrom == p.win.start && max(bw.charged, bw.next) >= p.win.quota {
 		l.scanFrom = p.win.end
@@ -158,15 +170,17 @@ func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation) (p
 	return p, nil
 }
 
-// placeCurrentLocked places n permits in the current window, valid at t or
-// later, taking them from the state word at once if commit is set: a
-// compare-and-swap, as the hot path may be taking permits meanwhile.
-func (l *Limiter) placeCurrentLocked(n, t, deadline int64, commit bool) (placement, fitStatus) {
+// placeCurrentLocked places n permits of class cls in the current window,
+// valid at t or later, taking them from the state word at once if commit
+// is set: a compare-and-swap, as the hot path may be taking permits
+// meanwhile.
+func (l *Limiter) placeCurrentLocked(n, t, deadline int64, commit bool, cls int) (placement, fitStatus) {
 	w := l.cur
+	limit := l.classes.limit(w.quota, l.curUsed, cls, n)
 	for {
 		s := l.state.Load()
 		k := w.quota - int64(s&remMask)
-		p, ok := fit(w, k, n, t)
+		p, ok := fit(w, k, n, t, limit)
 		switch {
 		case !ok:
 			return placement{}, full
@@ -179,14 +193,17 @@ func (l *Limiter) placeCurrentLocked(n, t, deadline int64, commit bool) (placeme
 			if p.slot > k {
 				l.wasted.Add(p.slot - k)
 			}
+			if l.curUsed != nil {
+				l.curUsed[cls] += n
+			}
 			return p, fits
 		}
 	}
 }
 
 // placeFutureLocked finds the earliest window after the current one, from
-// time t on, with n permits free.
-func (l *Limiter) placeFutureLocked(n, t, deadline int64) (placement, error) {
+// time t on, with n permits free for class cls.
+func (l *Limiter) placeFutureLocked(n, t, deadline int64, cls int) (placement, error) {
 	ws := max(t, l.cur.end, l.scanFrom)
 	for {
 		w := l.spanLocked(ws)
@@ -202,13 +219,14 @@ func (l *Limiter) placeFutureLocked(n, t, deadline int64) (placement, error) {
 			next, _ = l.sched.nextChange(w.start)
 		} else {
 			var k int64
+			var used []int64
 			if bw := l.book[w.start]; bw != nil {
-				k = bw.charged
+				k, used = bw.charged, bw.used
 				if w.paced {
 					k = max(k, bw.next)
 				}
 			}
-			if p, ok := fit(w, k, n, t); ok {
+			if p, ok := fit(w, k, n, t, l.classes.limit(w.quota, used, cls, n)); ok {
 				if p.due > deadline {
 					return placement{}, ErrTimeout
 				}
@@ -223,14 +241,15 @@ func (l *Limiter) placeFutureLocked(n, t, deadline int64) (placement, error) {
 }
 
 // fit places n permits in window w whose slots before k are taken, valid
-// at t or later.
-func fit(w span, k, n, t int64) (placement, bool) {
+// at t or later, taking no slot from limit on (w.quota, or less to keep
+// classes' reserves).
+func fit(w span, k, n, t, limit int64) (placement, bool) {
 	t = max(t, w.open())
 	if w.paced && t > w.start {
 		// Paced slots whose time has passed are gone.
 		k = max(k, w.slotAt(t)-(n-1))
 	}
-	if k+n > w.quota {
+	if k+n > min(w.quota, limit) {
 		return placement{}, false
 	}
 	due := max(w.slotTime(k+n-1), t)
@@ -271,8 +290,14 @@ func (l *Limiter) releaseLocked(r *Reservation) {
 	switch {
 	case r.win == l.cur.start:
 		l.addRemainingLocked(r.n)
+		if l.curUsed != nil {
+			l.curUsed[r.class] -= r.n
+		}
 	case r.win > l.cur.start && bw != nil:
 		bw.charged -= r.n
+		if bw.used != nil {
+			bw.used[r.class] -= r.n
+		}
 		l.scanFrom = min(l.scanFrom, r.win)
 	}
 	if bw != nil && len(bw.res) == 0 && bw.charged == 0 {
@@ -336,6 +361,30 @@ func (r *Reservation) validLocked(now int64) bool {
 	return true
 }
 
+// unplaceBelowLocked takes every reservation of a class lower than cls
+// not yet valid at now out of its window, as unplaceLocked does, and
+// returns them in the order they are placed again: a waiter of class cls
+// is about to be placed ahead of them. It returns nil without classes.
+// Parts of a Multi are never among them: a Multi serves no classes.
+func (l *Limiter) unplaceBelowLocked(cls int, now int64) []*Reservation {
+	if l.classes == nil || cls == len(l.curUsed)-1 {
+		return nil
+	}
+	var rs []*Reservation
+	for _, bw := range l.book {
+		for r := range bw.res {
+			if r.class > cls && r.state == resPending && r.multi == nil && !r.validLocked(now) {
+				rs = append(rs, r)
+			}
+		}
+	}
+	for _, r := range rs {
+		l.releaseLocked(r)
+	}
+	sortReservations(rs)
+	return rs
+}
+
 // replaceLocked places the reservations unplaceLocked returned again, in
 // order, under the new limits. shift is how far the limiter's time moved
 // (a new clock offset): deadlines, which stand for real time, move with it,
@@ -353,7 +402,7 @@ func (l *Limiter) replaceLocked(rs []*Reservation, now, shift int64) {
 		if (r.holder || r.multi != nil) && r.due != math.MaxInt64 {
 			minDue = addClamped(r.due, time.Duration(shift))
 		}
-		_, err := l.placeLocked(r.n, now, r.deadline, minDue, r)
+		_, err := l.placeLocked(r.n, now, r.deadline, minDue, r, r.class)
 		switch {
 		case err == nil:
 		case !r.holder && l.waitsForQuotaLocked(err, now, r.deadline):

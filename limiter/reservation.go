@@ -39,6 +39,7 @@ type Reservation struct {
 	l     *Limiter
 	n     int64
 	seq   uint64 // order of making
+	class int    // priority class, 0 the highest (WithClasses)
 	asked int64  // corrected ns at which it was made
 
 	// Guarded by l.mu.
@@ -239,9 +240,13 @@ func (r *Reservation) poke() {
 	}
 }
 
+// sortReservations orders rs as they are placed: by class, highest first,
+// then in the order they were made.
 func sortReservations(rs []*Reservation) {
 	slices.SortFunc(rs, func(a, b *Reservation) int {
 		switch {
+		case a.class != b.class:
+			return a.class - b.class
 		case a.seq < b.seq:
 			return -1
 		case a.seq > b.seq:

@@ -1,0 +1,280 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestWithClassesRefusesBadLists(t *testing.T) {
+	many := make([]Class, MaxClasses+1)
+	for i := range many {
+		many[i] = Class{Name: fmt.Sprintf("c%d", i)}
+	}
+	for _, cs := range [][]Class{
+		{{Name: ""}}, {{Name: "Critical"}}, {{Name: "9"}}, {{Name: "a b"}},
+		{{Name: "a"}, {Name: "a"}}, {{Name: "a", Reserve: -1}}, {{Name: "a", Reserve: MaxQuota + 1}}, many,
+	} {
+		if _, err := New(10, time.Second, WithClasses(cs...)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("New(WithClasses(%v)) = %v, want ErrInvalid", cs, err)
+		}
+	}
+	if _, err := NewMulti([]Limit{{Quota: 10, Window: time.Second}}, WithClasses(Class{Name: "a"})); !errors.Is(err, ErrInvalid) {
+		t.Errorf("NewMulti(WithClasses) = %v, want ErrInvalid", err)
+	}
+	if _, err := New(10, time.Second, WithClasses(many[:MaxClasses]...)); err != nil {
+		t.Errorf("New(WithClasses(%d classes)) = %v", MaxClasses, err)
+	}
+}
+
+func TestClassOf(t *testing.T) {
+	ctx := context.Background()
+	if _, ok := ClassOf(ctx); ok {
+		t.Error("ClassOf(Background) names a class")
+	}
+	if c, ok := ClassOf(WithClass(ctx, "critical")); !ok || c != "critical" {
+		t.Errorf("ClassOf(WithClass(critical)) = %q, %v", c, ok)
+	}
+	cs := newClasses([]Class{{Name: "critical"}, {Name: "default"}, {Name: "batch"}})
+	for name, want := range map[string]int{"critical": 0, "default": 1, "batch": 2, "other": 1} {
+		if got := cs.of(WithClass(ctx, name)); got != want {
+			t.Errorf("class of %q = %d, want %d", name, got, want)
+		}
+	}
+	if got := cs.of(ctx); got != 1 {
+		t.Errorf("class of no class = %d, want default's, 1", got)
+	}
+	if got := newClasses([]Class{{Name: "critical"}, {Name: "batch"}}).of(ctx); got != 1 {
+		t.Errorf("class of no class without default = %d, want the last, 1", got)
+	}
+}
+
+// TestReserveKeptFromLowerClasses: batch floods the window first; what it
+// leaves is critical's reserve, which critical then takes in full.
+func TestReserveKeptFromLowerClasses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := New(10, time.Second, WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		batch, critical := WithClass(t.Context(), "batch"), WithClass(t.Context(), "critical")
+		var got int
+		for l.Acquire(batch, 0) == nil {
+			got++
+		}
+		if got != 4 {
+			t.Errorf("batch took %d of 10, want 4: 6 are critical's", got)
+		}
+		if l.TryAcquire() {
+			t.Error("TryAcquire, of the last class here, took critical's reserve")
+		}
+		for range 6 {
+			if err := l.Acquire(critical, 0); err != nil {
+				t.Fatalf("critical within its reserve: %v", err)
+			}
+		}
+		if err := l.Acquire(critical, 0); !errors.Is(err, ErrTimeout) {
+			t.Errorf("critical over the quota: %v", err)
+		}
+	})
+}
+
+// TestHigherClassWaiterGoesFirst: batch's waiters hold the next window's
+// permits; a critical waiter that asks after them is placed ahead, and the
+// last batch waiter moves to the window after.
+func TestHigherClassWaiterGoesFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := New(2, time.Second, WithClasses(Class{Name: "critical"}, Class{Name: "batch"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		batch, critical := WithClass(t.Context(), "batch"), WithClass(t.Context(), "critical")
+		for l.Acquire(batch, 0) == nil {
+		}
+		start := time.Now()
+		at := make(map[string]time.Duration)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		acquire := func(ctx context.Context, name string) {
+			wg.Go(func() {
+				if err := l.Acquire(ctx, 10*time.Second); err != nil {
+					t.Errorf("%s: %v", name, err)
+				}
+				mu.Lock()
+				at[name] = time.Since(start)
+				mu.Unlock()
+			})
+			synctest.Wait() // placed before the next one asks
+		}
+		acquire(batch, "batch1")
+		acquire(batch, "batch2")
+		acquire(critical, "critical")
+		wg.Wait()
+		want := map[string]time.Duration{"critical": time.Second, "batch1": time.Second, "batch2": 2 * time.Second}
+		for name, d := range want {
+			if at[name] != d {
+				t.Errorf("%s admitted after %v, want %v (all: %v)", name, at[name], d, at)
+			}
+		}
+	})
+}
+
+// classOp is one call in a history of TestClassOracle.
+type classOp struct {
+	class     int
+	wait      time.Duration // 0: decided at once
+	asked     time.Time
+	admitted  time.Time // zero: refused
+	refusedAt time.Time
+}
+
+// TestClassOracle runs random histories of calls of random classes, some
+// decided at once and some waiting, against a limiter with classes, and
+// checks every history whole: no window admits more than its quota; in a
+// window where a class was refused a call decided at once, it was admitted
+// at least its reserve; and, in histories without reserves where every
+// call takes one permit, a waiter of a higher class that asked before a
+// waiter of a lower class was admitted is admitted no later than it.
+//
+// The seed is printed; SLUICE_CLASS_SEED=N replays one history exactly.
+func TestClassOracle(t *testing.T) {
+	seeds := 300
+	var fixed []uint64
+	if s := os.Getenv("SLUICE_CLASS_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fixed = []uint64{n}
+	}
+	if testing.Short() {
+		seeds = 50
+	}
+	base := rand.Uint64()
+	for i := range seeds {
+		seed := base + uint64(i)
+		if fixed != nil {
+			if i > 0 {
+				break
+			}
+			seed = fixed[0]
+		}
+		if !classHistory(t, seed) {
+			t.Fatalf("history failed: replay with SLUICE_CLASS_SEED=%d", seed)
+		}
+	}
+	t.Logf("%d histories checked from seed %d", seeds, base)
+}
+
+func classHistory(t *testing.T, seed uint64) (ok bool) {
+	ok = true
+	synctest.Test(t, func(t *testing.T) {
+		fail := func(format string, args ...any) {
+			t.Errorf("seed %d: "+format, append([]any{seed}, args...)...)
+			ok = false
+		}
+		rng := rand.New(rand.NewPCG(seed, seed>>1))
+		const window = time.Second
+		quota := 1 + rng.Int64N(20)
+		reserves := rng.IntN(2) == 0 // else: the order check
+		classes := make([]Class, 1+rng.IntN(4))
+		for i := range classes {
+			classes[i].Name = fmt.Sprintf("c%d", i)
+			if reserves {
+				classes[i].Reserve = rng.Int64N(quota/2 + 1)
+			}
+		}
+		l, err := New(quota, window, WithClasses(classes...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ctxs := make([]context.Context, len(classes))
+		for i, c := range classes {
+			ctxs[i] = WithClass(t.Context(), c.Name)
+		}
+		var mu sync.Mutex
+		var ops []*classOp
+		var wg sync.WaitGroup
+		for range 40 + rng.IntN(80) {
+			time.Sleep(time.Duration(rng.Int64N(int64(window) / 4)))
+			synctest.Wait()
+			op := &classOp{class: rng.IntN(len(classes)), asked: time.Now()}
+			if rng.IntN(3) == 0 {
+				op.wait = time.Duration(1 + rng.Int64N(int64(3*window)))
+			}
+			mu.Lock()
+			ops = append(ops, op)
+			mu.Unlock()
+			wg.Go(func() {
+				err := l.Acquire(ctxs[op.class], op.wait)
+				mu.Lock()
+				defer mu.Unlock()
+				if err == nil {
+					op.admitted = time.Now()
+				} else {
+					op.refusedAt = time.Now()
+				}
+			})
+			synctest.Wait() // decided, or placed, before the next call
+		}
+		wg.Wait()
+
+		winOf := func(at time.Time) int64 { return at.UnixNano() / int64(window) }
+		admitted := map[int64]int64{}
+		byClass := map[[2]int64]int64{}
+		for _, op := range ops {
+			if !op.admitted.IsZero() {
+				admitted[winOf(op.admitted)]++
+				byClass[[2]int64{winOf(op.admitted), int64(op.class)}]++
+			}
+		}
+		for w, n := range admitted {
+			if n > quota {
+				fail("window %d admitted %d, over the quota %d", w, n, quota)
+			}
+		}
+		if reserves {
+			for _, op := range ops {
+				if op.wait != 0 || !op.admitted.IsZero() {
+					continue
+				}
+				w := winOf(op.refusedAt)
+				r := classes[op.class].Reserve
+				var sum int64
+				for _, c := range classes {
+					sum += c.Reserve
+				}
+				if sum > quota {
+					r = mulDiv(r, quota, sum)
+				}
+				if got := byClass[[2]int64{w, int64(op.class)}]; got < r {
+					fail("class %d refused at %v in window %d, admitted %d there, below its reserve %d (classes %v, quota %d)",
+						op.class, op.refusedAt, w, got, r, classes, quota)
+				}
+			}
+			return
+		}
+		for _, a := range ops {
+			for _, b := range ops {
+				if a.wait == 0 || b.wait == 0 || a.class >= b.class || a.admitted.IsZero() || b.admitted.IsZero() {
+					continue
+				}
+				if a.asked.Before(b.admitted) && a.admitted.After(b.admitted) {
+					fail("class %d asked at %v and was admitted at %v, after class %d admitted at %v (asked %v)",
+						a.class, a.asked, a.admitted, b.class, b.admitted, b.asked)
+				}
+			}
+		}
+	})
+	return ok
+}
