@@ -252,6 +252,8 @@ func TestConfigValidate(t *testing.T) {
 		{"shutdown", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown-timeout"},
 		{"history keep zero", func(c *Config) { c.HistoryKeep = 0 }, "history-keep"},
 		{"history keep huge", func(c *Config) { c.HistoryKeep = maxHistoryKeep + 1 }, "history-keep"},
+		{"txn ops under a head, a publish and a grant", func(c *Config) { c.MaxTxnOps = 2 }, "etcd-max-txn-ops"},
+		{"txn ops over the request size", func(c *Config) { c.MaxTxnOps = maxTxnOps + 1 }, "etcd-max-txn-ops"},
 		{"adaptive interval zero", func(c *Config) { c.AdaptiveInterval = 0 }, "adaptive-interval"},
 		{"adaptive interval an hour", func(c *Config) { c.AdaptiveInterval = 3600e9 }, "adaptive-interval"},
 	}

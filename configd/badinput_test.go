@@ -155,6 +155,7 @@ func TestBadInputCLISweep(t *testing.T) {
 		{args: []string{"serve", "--etcd-endpoints", "http://127.0.0.1:1", "--session-ttl", "-1s"}, want: []string{"--session-ttl"}, only: "none"},
 		{args: []string{"serve", "--etcd-endpoints", "http://127.0.0.1:1", "--history-keep", "-1"}, want: []string{"--history-keep"}, only: "none"},
 		{args: []string{"serve", "--etcd-endpoints", "http://127.0.0.1:1", "--history-keep", huge}, want: []string{`invalid value "` + huge + `" for flag -history-keep`}, only: "none"},
+		{args: []string{"serve", "--etcd-endpoints", "http://127.0.0.1:1", "--etcd-max-txn-ops", "-5"}, want: []string{"--etcd-max-txn-ops", "must be 0 (etcd's default) or from 3 to 4096"}, only: "none"},
 		{args: []string{"serve", "--etcd-endpoints", "http://127.0.0.1:1", "--propagation-margin", "x"}, want: []string{`invalid value "x" for flag -propagation-margin`}, only: "none"},
 		{args: []string{"serve", "--etcd-endpoints", "http://127.0.0.1:1", "--listen", ""}, want: []string{"--listen"}, only: "none"},
 		{args: []string{"serve", "--etcd-endpoints", "http://127.0.0.1:1", "--log-level"}, want: []string{"flag needs an argument: -log-level"}, only: "none"},

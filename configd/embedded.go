@@ -63,6 +63,7 @@ type embeddedOptions struct {
 	certFile, keyFile  string        // TLS for clientURL (https); both or neither
 	gateway            bool          // serve etcd's JSON gateway (/v3/...) on clientURL
 	retention          time.Duration // compaction retention (0: never; see DefaultCompactionRetention)
+	maxTxnOps          int           // etcd's --max-txn-ops (0: etcd's default)
 	keys               schema.Keys
 }
 
@@ -172,6 +173,9 @@ func runEmbedded(o embeddedOptions, logOut io.Writer) (*embedded, error) {
 		zapcore.Lock(zapcore.AddSync(logOut)),
 		zap.LevelEnablerFunc(func(l zapcore.Level) bool { return l >= zapcore.ErrorLevel && !e.closing.Load() }),
 	)}))
+	if o.maxTxnOps > 0 {
+		cfg.MaxTxnOps = uint(o.maxTxnOps)
+	}
 	// Single member, local disk: elections in ~100 ms rather than seconds.
 	cfg.TickMs, cfg.ElectionMs = 10, 100
 	if o.retention > 0 {

@@ -38,7 +38,9 @@ func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st 
 	}
 	pb := ledgerstore.NewPublisher(p.cli, ledger.Keys(p.keys.Ledger(name)), p.wall)
 	conds := []clientv3.Cmp{f.cmp(), clientv3.Compare(clientv3.ModRevision(p.keys.Config(name)), "=", st.keyRev)}
-	written, done, err := pb.Rounds(ctx, round.Policy(cfg), target, ledgerRounds, conds...)
+	pol := round.Policy(cfg)
+	pol.MaxOps = p.txnOps
+	written, done, err := pb.Rounds(ctx, pol, target, ledgerRounds, conds...)
 	for _, ch := range written {
 		p.metrics.publishes.WithLabelValues(name).Inc()
 		p.log.Debug("ledger written", "provider", name, "why", ch.Why)

@@ -76,6 +76,7 @@ type publisher struct {
 	margin      time.Duration
 	replica     string
 	historyKeep int64 // history entries kept per provider; 0: all (no pruning)
+	txnOps      int   // the most operations of one ledger transaction (0: ledger.DefaultMaxOps)
 	// now reads the monotonic clock: it times the holds, durations that
 	// bound safety, which a correction of the wall clock must never
 	// stretch. clock reads the wall clock as configd knows it, corrected by

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluice-go/sluice/internal/ledger"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter/skew"
 )
@@ -80,6 +81,7 @@ type Config struct {
 	EmbeddedKeyFile   string        // its key
 	EmbeddedGateway   bool          // serve etcd's JSON gateway on the embedded client URL
 	EmbeddedRetention time.Duration // embedded etcd's revision history kept; 0: never compacted
+	MaxTxnOps         int           // operations in one of configd's transactions, at most etcd's --max-txn-ops; 0: see txnOps
 	Prefix            string        // etcd key prefix
 	ReplicaID         string        // this replica's name in the election
 	SessionTTL        time.Duration // election session TTL; a dead leader is replaced after at most this
@@ -142,6 +144,9 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.EmbeddedGateway, "embedded-gateway", c.EmbeddedGateway, "serve etcd's JSON gateway (/v3/...) on the embedded client URL (off: gRPC only)")
 	fs.DurationVar(&c.EmbeddedRetention, "embedded-compaction-retention", c.EmbeddedRetention,
 		"revision history the embedded etcd keeps; it compacts older revisions periodically (0: never)")
+	fs.IntVar(&c.MaxTxnOps, "etcd-max-txn-ops", c.MaxTxnOps, fmt.Sprintf(
+		"the most operations configd writes in one transaction, at most the etcd's --max-txn-ops (0: %d, etcd's default; with the embedded etcd %d, which configd starts it with)",
+		ledger.DefaultMaxOps, EmbeddedMaxTxnOps))
 	fs.StringVar(&c.Prefix, "prefix", c.Prefix, "etcd key prefix")
 	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in the leader election")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "leader session TTL, whole seconds (a dead leader is replaced within it)")
@@ -208,6 +213,9 @@ func (c Config) Validate() error {
 			return &ConfigError{"embedded-compaction-retention", c.EmbeddedRetention.String(), errors.New("must be 0 (never compact) or from 1s to 24h")}
 		}
 	}
+	if c.MaxTxnOps != 0 && (c.MaxTxnOps < ledger.MinOps || c.MaxTxnOps > maxTxnOps) {
+		return &ConfigError{"etcd-max-txn-ops", strconv.Itoa(c.MaxTxnOps), fmt.Errorf("must be 0 (etcd's default) or from %d to %d", ledger.MinOps, maxTxnOps)}
+	}
 	if _, err := schema.NewKeys(c.Prefix); err != nil {
 		return &ConfigError{"prefix", c.Prefix, err}
 	}
@@ -238,6 +246,28 @@ func (c Config) Validate() error {
 		return &ConfigError{"log-format", c.LogFormat, errors.New("must be text or json")}
 	}
 	return nil
+}
+
+// EmbeddedMaxTxnOps is the embedded etcd's --max-txn-ops unless
+// --etcd-max-txn-ops says otherwise: a ledger's publish to a thousand
+// instances is one transaction, not eight, each after a read of the whole
+// ledger.
+const EmbeddedMaxTxnOps = 2048
+
+// maxTxnOps bounds --etcd-max-txn-ops: that many grants of holders with
+// names of 128 bytes stay under etcd's default --max-request-bytes of
+// 1.5 MiB.
+const maxTxnOps = 4096
+
+// txnOps returns the operations one of configd's transactions may make.
+func (c Config) txnOps() int {
+	switch {
+	case c.MaxTxnOps != 0:
+		return c.MaxTxnOps
+	case c.Etcd.given():
+		return ledger.DefaultMaxOps
+	}
+	return EmbeddedMaxTxnOps
 }
 
 // isLoopback reports whether host (from host:port) is a loopback address.
@@ -334,7 +364,7 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 		emb, cli, err = startEmbedded(ctx, embeddedOptions{
 			dir: cfg.DataDir, clientURL: cfg.EmbeddedClientURL, peerURL: cfg.EmbeddedPeerURL,
 			certFile: cfg.EmbeddedCertFile, keyFile: cfg.EmbeddedKeyFile, gateway: cfg.EmbeddedGateway,
-			retention: cfg.EmbeddedRetention, keys: keys,
+			retention: cfg.EmbeddedRetention, maxTxnOps: cfg.txnOps(), keys: keys,
 		}, logOut)
 		if err != nil {
 			return err
@@ -369,6 +399,7 @@ func serve(ctx context.Context, cfg Config, logOut io.Writer) error {
 		pub: &publisher{
 			cli: cli, keys: keys, log: log.With("replica", cfg.ReplicaID), metrics: m, margin: cfg.Margin,
 			replica: cfg.ReplicaID, historyKeep: cfg.HistoryKeep, now: time.Now, clock: clk.now, uncertainty: clk.uncertainty,
+			txnOps: cfg.txnOps(),
 		},
 	}
 	var hosts *hostPolicy

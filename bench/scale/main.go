@@ -88,6 +88,7 @@ const provider = "scale"
 type options struct {
 	keep      bool
 	configd   string   // extra flags for configd serve
+	txnOps    int      // configd's --etcd-max-txn-ops
 	memberLog *os.File // nil: the members' logs are discarded
 	sizes     []int
 	limit     int64
@@ -132,6 +133,7 @@ func main() {
 	flag.DurationVar(&o.sample, "sample", 50*time.Millisecond, "how often every member's quota is sampled")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (etcd's data, configd's log)")
 	flag.StringVar(&o.configd, "configd", "", "extra flags for configd serve, space-separated (as -configd='--propagation-margin 300ms')")
+	flag.IntVar(&o.txnOps, "txnops", harness.EtcdMaxTxnOps, "configd's --etcd-max-txn-ops (128: etcd's default)")
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile (members, etcd, the harness) to this file")
 	flag.BoolVar(&o.verbose, "v", false, "print each retune's time and the member that settled last")
 	flag.IntVar(&o.gogc, "gogc", 400, "the garbage collector's target percentage for this process, which holds every member (debug.SetGCPercent)")
@@ -266,7 +268,8 @@ func measure(o options, n int, coord, dir, configdBin string) (result, error) {
 		return res, err
 	}
 	defer etcd.Close()
-	cd, err := harness.StartConfigd(configdBin, url, dir+"-configd.log", o.configd)
+	extra := strings.TrimSpace(fmt.Sprintf("--etcd-max-txn-ops %d %s", o.txnOps, o.configd))
+	cd, err := harness.StartConfigd(configdBin, url, dir+"-configd.log", extra)
 	if err != nil {
 		return res, err
 	}

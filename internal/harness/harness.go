@@ -76,6 +76,7 @@ func StartEtcd(name, dir string) (*embed.Etcd, string, error) {
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.TickMs, cfg.ElectionMs = 10, 100
+	cfg.MaxTxnOps = EtcdMaxTxnOps
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("embedded etcd: %w", err)
@@ -91,6 +92,9 @@ func StartEtcd(name, dir string) (*embed.Etcd, string, error) {
 	}
 	return e, cu.String(), nil
 }
+
+// EtcdMaxTxnOps is StartEtcd's --max-txn-ops: configd's embedded etcd's.
+const EtcdMaxTxnOps = 2048
 
 // FreeAddr returns a free TCP address on 127.0.0.1 ("127.0.0.1:PORT").
 func FreeAddr() string {
