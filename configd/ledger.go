@@ -36,7 +36,10 @@ func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st 
 	if err != nil {
 		return fmt.Errorf("allocation failed: %w", err)
 	}
-	pb := ledgerstore.NewPublisher(p.cli, ledger.Keys(p.keys.Ledger(name)), p.wall)
+	if st.ledger == nil {
+		st.ledger = ledgerstore.NewPublisher(p.cli, ledger.Keys(p.keys.Ledger(name)), p.wall)
+	}
+	pb := st.ledger
 	conds := []clientv3.Cmp{f.cmp(), clientv3.Compare(clientv3.ModRevision(p.keys.Config(name)), "=", st.keyRev)}
 	pol := round.Policy(cfg)
 	pol.MaxOps = p.txnOps

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice/configd/alloc"
 	"github.com/sluice-go/sluice/configd/plan"
+	ledgerstore "github.com/sluice-go/sluice/internal/ledger/store"
 	"github.com/sluice-go/sluice/internal/schema"
 )
 
@@ -208,6 +209,9 @@ type providerState struct {
 	// the last failStaticMemory, each with when: an instance cut off
 	// before it read the new value still counts with the old one.
 	replaced []replacedFailStatic
+	// ledger writes the provider's ledger (coordination "ledger"); nil
+	// until its first round. It keeps what it last read between rounds.
+	ledger *ledgerstore.Publisher
 }
 
 // readsCommon reports whether instance id follows a share record that

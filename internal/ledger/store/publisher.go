@@ -13,14 +13,29 @@ import (
 
 // Publisher is configd's side of one limit's ledger: each Round reads the
 // ledger, decides with ledger.Plan on its clock, and writes the change
-// conditioned on the head it read. It keeps nothing between rounds, so
-// an unknown outcome, a refusal, a failover or a second writer is
-// answered by the next round's fresh read.
+// conditioned on the head it read.
+//
+// Between rounds it keeps the ledger it last read, with its own writes
+// applied, while the head stays the one it wrote: only a head's writer
+// writes publishes and grants, in the head's transaction, so the next
+// round need read only the head and the releases written since, which
+// only lower. A moved head, a write of unknown outcome or a refusal drops
+// it, and so does every fullEvery-th round, which reads the whole ledger
+// and so sees a record written by hand.
 type Publisher struct {
 	kv   clientv3.KV
 	keys ledger.Keys
 	now  func() time.Time
+
+	kept    *ledger.State // the ledger as of readRev, with the writes since; nil: read it all
+	headMod int64         // the head's mod revision in kept
+	readRev int64         // the revision kept was last read at
+	rounds  int           // rounds since the last whole read
 }
+
+// fullEvery is how many rounds a Publisher decides from what it kept
+// before it reads the whole ledger again.
+const fullEvery = 64
 
 // NewPublisher returns a publisher of the ledger under keys, deciding on
 // the clock now (configd's wall clock).
@@ -38,13 +53,10 @@ func NewPublisher(kv clientv3.KV, keys ledger.Keys, now func() time.Time) *Publi
 // cause when the outcome is not known. extra conditions (a fence) join
 // the head's.
 func (pb *Publisher) Round(ctx context.Context, p ledger.Policy, target map[string]int64, extra ...clientv3.Cmp) (ledger.Change, error) {
-	s, headMod, _, bad, err := Read(ctx, pb.kv, pb.keys)
+	s, headMod, err := pb.read(ctx)
 	if err != nil {
+		pb.kept = nil
 		return ledger.Change{}, err
-	}
-	if len(bad) > 0 {
-		// A record it cannot read might hold room: it adds none.
-		return ledger.Change{}, fmt.Errorf("store: %d records under %q do not decode, the first: %w", len(bad), string(pb.keys), bad[0])
 	}
 	ch, err := ledger.Plan(s, p, target, pb.now().UnixNano())
 	if err != nil || ch.Empty() {
@@ -54,13 +66,56 @@ func (pb *Publisher) Round(ctx context.Context, p ledger.Policy, target map[stri
 	if err != nil {
 		return ledger.Change{}, err
 	}
-	if err := Write(ctx, pb.kv, pb.keys, headMod, ops, extra...); err != nil {
+	pb.kept = nil
+	rev, err := write(ctx, pb.kv, pb.keys, headMod, ops, extra...)
+	if err != nil {
 		if errors.Is(err, ErrMoved) {
 			return ledger.Change{}, err
 		}
 		return ch, err
 	}
+	for _, o := range ops {
+		_ = pb.keys.Decode(s, o.Key, o.Value) // Ops encoded it: it decodes
+	}
+	pb.kept, pb.headMod = s, rev
 	return ch, nil
+}
+
+// read returns the ledger as etcd holds it, but for releases written
+// since the last read that it may not have yet, and the head's mod
+// revision: what it kept updated by the head and the releases written
+// since, or the whole ledger read afresh.
+func (pb *Publisher) read(ctx context.Context) (*ledger.State, int64, error) {
+	if pb.kept != nil && pb.rounds < fullEvery {
+		pb.rounds++
+		resp, err := pb.kv.Txn(ctx).Then(
+			clientv3.OpGet(pb.keys.Head()),
+			clientv3.OpGet(pb.keys.AllReleases(), clientv3.WithPrefix(), clientv3.WithMinModRev(pb.readRev+1)),
+		).Commit()
+		if err != nil {
+			return nil, 0, fmt.Errorf("store: reading the ledger under %q: %w", string(pb.keys), err)
+		}
+		head := resp.Responses[0].GetResponseRange().Kvs
+		if len(head) == 1 && head[0].ModRevision == pb.headMod {
+			for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+				if err := pb.keys.Decode(pb.kept, string(kv.Key), kv.Value); err != nil {
+					return nil, 0, fmt.Errorf("store: a release under %q does not decode: %w", string(pb.keys), &RecordError{Key: string(kv.Key), Rev: kv.ModRevision, Err: err})
+				}
+			}
+			pb.readRev = resp.Header.Revision
+			return pb.kept.Clone(), pb.headMod, nil
+		}
+	}
+	s, headMod, rev, bad, err := Read(ctx, pb.kv, pb.keys)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(bad) > 0 {
+		// A record it cannot read might hold room: it adds none.
+		return nil, 0, fmt.Errorf("store: %d records under %q do not decode, the first: %w", len(bad), string(pb.keys), bad[0])
+	}
+	pb.kept, pb.headMod, pb.readRev, pb.rounds = s.Clone(), headMod, rev, 0
+	return s, headMod, nil
 }
 
 // Rounds runs up to most rounds toward target under p, until one has

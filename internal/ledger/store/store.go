@@ -65,15 +65,21 @@ func (e *RecordError) Unwrap() error { return e.Err }
 // not known: the transaction may or may not have been applied, which the
 // next read tells.
 func Write(ctx context.Context, kv clientv3.KV, keys ledger.Keys, headMod int64, ops []ledger.Op, extra ...clientv3.Cmp) error {
+	_, err := write(ctx, kv, keys, headMod, ops, extra...)
+	return err
+}
+
+// write is Write, and returns the revision it wrote at.
+func write(ctx context.Context, kv clientv3.KV, keys ledger.Keys, headMod int64, ops []ledger.Op, extra ...clientv3.Cmp) (int64, error) {
 	conds := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(keys.Head()), "=", headMod)}, extra...)
 	resp, err := kv.Txn(ctx).If(conds...).Then(etcdOps(ops)...).Commit()
 	if err != nil {
-		return fmt.Errorf("store: writing %d records: %w", len(ops), err)
+		return 0, fmt.Errorf("store: writing %d records: %w", len(ops), err)
 	}
 	if !resp.Succeeded {
-		return ErrMoved
+		return 0, ErrMoved
 	}
-	return nil
+	return resp.Header.Revision, nil
 }
 
 // Put writes ops in one transaction with no condition: a holder's

@@ -1,0 +1,147 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/ledger"
+)
+
+// TestWhatAPublisherKeepsIsTheLedger: a publisher decides from the ledger
+// it kept, with its own writes and the releases written since, while the
+// head is the one it wrote. Over random rounds, moving targets, holders'
+// releases, a second publisher's writes and a record deleted by hand,
+// what it would decide from is, before every round, what a whole read
+// returns, unless its periodic whole read is still to come after a hand
+// edit, which changes no head.
+func TestWhatAPublisherKeepsIsTheLedger(t *testing.T) {
+	const win = time.Second
+	seed := rand.Uint64()
+	if v, err := strconv.ParseUint(os.Getenv("SLUICE_KEPT_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	t.Logf("seed %d (replay: SLUICE_KEPT_SEED=%d go test -run TestWhatAPublisherKeepsIsTheLedger ./internal/ledger/store)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := ledger.Keys("/test/kept/")
+	ctx := context.Background()
+	now := time.Unix(0, ledger.StartOf(1000, win))
+	clock := func() time.Time { return now }
+	pb, other := NewPublisher(cli, keys, clock), NewPublisher(cli, keys, clock)
+	p := ledger.Policy{Limit: 1000, Window: win, Horizon: 6, Keep: 2, Slack: 5, MaxOps: 16}
+	var edited bool // a hand edit the whole read has not seen yet
+	var kept, whole int
+	for r := range 400 {
+		target := map[string]int64{}
+		for i := range 3 + rng.IntN(8) {
+			target[fmt.Sprintf("h%02d", i)] = 20 + rng.Int64N(100)
+		}
+		switch x := rng.IntN(10); {
+		case x < 6:
+			if _, err := pb.Round(ctx, p, target); err != nil && err != ErrMoved {
+				t.Fatalf("seed %d, round %d: %v", seed, r, err)
+			}
+		case x < 7:
+			if _, err := other.Round(ctx, p, target); err != nil && err != ErrMoved {
+				t.Fatalf("seed %d, round %d, the other publisher: %v", seed, r, err)
+			}
+		case x < 9:
+			release(t, ctx, cli, keys, now, rng)
+		default:
+			now = now.Add(win / 2)
+		}
+		if r%97 == 96 {
+			s, _, _, _, _ := Read(ctx, cli, keys)
+			if gs := slices.Collect(maps.Keys(s.Grants)); len(gs) > 0 {
+				g := gs[rng.IntN(len(gs))]
+				if _, err := cli.Delete(ctx, keys.Grant(g.Holder, g.Pub)); err != nil {
+					t.Fatal(err)
+				}
+				edited = true
+			}
+		}
+		if pb.kept == nil {
+			continue
+		}
+		got, _, err := pb.read(ctx)
+		if err != nil {
+			t.Fatalf("seed %d, round %d: %v", seed, r, err)
+		}
+		want, _, _, _, err := Read(ctx, cli, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pb.rounds == 0 { // a whole read
+			whole++
+			edited = false
+		} else {
+			kept++
+		}
+		if !edited && !reflect.DeepEqual(normal(got), normal(want)) {
+			t.Fatalf("seed %d, round %d: the publisher would decide from\n%+v\nthe ledger is\n%+v", seed, r, normal(got), normal(want))
+		}
+	}
+	t.Logf("%d reads from what was kept, %d whole", kept, whole)
+	if kept == 0 {
+		t.Error("the publisher never decided from what it kept")
+	}
+}
+
+// release writes the releases one holder of the ledger would write now.
+func release(t *testing.T, ctx context.Context, kv clientv3.KV, keys ledger.Keys, now time.Time, rng *rand.Rand) {
+	t.Helper()
+	s, _, _, _, err := Read(ctx, kv, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hs []string
+	for g := range s.Grants {
+		hs = append(hs, g.Holder)
+	}
+	if len(hs) == 0 {
+		return
+	}
+	slices.Sort(hs)
+	var ops []ledger.Op
+	for _, r := range s.ToRelease(hs[rng.IntN(len(hs))], now.UnixNano(), 0) {
+		b, err := ledger.Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops = append(ops, ledger.Op{Key: keys.Release(r), Value: b})
+	}
+	if len(ops) > 0 {
+		if err := Put(ctx, kv, ops); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// normal returns s with its releases' steps in order, so that two reads
+// of the same records compare equal.
+func normal(s *ledger.State) *ledger.State {
+	s = s.Clone()
+	for k, rs := range s.Releases {
+		rs.Steps = slices.Clone(rs.Steps)
+		slices.SortFunc(rs.Steps, func(a, b ledger.Step) int {
+			if a.From != b.From {
+				return int(a.From - b.From)
+			}
+			return int(a.Limit - b.Limit)
+		})
+		s.Releases[k] = rs
+	}
+	return s
+}
