@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -25,13 +27,22 @@ const ledgerRounds = 8
 // the config's revision besides the ledger's head, until one has nothing
 // to write. The ledger keeps the guarantee; the leader keeps no books.
 func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st *providerState, cfg schema.ProviderConfig) error {
-	st.due = p.wall().Add(round.Tick(cfg.Window.D()))
+	now, tick := p.wall(), round.Tick(cfg.Window.D())
 	live := make([]schema.InstanceRecord, 0, len(st.instances))
+	holders := fnv.New64a()
 	for _, id := range slices.Sorted(maps.Keys(st.instances)) {
 		live = append(live, st.instances[id])
+		holders.Write([]byte(st.instances[id].Holder + "\x00"))
 	}
 	p.metrics.liveInstances.WithLabelValues(name).Set(float64(len(live)))
 	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))
+	run := ledgerRun{at: now, keyRev: st.keyRev, holders: holders.Sum64()}
+	if until, ok := st.ledgerLast.wait(run, tick); ok && now.Before(until) {
+		st.due = until
+		return nil
+	}
+	st.due = now.Add(tick)
+	st.ledgerLast = run
 	target, err := round.Target(cfg, live)
 	if err != nil {
 		return fmt.Errorf("allocation failed: %w", err)
@@ -53,9 +64,40 @@ func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st 
 		// The config, the leadership or the head moved since: the watch
 		// brings the first two, and the next round reads the third.
 		return nil
-	case err != nil || done:
+	case err != nil:
+		st.ledgerLast.more = true // retried with the next change, unpaced
 		return err
+	case done:
+		return nil
 	}
 	st.due = p.wall() // more to write: at once
+	st.ledgerLast.more = true
 	return nil
+}
+
+// ledgerRun is what a provider's last ledger rounds ran for.
+type ledgerRun struct {
+	at      time.Time
+	keyRev  int64  // the config's revision
+	holders uint64 // a hash of the live holders' names
+	more    bool   // they left more to write
+}
+
+// joinGap is the least time between two rounds for a change of the live
+// holders: instances that join together are granted in one publish.
+const joinGap = 50 * time.Millisecond
+
+// wait returns until when the rounds for next may wait after last: every
+// report of an instance's demand marks its provider changed, and a
+// thousand instances report a thousand times a second, while a target
+// that moved by more than the slack can wait for the next tick. A new
+// config or more to write waits for nothing.
+func (last ledgerRun) wait(next ledgerRun, tick time.Duration) (time.Time, bool) {
+	if last.at.IsZero() || last.more || next.keyRev != last.keyRev {
+		return time.Time{}, false
+	}
+	if next.holders != last.holders {
+		return last.at.Add(joinGap), true
+	}
+	return last.at.Add(tick), true
 }

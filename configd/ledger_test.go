@@ -723,3 +723,34 @@ func TestLedgerStandInBesideAnInstanceThatCannot(t *testing.T) {
 		t.Errorf("without configd, beside an instance that does not stand in, a and b admit nothing: %s", why)
 	}
 }
+
+// TestLedgerRoundsWaitForTheTickOnReports: every instance's report marks
+// its provider changed, a thousand a second at N = 1,000, and each ran
+// the ledger's rounds; they wait for the tick now, for a join 50 ms, and
+// for a new config or more to write not at all.
+func TestLedgerRoundsWaitForTheTickOnReports(t *testing.T) {
+	at := time.Unix(1000, 0)
+	tick := 250 * time.Millisecond
+	last := ledgerRun{at: at, keyRev: 7, holders: 1}
+	cases := []struct {
+		name string
+		last ledgerRun
+		next ledgerRun
+		want time.Duration // after last.at; -1: no wait
+	}{
+		{"first", ledgerRun{}, ledgerRun{keyRev: 7, holders: 1}, -1},
+		{"a report", last, ledgerRun{keyRev: 7, holders: 1}, tick},
+		{"a join", last, ledgerRun{keyRev: 7, holders: 2}, joinGap},
+		{"a new config", last, ledgerRun{keyRev: 8, holders: 1}, -1},
+		{"more to write", ledgerRun{at: at, keyRev: 7, holders: 1, more: true}, ledgerRun{keyRev: 7, holders: 1}, -1},
+	}
+	for _, c := range cases {
+		until, ok := c.last.wait(c.next, tick)
+		switch {
+		case c.want < 0 && ok:
+			t.Errorf("%s: waits until %v, want no wait", c.name, until)
+		case c.want >= 0 && (!ok || until.Sub(c.last.at) != c.want):
+			t.Errorf("%s: waits %v (%v), want %v", c.name, until.Sub(c.last.at), ok, c.want)
+		}
+	}
+}

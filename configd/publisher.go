@@ -211,7 +211,8 @@ type providerState struct {
 	replaced []replacedFailStatic
 	// ledger writes the provider's ledger (coordination "ledger"); nil
 	// until its first round. It keeps what it last read between rounds.
-	ledger *ledgerstore.Publisher
+	ledger     *ledgerstore.Publisher
+	ledgerLast ledgerRun // what its last rounds ran for (ledger.go)
 }
 
 // readsCommon reports whether instance id follows a share record that
