@@ -262,55 +262,86 @@ func (pl *planner) holds(seq int64) map[string]int64 {
 // publish extends the open publish while its grants are the target, or
 // starts a new one after it with the target's quotas: in this change when
 // the publish and its grants fit in it, else by writing the grants ahead
-// (stage) over as many changes as they take.
+// (stage) over as many changes as they take. While no new publish is
+// written, the open one is extended before it ends, as far as its grants
+// fit: a target that moves faster than a publish is staged must not leave
+// the holders with nothing.
 func (pl *planner) publish() {
 	if len(pl.target) == 0 {
 		return
 	}
 	open, ok := pl.open()
-	if ok && pl.matches(pl.holds(open.Seq)) && pl.extend(open) {
+	if ok && pl.matches(pl.holds(open.Seq)) && pl.extend(open, pl.lead()) {
 		return
 	}
+	np, missing, why := pl.next(open, ok)
+	if why == "" && 1+len(missing) <= pl.left {
+		pl.t.Head.Staged = 0
+		pl.t.Pubs[np.Seq] = np
+		pl.c.Pubs = append(pl.c.Pubs, np)
+		pl.left--
+		pl.grant(missing)
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: %d holders from window %d", np.Seq, len(pl.target), np.A))
+		return
+	}
+	if ok {
+		pl.extend(open, 2)
+	}
+	if why != "" {
+		pl.c.Why = append(pl.c.Why, why)
+		return
+	}
+	if pl.left > 0 {
+		pl.stage(np.Seq, missing[:min(len(missing), pl.left)])
+	}
+}
+
+// next returns the publish that takes over after open (ok: there is
+// one) and its grants not yet written, or why there is none yet.
+func (pl *planner) next(open Pub, ok bool) (Pub, []Grant, string) {
 	a := pl.lo()
 	if ok && open.B >= max(a, pl.k+pl.p.Horizon+1) {
 		// A new publish starts after the open one ends, at most a window
 		// past the horizon: else targets that keep moving would start
 		// each one further out. The windows before it are topped up
 		// meanwhile.
-		pl.c.Why = append(pl.c.Why, fmt.Sprintf("no publish: publish %d runs to window %d, past the horizon", open.Seq, open.B))
-		return
+		return Pub{}, nil, fmt.Sprintf("no publish: publish %d runs to window %d, past the horizon", open.Seq, open.B)
 	}
 	if ok {
 		a = max(a, open.B+1)
 	}
 	np := Pub{Seq: pl.staged(), Era: pl.cur().Seq, Window: pl.cur().Window, A: a, B: max(a, pl.k+pl.p.Horizon)}
-	var missing []Grant
-	for _, h := range slices.Sorted(maps.Keys(pl.target)) {
-		if _, ok := pl.t.Grants[GrantKey{np.Seq, h}]; !ok {
-			missing = append(missing, Grant{Pub: np.Seq, Holder: h, Quota: pl.target[h], From: a})
-		}
+	missing := pl.missing(np)
+	if !pl.fits(np, missing) && np.Seq == pl.t.Head.Staged && !pl.exact(np.Seq) {
+		// Grants written ahead within the slack of the target that do
+		// not fit: start again from the target as it is.
+		pl.t.Head.Staged = 0
+		np.Seq = pl.nextSeq()
+		missing = pl.missing(np)
 	}
 	if !pl.fits(np, missing) {
 		// A lowering ahead not yet in force: wait for it.
-		pl.c.Why = append(pl.c.Why, "no publish: the target does not fit yet")
-		return
+		return np, missing, "no publish: the target does not fit yet"
 	}
-	if 1+len(missing) > pl.left {
-		pl.stage(np.Seq, missing[:pl.left])
-		return
+	return np, missing, ""
+}
+
+// missing returns the grants of the target that publish np lacks.
+func (pl *planner) missing(np Pub) []Grant {
+	var gs []Grant
+	for _, h := range slices.Sorted(maps.Keys(pl.target)) {
+		if _, ok := pl.t.Grants[GrantKey{np.Seq, h}]; !ok {
+			gs = append(gs, Grant{Pub: np.Seq, Holder: h, Quota: pl.target[h], From: np.A})
+		}
 	}
-	pl.t.Head.Staged = 0
-	pl.t.Pubs[np.Seq] = np
-	pl.c.Pubs = append(pl.c.Pubs, np)
-	pl.left--
-	pl.grant(missing)
-	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: %d holders from window %d", np.Seq, len(pl.target), a))
+	return gs
 }
 
 // staged returns the number of the next publish: the one staged, when
-// every grant written ahead for it is a grant of the target as it is;
-// else a new one. A grant written ahead is never changed, so what a
-// holder has read of it is what counts once its publish is written.
+// every grant written ahead for it is one of the target's holders, within
+// the slack of its quota; else a new one. A grant written ahead is never
+// changed, so what a holder has read of it is what counts once its
+// publish is written.
 func (pl *planner) staged() int64 {
 	seq := pl.t.Head.Staged
 	if _, live := pl.t.Pubs[seq]; seq != 0 && (live || !pl.allWanted(seq)) {
@@ -327,10 +358,21 @@ func (pl *planner) staged() int64 {
 }
 
 // allWanted reports whether every grant of publish seq read is one of
-// the target, with the target's quota.
+// the target's holders, within the slack of its quota.
 func (pl *planner) allWanted(seq int64) bool {
 	for key, g := range pl.t.Grants {
-		if q, ok := pl.target[key.Holder]; key.Pub == seq && (!ok || g.Quota != q) {
+		if q, ok := pl.target[key.Holder]; key.Pub == seq && (!ok || !pl.near(g.Quota, q)) {
+			return false
+		}
+	}
+	return true
+}
+
+// exact reports whether every grant of publish seq read has its holder's
+// quota in the target.
+func (pl *planner) exact(seq int64) bool {
+	for key, g := range pl.t.Grants {
+		if key.Pub == seq && g.Quota != pl.target[key.Holder] {
 			return false
 		}
 	}
@@ -378,7 +420,7 @@ func (pl *planner) matches(quotas map[string]int64) bool {
 	var want, held int64
 	for h, q := range pl.target {
 		have, ok := quotas[h]
-		if !ok || have < q-pl.p.Slack || have > q+pl.p.Slack || have > q && q < pl.p.Slack {
+		if !ok || !pl.near(have, q) {
 			return false
 		}
 		want, held = want+q, held+have
@@ -388,18 +430,32 @@ func (pl *planner) matches(quotas map[string]int64) bool {
 	return held >= want-pl.p.Slack && held <= want+pl.p.Slack
 }
 
-// extend moves the open publish's end to the horizon when fewer than
-// Lead windows remain, as far as the grants fit, and reports false when
-// it had to and could not: the grants no longer fit, and a new publish
-// must take over.
-func (pl *planner) extend(open Pub) bool {
-	lead := pl.p.Lead
-	if lead <= 0 {
-		lead = max(1, pl.p.Horizon/2)
+// near reports whether a quota have is within the slack of q: never
+// more than q where q itself is within the slack of nothing.
+func (pl *planner) near(have, q int64) bool {
+	return have >= q-pl.p.Slack && have <= q+pl.p.Slack && (have <= q || q >= pl.p.Slack)
+}
+
+// lead is how few windows may remain granted ahead before the open
+// publish is extended.
+func (pl *planner) lead() int64 {
+	if pl.p.Lead > 0 {
+		return pl.p.Lead
 	}
+	return max(1, pl.p.Horizon/2)
+}
+
+// extend moves the open publish's end to the horizon when fewer than
+// lead windows remain, as far as the grants fit and the change has room,
+// and reports false when it had to and could not: a new publish must
+// take over.
+func (pl *planner) extend(open Pub, lead int64) bool {
 	want, was := pl.k+pl.p.Horizon, open.B
 	if was >= pl.k+lead || want <= was {
 		return true
+	}
+	if pl.left < 1 {
+		return false
 	}
 	fits := func(b int64) bool {
 		open.B = b

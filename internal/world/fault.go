@@ -148,8 +148,15 @@ func (w *World) checkLive() {
 	limit := w.limit
 	if w.prov != nil {
 		// A raise reaches the grants within the round after the next
-		// window begins: the controller's last moves may not have.
-		limit = w.prov.leastSince(w.now - 2*int64(w.window))
+		// window begins: the controller's last moves may not have. With
+		// more holders than a transaction holds, its rounds go to the
+		// publishes written ahead, which begin a horizon later.
+		back := 2 * int64(w.window)
+		if per := w.cfg.MaxOps - 2; live > per {
+			rounds := 2 * int64((live+per-1)/per)
+			back += int64(w.cfg.Horizon) + rounds*int64(w.window)*3/8
+		}
+		limit = w.prov.leastSince(w.now - back)
 	}
 	if floor := limit - int64(live)*(limit/50+1); sum < floor {
 		w.fail("liveness: %v after the faults the grants of window %d add up to %d of the limit %d (at least %d wanted)", w.settle, k, sum, limit, floor)
