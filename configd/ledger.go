@@ -19,13 +19,14 @@ import (
 
 // ledgerRounds is the most rounds one publish of a ledger provider runs:
 // a publish to more holders than a transaction holds is staged over
-// several, and each round reads the ledger afresh.
+// several.
 const ledgerRounds = 8
 
 // publishLedger runs rounds of the provider's ledger toward the split of
 // its live instances (package round), each conditioned on leadership and
 // the config's revision besides the ledger's head, until one has nothing
-// to write. The ledger keeps the guarantee; the leader keeps no books.
+// to write. The ledger keeps the guarantee: the leader keeps no books,
+// and what its Publisher keeps of the ledger the head's revision checks.
 func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st *providerState, cfg schema.ProviderConfig) error {
 	now, tick := p.wall(), round.Tick(cfg.Window.D())
 	live := make([]schema.InstanceRecord, 0, len(st.instances))
