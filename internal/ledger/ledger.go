@@ -229,6 +229,29 @@ func (s *State) Allowance(holder string, era, k int64) int64 {
 	return t
 }
 
+// ReleaseCount returns the number of release records in s: one per step.
+func (s *State) ReleaseCount() int64 {
+	var n int64
+	for _, rs := range s.Releases {
+		n += int64(len(rs.Steps))
+	}
+	return n
+}
+
+// Allowances returns what each holder may admit in window k of era: its
+// Allowance, for every holder with one, in one pass over the grants.
+func (s *State) Allowances(era, k int64) map[string]int64 {
+	m := map[string]int64{}
+	for _, g := range s.Grants {
+		if p, ok := s.Pubs[g.Pub]; ok && p.Era == era {
+			if q := s.Effective(g, k); q != 0 {
+				m[g.Holder] += q
+			}
+		}
+	}
+	return m
+}
+
 // Profile returns what the grants of era add up to, as steps: the sum
 // is Limit from From until the next step's From; the last step is 0.
 func (s *State) Profile(era int64) []Step {

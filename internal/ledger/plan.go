@@ -532,8 +532,9 @@ func (pl *planner) topUp() {
 func (pl *planner) lack(k int64) map[string]int64 {
 	e := pl.cur()
 	need := map[string]int64{}
+	have := pl.t.Allowances(e.Seq, k)
 	for h, q := range pl.target {
-		if n := q - pl.t.Allowance(h, e.Seq, k); n > 0 {
+		if n := q - have[h]; n > 0 {
 			need[h] = n
 		}
 	}

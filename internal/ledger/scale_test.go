@@ -35,7 +35,8 @@ func steady(b *testing.B, n int) (*State, Policy, map[string]int64, int64) {
 }
 
 // The costs of one round at n holders: configd's Plan that extends a
-// publish, Audit over the whole ledger, and one holder's Next.
+// publish, and one that publishes and tops up a raise; Audit over the
+// whole ledger; and one holder's Next.
 func BenchmarkLedgerAtScale(b *testing.B) {
 	for _, n := range []int{1_000, 10_000, 100_000} {
 		s, p, target, k := steady(b, n)
@@ -46,6 +47,21 @@ func BenchmarkLedgerAtScale(b *testing.B) {
 					b.Fatal(err)
 				}
 				_ = c
+			}
+		})
+		// A raise: the open publish no longer matches, and the windows
+		// before the new one are topped up for every holder.
+		raised, more := p, make(map[string]int64, n)
+		raised.Limit *= 2
+		for h, q := range target {
+			more[h] = 2 * q
+		}
+		b.Run(fmt.Sprintf("PlanRaise/n=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				c, err := Plan(s, raised, more, StartOf(k, w))
+				if err != nil || len(c.Grants) == 0 {
+					b.Fatal(err, c.Why)
+				}
 			}
 		})
 		b.Run(fmt.Sprintf("Audit/n=%d", n), func(b *testing.B) {

@@ -75,7 +75,9 @@ func (pb *Publisher) Round(ctx context.Context, p ledger.Policy, target map[stri
 		return ch, err
 	}
 	for _, o := range ops {
-		_ = pb.keys.Decode(s, o.Key, o.Value) // Ops encoded it: it decodes
+		if pb.keys.Decode(s, o.Key, o.Value) != nil {
+			return ch, nil // written, not kept: the next round reads it all
+		}
 	}
 	pb.kept, pb.headMod = s, rev
 	return ch, nil
@@ -91,6 +93,7 @@ func (pb *Publisher) read(ctx context.Context) (*ledger.State, int64, error) {
 		resp, err := pb.kv.Txn(ctx).Then(
 			clientv3.OpGet(pb.keys.Head()),
 			clientv3.OpGet(pb.keys.AllReleases(), clientv3.WithPrefix(), clientv3.WithMinModRev(pb.readRev+1)),
+			clientv3.OpGet(pb.keys.AllReleases(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		).Commit()
 		if err != nil {
 			return nil, 0, fmt.Errorf("store: reading the ledger under %q: %w", string(pb.keys), err)
@@ -102,8 +105,13 @@ func (pb *Publisher) read(ctx context.Context) (*ledger.State, int64, error) {
 					return nil, 0, fmt.Errorf("store: a release under %q does not decode: %w", string(pb.keys), &RecordError{Key: string(kv.Key), Rev: kv.ModRevision, Err: err})
 				}
 			}
-			pb.readRev = resp.Header.Revision
-			return pb.kept.Clone(), pb.headMod, nil
+			// A release deleted by another (an instance's credentials may)
+			// is no write a read since shows, and it is room: with fewer
+			// releases stored than kept, read them all.
+			if resp.Responses[2].GetResponseRange().Count == pb.kept.ReleaseCount() {
+				pb.readRev = resp.Header.Revision
+				return pb.kept.Clone(), pb.headMod, nil
+			}
 		}
 	}
 	s, headMod, rev, bad, err := Read(ctx, pb.kv, pb.keys)
