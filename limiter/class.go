@@ -8,11 +8,19 @@ import (
 // MaxClasses is the most priority classes a Limiter serves.
 const MaxClasses = 8
 
-// Class is a priority class a Limiter serves (WithClasses): its name, and
-// the permits of every window kept for it, its reserve.
+// Class is a priority class a Limiter serves (WithClasses, SetClasses):
+// its name, and the permits of every window kept for it, its reserve.
+//
+// With Of 0, Reserve is a count of permits per window. With Of set, it is
+// a part of each window's quota: Reserve of every Of permits, rounded
+// down, so that the reserve follows the quota window by window.
+// cluster.Member sets Of to the provider's limit and Reserve to the
+// class's reserve of it: each instance keeps the part of its own quota
+// that the class's reserve is of the limit, whatever its quota becomes.
 type Class struct {
 	Name    string
 	Reserve int64
+	Of      int64
 }
 
 type classKey struct{}
@@ -54,9 +62,10 @@ func ClassOf(ctx context.Context) (string, bool) {
 // A Limiter with classes decides every call under its lock: the lock-free
 // hot path serves limiters without classes only. Names must be 1 to 32
 // lower-case letters, digits, '_' or '-', starting with a letter, and
-// unique; at most MaxClasses; reserves from 0 to MaxQuota. New returns an
-// error wrapping ErrInvalid otherwise, and so does NewMulti for any
-// classes: a Multi does not serve them yet.
+// unique; at most MaxClasses; reserves from 0 to MaxQuota, and at most Of
+// when Of is set. New returns an error wrapping ErrInvalid otherwise, and
+// so does NewMulti for any classes: a Multi does not serve them yet.
+// SetClasses changes them later.
 func WithClasses(cs ...Class) Option {
 	return optionFunc(func(cfg *config) { cfg.classes = append([]Class(nil), cs...) })
 }
@@ -78,6 +87,9 @@ func validateClasses(cs []Class) error {
 		if c.Reserve < 0 || c.Reserve > MaxQuota {
 			return fmt.Errorf("%w: class %q: a reserve is 0 to %d permits, got %d", ErrInvalid, c.Name, int64(MaxQuota), c.Reserve)
 		}
+		if c.Of < 0 || c.Of > MaxQuota || (c.Of > 0 && c.Reserve > c.Of) {
+			return fmt.Errorf("%w: class %q: a reserve of Of permits is 0 to Of, and Of 0 to %d, got %d of %d", ErrInvalid, c.Name, int64(MaxQuota), c.Reserve, c.Of)
+		}
 	}
 	return nil
 }
@@ -91,8 +103,8 @@ func validClassName(name string) bool {
 	return ok
 }
 
-// classes is what a Limiter with classes keeps of them. It never changes
-// after New.
+// classes is what a Limiter with classes keeps of them. A set never
+// changes once made: SetClasses replaces it whole.
 type classes struct {
 	list []Class
 	def  int // the class of a call that names none
@@ -111,6 +123,44 @@ func newClasses(cs []Class) *classes {
 	return c
 }
 
+// index returns the index of the class named name, or of the default
+// class if none is.
+func (c *classes) index(name string) int {
+	for i, x := range c.list {
+		if x.Name == name {
+			return i
+		}
+	}
+	return c.def
+}
+
+// reserve is what class i keeps of a window of quota q, before any cut.
+func (c *classes) reserve(i int, q int64) int64 {
+	x := c.list[i]
+	if x.Of > 0 {
+		return mulDiv(x.Reserve, q, x.Of) // Reserve ≤ Of: at most q
+	}
+	return x.Reserve
+}
+
+// reserves returns what each class keeps of a window of quota q: their
+// reserves, cut in proportion, rounded down, when they add up to more
+// than q.
+func (c *classes) reserves(q int64) []int64 {
+	out := make([]int64, len(c.list))
+	var sum int64
+	for i := range c.list {
+		out[i] = c.reserve(i, q)
+		sum += out[i] // ≤ MaxClasses·MaxQuota: no overflow
+	}
+	if sum > q {
+		for i := range out {
+			out[i] = mulDiv(out[i], q, sum)
+		}
+	}
+	return out
+}
+
 // of returns the index of the class ctx names; 0 for a Limiter without
 // classes, which has no use for it.
 func (c *classes) of(ctx context.Context) int {
@@ -118,11 +168,7 @@ func (c *classes) of(ctx context.Context) int {
 		return 0
 	}
 	if name, ok := ClassOf(ctx); ok {
-		for i, x := range c.list {
-			if x.Name == name {
-				return i
-			}
-		}
+		return c.index(name)
 	}
 	return c.def
 }
@@ -145,12 +191,12 @@ func (c *classes) limit(q int64, used []int64, cls int, n int64) int64 {
 		return q
 	}
 	var sum int64
-	for _, x := range c.list {
-		sum += x.Reserve // ≤ MaxClasses·MaxQuota: no overflow
+	for i := range c.list {
+		sum += c.reserve(i, q) // ≤ MaxClasses·MaxQuota: no overflow
 	}
 	var keep int64
-	for i, x := range c.list {
-		r := x.Reserve
+	for i := range c.list {
+		r := c.reserve(i, q)
 		if sum > q {
 			r = mulDiv(r, q, sum)
 		}
@@ -164,4 +210,174 @@ func (c *classes) limit(q int64, used []int64, cls int, n int64) int64 {
 		keep += max(0, r-u)
 	}
 	return q - keep
+}
+
+// SetClasses replaces the priority classes the Limiter serves, as
+// WithClasses sets them at New; none makes it a Limiter without classes,
+// whose hot path takes no lock again.
+//
+// What each class took of the current window stays counted for the class
+// of the same name, and so do its counters in Stats; what a class no
+// longer listed took is counted for the default class, as its calls now
+// are. When the Limiter had no classes, what the window admitted so far
+// is counted for the default class. Waiters not yet valid are placed
+// again under the new classes, highest class first, then in the order
+// they asked, as after any change of limits: one that no longer fits its
+// wait fails with ErrTimeout.
+//
+// It returns an error wrapping ErrInvalid for a list WithClasses refuses
+// or for a limit of a Multi, ErrClosed after Close; then nothing changes.
+func (l *Limiter) SetClasses(cs ...Class) error {
+	if err := validateClasses(cs); err != nil {
+		return err
+	}
+	if l.group != nil {
+		return fmt.Errorf("%w: a Multi does not serve priority classes", ErrInvalid)
+	}
+	cs = append([]Class(nil), cs...)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	now := l.now()
+	l.advanceLocked(now)
+	rs := l.unplaceLocked(now)
+	old, oldUsed, oldCounts := l.classes, l.curUsed, l.classCounts
+	nc := newClasses(cs)
+	// Every reservation left in the book is valid and in the current
+	// window, or waits in rs: map each to its class in nc while both
+	// lists are at hand.
+	remap := func(r *Reservation) { r.class, r.set = max(0, l.classOfLocked(r, nc)), nc }
+	for _, bw := range l.book {
+		bw.used = nil // future windows hold no reservation now
+		for r := range bw.res {
+			remap(r)
+		}
+	}
+	for _, r := range rs {
+		remap(r)
+	}
+	l.classes, l.curUsed, l.classCounts = nc, nil, nil
+	// The slow bit is set (or cleared) before the window's consumption
+	// is read below, so that no admission of the hot path falls between.
+	l.advanceLocked(now)
+	if nc != nil {
+		l.curUsed = make([]int64, len(cs))
+		l.classCounts = make([]classCount, len(cs))
+		if old == nil {
+			l.curUsed[nc.def] = l.consumedLocked()
+		}
+		for i, c := range old.names() {
+			j := nc.index(c)
+			l.curUsed[j] += oldUsed[i]
+			if nc.list[j].Name == c {
+				l.classCounts[j] = oldCounts[i]
+			}
+		}
+	}
+	sortReservations(rs)
+	l.replaceLocked(rs, now, 0)
+	return nil
+}
+
+// Classes returns the priority classes the Limiter serves, highest first;
+// none for a Limiter without classes.
+func (l *Limiter) Classes() []Class {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.classes == nil {
+		return nil
+	}
+	return append([]Class(nil), l.classes.list...)
+}
+
+// names returns the classes' names in order; none for nil.
+func (c *classes) names() []string {
+	if c == nil {
+		return nil
+	}
+	out := make([]string, len(c.list))
+	for i, x := range c.list {
+		out[i] = x.Name
+	}
+	return out
+}
+
+// classOfLocked returns the index in set of reservation r's class: its
+// own when r was made under set, else the class of the same name, or
+// set's default class (for a name set does not list, or a reservation
+// made without classes); -1 when set is nil.
+func (l *Limiter) classOfLocked(r *Reservation, set *classes) int {
+	switch {
+	case set == nil:
+		return -1
+	case r.set == set:
+		return r.class
+	case r.set == nil:
+		return set.def
+	}
+	return set.index(r.set.list[r.class].Name)
+}
+
+// classCount is what Stats counts of one class beyond the current
+// window; guarded by mu.
+type classCount struct {
+	closed   int64 // permits its windows already closed took
+	shadow   int64 // permits shadow mode admitted beyond the quota
+	refused  int64 // TryAcquire refusals and timeouts
+	canceled int64
+}
+
+// countClassLocked adds to the counters of class cls: refused and
+// canceled permits, or those shadow mode admitted. It does nothing
+// without classes.
+func (l *Limiter) countClassLocked(cls int, refused, canceled, shadow int64) {
+	if l.classes == nil || cls < 0 {
+		return
+	}
+	c := &l.classCounts[cls]
+	c.refused += refused
+	c.canceled += canceled
+	c.shadow += shadow
+}
+
+// ClassStats is what Stats says of one priority class. Counters count
+// permits since the class was first listed, as Stats' do; SetClasses
+// keeps them for a class whose name stays.
+type ClassStats struct {
+	Name string
+	// Reserve is what the current window keeps for the class, cut in
+	// proportion when the reserves add up to more than its quota, and
+	// Used what the class took of it, promised permits included.
+	Reserve, Used int64
+	// Admitted is the permits of the class granted, as Stats.Admitted
+	// counts them (shadow mode's admissions included); Refused those
+	// TryAcquire refused or that timed out; Canceled those given back.
+	Admitted, Refused, Canceled int64
+	// WaitingPermits is the permits of its waiters not yet valid.
+	WaitingPermits int64
+}
+
+// classStatsLocked fills st.Classes; pending[i] is what class i's
+// reservations in the current window have not yet made valid, and
+// waiting[i] its waiters' permits.
+func (l *Limiter) classStatsLocked(st *Stats, pending, waiting []int64) {
+	if l.classes == nil {
+		return
+	}
+	res := l.classes.reserves(max(0, l.cur.quota))
+	st.Classes = make([]ClassStats, len(l.classes.list))
+	for i, c := range l.classes.list {
+		k := l.classCounts[i]
+		st.Classes[i] = ClassStats{
+			Name:           c.Name,
+			Reserve:        res[i],
+			Used:           l.curUsed[i],
+			Admitted:       k.closed + l.curUsed[i] - pending[i] + k.shadow,
+			Refused:        k.refused,
+			Canceled:       k.canceled,
+			WaitingPermits: waiting[i],
+		}
+	}
 }

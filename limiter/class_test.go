@@ -278,3 +278,239 @@ func classHistory(t *testing.T, seed uint64) (ok bool) {
 	})
 	return ok
 }
+
+func classStats(t *testing.T, l *Limiter) map[string]ClassStats {
+	t.Helper()
+	out := map[string]ClassStats{}
+	for _, c := range l.Stats().Classes {
+		out[c.Name] = c
+	}
+	return out
+}
+
+func TestSetClassesRefusesBadLists(t *testing.T) {
+	l, err := New(10, time.Second, WithClasses(Class{Name: "a", Reserve: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cs := range [][]Class{
+		{{Name: "A"}}, {{Name: "a"}, {Name: "a"}}, {{Name: "a", Reserve: -1}},
+		{{Name: "a", Reserve: 3, Of: 2}}, {{Name: "a", Of: -1}}, {{Name: "a", Of: MaxQuota + 1}},
+	} {
+		if err := l.SetClasses(cs...); !errors.Is(err, ErrInvalid) {
+			t.Errorf("SetClasses(%v) = %v, want ErrInvalid", cs, err)
+		}
+	}
+	if got := l.Classes(); len(got) != 1 || got[0] != (Class{Name: "a", Reserve: 2}) {
+		t.Errorf("classes after refusals = %v, want a=2 unchanged", got)
+	}
+	m, err := NewMulti([]Limit{{Quota: 10, Window: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Limiter(0).SetClasses(Class{Name: "a"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("SetClasses on a Multi's limit = %v, want ErrInvalid", err)
+	}
+	l.Close()
+	if err := l.SetClasses(); !errors.Is(err, ErrClosed) {
+		t.Errorf("SetClasses after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestSetClassesKeepsWhatEachClassUsed: batch took 4 of the window under
+// critical=6; with critical=3, batch's 4 still count, so it takes 3 more,
+// and a class no longer listed hands what it took to the default class.
+func TestSetClassesKeepsWhatEachClassUsed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := New(10, time.Second, WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		batch, critical := WithClass(t.Context(), "batch"), WithClass(t.Context(), "critical")
+		for l.Acquire(batch, 0) == nil {
+		}
+		if err := l.Acquire(critical, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetClasses(Class{Name: "critical", Reserve: 3}, Class{Name: "batch"}); err != nil {
+			t.Fatal(err)
+		}
+		var more int
+		for l.Acquire(batch, 0) == nil {
+			more++
+		}
+		if more != 3 {
+			t.Errorf("batch took %d more after critical's reserve went to 3, want 3", more)
+		}
+		got := classStats(t, l)
+		if c := got["critical"]; c.Used != 1 || c.Reserve != 3 || c.Admitted != 1 {
+			t.Errorf("critical = %+v, want used 1 of a reserve of 3, admitted 1", c)
+		}
+		if b := got["batch"]; b.Used != 7 || b.Admitted != 7 || b.Refused != 2 {
+			t.Errorf("batch = %+v, want used and admitted 7, refused 2", b)
+		}
+		// batch goes: its 7 are the default class's now.
+		if err := l.SetClasses(Class{Name: "critical", Reserve: 3}, Class{Name: "default"}); err != nil {
+			t.Fatal(err)
+		}
+		got = classStats(t, l)
+		if d := got["default"]; d.Used != 7 || d.Refused != 0 {
+			t.Errorf("default = %+v, want batch's 7 used, no counters carried", d)
+		}
+		if c := got["critical"]; c.Used != 1 || c.Admitted != 1 {
+			t.Errorf("critical = %+v after the second change, want used and admitted 1", c)
+		}
+		for range 2 {
+			if err := l.Acquire(critical, 0); err != nil {
+				t.Fatalf("critical within its reserve: %v", err)
+			}
+		}
+		if l.TryAcquire() {
+			t.Error("the window is full, and TryAcquire took a permit")
+		}
+	})
+}
+
+// TestSetClassesFromNone: what a limiter without classes admitted is the
+// default class's; the hot path stops, reserves hold, and without classes
+// again the hot path takes over.
+func TestSetClassesFromNone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := New(10, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for range 3 {
+			if !l.TryAcquire() {
+				t.Fatal("TryAcquire refused below the quota")
+			}
+		}
+		if err := l.SetClasses(Class{Name: "critical", Reserve: 5}, Class{Name: "default"}); err != nil {
+			t.Fatal(err)
+		}
+		if d := classStats(t, l)["default"]; d.Used != 3 || d.Admitted != 3 {
+			t.Errorf("default = %+v, want the 3 admitted before classes", d)
+		}
+		var more int
+		for l.TryAcquire() {
+			more++
+		}
+		if more != 2 {
+			t.Errorf("TryAcquire took %d more, want 2: 5 are critical's", more)
+		}
+		if l.state.Load()&slowBit == 0 {
+			t.Error("a limiter with classes left the hot path open")
+		}
+		if err := l.SetClasses(); err != nil {
+			t.Fatal(err)
+		}
+		if st := l.Stats(); st.Classes != nil || st.Remaining != 5 {
+			t.Errorf("without classes: classes %v, remaining %d, want none and 5", st.Classes, st.Remaining)
+		}
+		if l.state.Load()&slowBit != 0 {
+			t.Error("a limiter without classes again kept the hot path shut")
+		}
+		if !l.fast(1) {
+			t.Error("the hot path refused a permit the window has")
+		}
+	})
+}
+
+// TestSetClassesMovesWaiters: waiters of a class that goes are the
+// default class's, placed again behind a class now higher.
+func TestSetClassesMovesWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := New(1, time.Second, WithClasses(Class{Name: "a"}, Class{Name: "b"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		a, b := WithClass(t.Context(), "a"), WithClass(t.Context(), "b")
+		for l.Acquire(a, 0) == nil {
+		}
+		start := time.Now()
+		at := map[string]time.Duration{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		acquire := func(ctx context.Context, name string) {
+			wg.Go(func() {
+				if err := l.Acquire(ctx, 10*time.Second); err != nil {
+					t.Errorf("%s: %v", name, err)
+				}
+				mu.Lock()
+				at[name] = time.Since(start)
+				mu.Unlock()
+			})
+			synctest.Wait()
+		}
+		acquire(a, "a")
+		acquire(b, "b")
+		// b is now the highest class: placed ahead of a's waiter.
+		if err := l.SetClasses(Class{Name: "b"}, Class{Name: "a"}); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if at["b"] != time.Second || at["a"] != 2*time.Second {
+			t.Errorf("admitted at %v, want b after 1s and a after 2s", at)
+		}
+		st := classStats(t, l)
+		if st["a"].Admitted != 2 || st["b"].Admitted != 1 {
+			t.Errorf("classes %+v, want a admitted 2, b 1", st)
+		}
+	})
+}
+
+// TestClassReserveOfQuota: a reserve with Of follows the quota window by
+// window.
+func TestClassReserveOfQuota(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := New(10, time.Second, WithClasses(Class{Name: "critical", Reserve: 600, Of: 1000}, Class{Name: "batch"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		batch := WithClass(t.Context(), "batch")
+		count := func() (n int) {
+			for l.Acquire(batch, 0) == nil {
+				n++
+			}
+			return n
+		}
+		if n := count(); n != 4 {
+			t.Errorf("batch took %d of 10, want 4: 60%% is critical's", n)
+		}
+		if err := l.SetQuota(50, time.Now().Add(time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if n := count(); n != 20 {
+			t.Errorf("batch took %d of 50, want 20", n)
+		}
+		if c := classStats(t, l)["critical"]; c.Reserve != 30 {
+			t.Errorf("critical's reserve of 50 = %d, want 30", c.Reserve)
+		}
+	})
+}
+
+// TestReserveCancelCountsItsClass: a Reserve taken at once and cancelled
+// gives its permits back to its own class, not to the highest.
+func TestReserveCancelCountsItsClass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := New(10, time.Second, WithClasses(Class{Name: "critical", Reserve: 4}, Class{Name: "batch"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		r, err := l.Reserve(2, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Cancel()
+		st := classStats(t, l)
+		if st["critical"].Used != 0 || st["batch"].Used != 0 || st["batch"].Canceled != 2 {
+			t.Errorf("after Cancel: %+v, want nothing used, batch canceled 2", st)
+		}
+	})
+}

@@ -72,14 +72,10 @@ type Limiter struct {
 	shadow  atomic.Bool
 	wakeups atomic.Int64 // times a waiter woke, for tests of herd behaviour
 
-	base  time.Time // monotonic anchor of the system clock
-	clock Clock     // nil: the system clock through base
-	group *Multi    // the Multi this is a limit of, if any (see lockChange)
-	// classes are the priority classes served (WithClasses); nil: none,
-	// and then every call is alike and the hot path serves it.
-	classes *classes
-
-	mu sync.Mutex // guards the fields below, and every change of the window
+	base  time.Time  // monotonic anchor of the system clock
+	clock Clock      // nil: the system clock through base
+	group *Multi     // the Multi this is a limit of, if any (see lockChange)
+	mu    sync.Mutex // guards the fields below, and every change of the window
 	// in the state word
 
 	sched        schedule
@@ -95,10 +91,14 @@ type Limiter struct {
 	backoffUntil int64
 	closed       bool
 	counts       counts
+	// classes are the priority classes served (WithClasses, SetClasses);
+	// nil: none, and then every call is alike and the hot path serves it.
+	classes *classes
 	// curUsed is what each class took of the current window, promised
 	// permits included; nil without classes. A future window's is in its
 	// book entry.
-	curUsed []int64
+	curUsed     []int64
+	classCounts []classCount // by class; nil without classes
 
 	fb feedback // what the provider's answers said (Observe)
 }
@@ -146,6 +146,7 @@ func New(quota int64, window time.Duration, opts ...Option) (*Limiter, error) {
 	}
 	if l.classes != nil {
 		l.curUsed = make([]int64, len(cfg.classes))
+		l.classCounts = make([]classCount, len(cfg.classes))
 	}
 	l.shadow.Store(cfg.shadow)
 	l.base = time.Now()
@@ -274,9 +275,11 @@ func (l *Limiter) trySlow(n int64, shadow bool) (seq uint64, charged, ok bool) {
 	}
 	if shadow && l.shadow.Load() {
 		l.counts.shadow(shadowRejected, n)
+		l.countClassLocked(l.classes.defaultClass(), 0, 0, n)
 		return 0, false, true
 	}
 	l.counts.rejected += n
+	l.countClassLocked(l.classes.defaultClass(), n, 0, 0)
 	return 0, false, false
 }
 
@@ -309,11 +312,17 @@ func (l *Limiter) roll(now int64) {
 	old := l.cur
 	l.cur = l.spanLocked(now)
 	var charged, next int64
+	for i, u := range l.curUsed {
+		l.classCounts[i].closed += u
+	}
 	clear(l.curUsed)
 	for start, bw := range l.book {
 		switch {
 		case start < l.cur.start:
 			l.counts.closedConsumed += bw.charged
+			for i, u := range bw.used {
+				l.classCounts[i].closed += u
+			}
 			delete(l.book, start)
 		case start == l.cur.start:
 			charged, next = bw.charged, bw.next
@@ -429,7 +438,7 @@ func (l *Limiter) Acquire(ctx context.Context, maxWait time.Duration) error {
 func (l *Limiter) AcquireN(ctx context.Context, n int64, maxWait time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		err = canceledError(err)
-		l.countEnded(n, err)
+		l.countEnded(ctx, n, err)
 		return err
 	}
 	if l.fast(n) {
@@ -447,16 +456,19 @@ func (l *Limiter) AcquireN(ctx context.Context, n int64, maxWait time.Duration) 
 // the same call ended a moment later (found by the limiter's oracle: an
 // AcquireN whose deadline had passed returned ErrTimeout and counted
 // nothing, seed 2952617324307874818).
-func (l *Limiter) countEnded(n int64, err error) {
+func (l *Limiter) countEnded(ctx context.Context, n int64, err error) {
 	if ValidateQuota(n) != nil || n == 0 {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	cls := l.classes.of(ctx)
 	if errors.Is(err, ErrTimeout) {
 		l.counts.timedOut += n
+		l.countClassLocked(cls, n, 0, 0)
 	} else {
 		l.counts.canceled += n
+		l.countClassLocked(cls, 0, n, 0)
 	}
 }
 

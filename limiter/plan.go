@@ -50,7 +50,7 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 		if wait {
 			return nil, nil
 		}
-		return &Reservation{l: l, n: n, win: l.cur.start, due: now, state: resDone}, nil
+		return &Reservation{l: l, n: n, class: cls, set: l.classes, win: l.cur.start, due: now, state: resDone}, nil
 	}
 	deadline := addClamped(now, max(maxWait, 0))
 	if d, ok := ctx.Deadline(); ok {
@@ -64,13 +64,14 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 			kind = shadowDelayed
 		}
 		l.counts.shadow(kind, n)
+		l.countClassLocked(cls, 0, 0, n)
 		if wait {
 			return nil, nil
 		}
-		return &Reservation{l: l, n: n, win: math.MinInt64, due: now, state: resDone, shadow: kind}, nil
+		return &Reservation{l: l, n: n, class: cls, set: l.classes, win: math.MinInt64, due: now, state: resDone, shadow: kind}, nil
 	}
 	r := l.newReservation(n, now, deadline, !wait)
-	r.class = cls
+	r.class, r.set = cls, l.classes
 	bumped := l.unplaceBelowLocked(cls, now)
 	_, err := l.placeLocked(n, now, deadline, math.MinInt64, r, cls)
 	if bumped != nil {
@@ -85,9 +86,11 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, w
 		return r, nil
 	case err == ErrNoQuota:
 		l.counts.timedOut += n
+		l.countClassLocked(cls, n, 0, 0)
 		return nil, fmt.Errorf("%w: %w: %s", ErrTimeout, ErrNoQuota, l.noQuotaLocked(n, "is"))
 	}
 	l.counts.timedOut += n
+	l.countClassLocked(cls, n, 0, 0)
 	return nil, fmt.Errorf("%w: %d permits not available within %v", ErrTimeout, n, time.Duration(deadline-now))
 }
 
@@ -287,16 +290,17 @@ func (l *Limiter) releaseLocked(r *Reservation) {
 	if bw != nil {
 		delete(bw.res, r)
 	}
+	cls := l.classOfLocked(r, l.classes)
 	switch {
 	case r.win == l.cur.start:
 		l.addRemainingLocked(r.n)
 		if l.curUsed != nil {
-			l.curUsed[r.class] -= r.n
+			l.curUsed[cls] -= r.n
 		}
 	case r.win > l.cur.start && bw != nil:
 		bw.charged -= r.n
 		if bw.used != nil {
-			bw.used[r.class] -= r.n
+			bw.used[cls] -= r.n
 		}
 		l.scanFrom = min(l.scanFrom, r.win)
 	}
@@ -415,6 +419,7 @@ func (l *Limiter) replaceLocked(rs []*Reservation, now, shift int64) {
 				r.err = fmt.Errorf("%w: %w", ErrTimeout, ErrNoQuota)
 			}
 			l.counts.timedOut += r.n
+			l.countClassLocked(r.class, r.n, 0, 0)
 		}
 		r.poke()
 	}

@@ -38,9 +38,10 @@ const (
 type Reservation struct {
 	l     *Limiter
 	n     int64
-	seq   uint64 // order of making
-	class int    // priority class, 0 the highest (WithClasses)
-	asked int64  // corrected ns at which it was made
+	seq   uint64   // order of making
+	class int      // priority class, 0 the highest (WithClasses), in set
+	set   *classes // the classes in force when class was last set; guarded by l.mu
+	asked int64    // corrected ns at which it was made
 
 	// Guarded by l.mu.
 	deadline int64
@@ -137,12 +138,18 @@ func (r *Reservation) cancelLocked() {
 			// Its window has closed: the permits cannot go back to it,
 			// but they were not used either.
 			l.counts.closedConsumed -= r.n
+			if cls := l.classOfLocked(r, l.classes); cls >= 0 {
+				l.classCounts[cls].closed -= r.n
+			}
 		}
 	}
 	r.state = resCanceled
 	l.counts.canceled += r.n
+	cls := l.classOfLocked(r, l.classes)
+	l.countClassLocked(cls, 0, r.n, 0)
 	if r.shadow != shadowNone {
 		l.counts.shadow(r.shadow, -r.n) // the holder did not use what shadow mode admitted
+		l.countClassLocked(cls, 0, 0, -r.n)
 	}
 }
 
@@ -179,6 +186,7 @@ func (r *Reservation) Wait(ctx context.Context) error {
 				r.cancelLocked()
 				l.counts.canceled -= r.n
 				l.counts.timedOut += r.n
+				l.countClassLocked(l.classOfLocked(r, l.classes), r.n, -r.n, 0)
 				err := fmt.Errorf("%w: %w: %s", ErrTimeout, ErrNoQuota, l.noQuotaLocked(r.n, "stayed"))
 				l.mu.Unlock()
 				return err
@@ -223,6 +231,7 @@ func (r *Reservation) Wait(ctx context.Context) error {
 				// Its deadline passed: a timeout, as the error says.
 				l.counts.canceled -= r.n
 				l.counts.timedOut += r.n
+				l.countClassLocked(l.classOfLocked(r, l.classes), r.n, -r.n, 0)
 			}
 			l.mu.Unlock()
 			return err

@@ -128,6 +128,10 @@ type Stats struct {
 	// delimit the provider's windows.
 	ProviderRemaining int64
 	ProviderWindowEnd time.Time
+
+	// Classes is what each priority class the Limiter serves took and was
+	// refused, highest class first; nil without classes (see WithClasses).
+	Classes []ClassStats
 }
 
 // Stats returns a snapshot of the Limiter's counters and settings.
@@ -140,13 +144,24 @@ func (l *Limiter) Stats() Stats {
 	}
 	var waiting int
 	var waitingN, pendingCur int64
+	var clsPending, clsWaiting []int64
+	if l.classes != nil {
+		clsPending, clsWaiting = make([]int64, len(l.curUsed)), make([]int64, len(l.curUsed))
+	}
 	for start, bw := range l.book {
 		for r := range bw.res {
 			if r.due > now && r.state == resPending {
 				waiting++
 				waitingN += r.n
+				cls := l.classOfLocked(r, l.classes)
+				if cls >= 0 {
+					clsWaiting[cls] += r.n
+				}
 				if start == l.cur.start {
 					pendingCur += r.n
+					if cls >= 0 {
+						clsPending[cls] += r.n
+					}
 				}
 			}
 		}
@@ -154,6 +169,9 @@ func (l *Limiter) Stats() Stats {
 	for _, r := range l.noQuota {
 		waiting++
 		waitingN += r.n
+		if cls := l.classOfLocked(r, l.classes); cls >= 0 {
+			clsWaiting[cls] += r.n
+		}
 	}
 	c := l.counts
 	st := Stats{
@@ -189,5 +207,6 @@ func (l *Limiter) Stats() Stats {
 		st.BackoffUntil = time.Unix(0, l.backoffUntil)
 	}
 	l.fb.fill(&st, now)
+	l.classStatsLocked(&st, clsPending, clsWaiting)
 	return st
 }
