@@ -565,11 +565,13 @@ func (f *facts) collectMetrics(t *testing.T) {
 	for _, fam := range fams {
 		add(fam.GetName(), fam.GetType().String() == "HISTOGRAM")
 	}
-	for _, o := range metrics.Outcomes {
+	for _, o := range append(metrics.Outcomes, metrics.ClassOutcomes...) {
 		f.labelValues["outcome"][o] = true
 	}
 	descs := make(chan *prometheus.Desc, 64)
 	cluster.NewCollector(nil, nil).Describe(descs)
+	// The per-class metrics show only on a limiter with classes.
+	metrics.New(lim, nil).Describe(descs)
 	close(descs)
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for d := range descs {

@@ -38,10 +38,20 @@ const (
 	ClockOffset    = "clock_offset_seconds"      // gauge
 	Shadow         = "shadow_mode"               // gauge 0/1
 	BackoffSeconds = "backoff_remaining_seconds" // gauge
+
+	// Per priority class (limiter.WithClasses), label class; none for a
+	// limiter without classes.
+	ClassPermitsTotal = "class_permits_total"   // counter, labels class and outcome (ClassOutcomes)
+	ClassReserve      = "class_reserve_permits" // gauge: what the current window keeps for the class
+	ClassUsed         = "class_used_permits"    // gauge: what the class took of the current window
 )
 
 // Outcomes are the values of the outcome label of PermitsTotal.
 var Outcomes = []string{"admitted", "delayed", "rejected", "timed_out", "canceled", "shadow_delayed", "shadow_rejected", "wasted"}
+
+// ClassOutcomes are the values of the outcome label of ClassPermitsTotal:
+// admitted, refused (TryAcquire refused, or timed out) and canceled.
+var ClassOutcomes = []string{"admitted", "refused", "canceled"}
 
 // New returns a Collector for lim whose metrics carry the constant labels
 // given (for example the provider and instance).
@@ -59,6 +69,10 @@ func New(lim *limiter.Limiter, labels prometheus.Labels) *Collector {
 		ClockOffset:    d(ClockOffset, "Correction added to the clock (NTP offset)."),
 		Shadow:         d(Shadow, "1 in shadow mode (admit everything, count what would be refused), else 0."),
 		BackoffSeconds: d(BackoffSeconds, "Time left of a provider-requested backoff; 0 if none."),
+
+		ClassPermitsTotal: d(ClassPermitsTotal, "Permits of a priority class by outcome: admitted, refused (TryAcquire refused, or timed out), canceled.", "class", "outcome"),
+		ClassReserve:      d(ClassReserve, "Permits the current window keeps for a priority class (its reserve, scaled to the quota).", "class"),
+		ClassUsed:         d(ClassUsed, "Permits a priority class took of the current window, promised ones included.", "class"),
 	}}
 }
 
@@ -118,4 +132,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		backoff = max(0, st.BackoffUntil.Sub(c.lim.Now()).Seconds())
 	}
 	gauge(BackoffSeconds, backoff)
+
+	for _, cs := range st.Classes {
+		for outcome, v := range map[string]int64{"admitted": cs.Admitted, "refused": cs.Refused, "canceled": cs.Canceled} {
+			ch <- prometheus.MustNewConstMetric(c.descs[ClassPermitsTotal], prometheus.CounterValue, float64(v), cs.Name, outcome)
+		}
+		ch <- prometheus.MustNewConstMetric(c.descs[ClassReserve], prometheus.GaugeValue, float64(cs.Reserve), cs.Name)
+		ch <- prometheus.MustNewConstMetric(c.descs[ClassUsed], prometheus.GaugeValue, float64(cs.Used), cs.Name)
+	}
 }

@@ -82,3 +82,40 @@ sluice_limiter_wait_seconds_count{provider="api"} 1
 		}
 	})
 }
+
+func TestCollectorReportsClasses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim, err := limiter.New(10, time.Second, limiter.WithClasses(limiter.Class{Name: "critical", Reserve: 6}, limiter.Class{Name: "batch"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lim.Close()
+		reg := prometheus.NewPedanticRegistry()
+		if err := metrics.Register(reg, lim, prometheus.Labels{"provider": "api"}); err != nil {
+			t.Fatal(err)
+		}
+		for lim.TryAcquire() {
+		}
+		want := `
+# HELP sluice_limiter_class_permits_total Permits of a priority class by outcome: admitted, refused (TryAcquire refused, or timed out), canceled.
+# TYPE sluice_limiter_class_permits_total counter
+sluice_limiter_class_permits_total{class="batch",outcome="admitted",provider="api"} 4
+sluice_limiter_class_permits_total{class="batch",outcome="canceled",provider="api"} 0
+sluice_limiter_class_permits_total{class="batch",outcome="refused",provider="api"} 1
+sluice_limiter_class_permits_total{class="critical",outcome="admitted",provider="api"} 0
+sluice_limiter_class_permits_total{class="critical",outcome="canceled",provider="api"} 0
+sluice_limiter_class_permits_total{class="critical",outcome="refused",provider="api"} 0
+# HELP sluice_limiter_class_reserve_permits Permits the current window keeps for a priority class (its reserve, scaled to the quota).
+# TYPE sluice_limiter_class_reserve_permits gauge
+sluice_limiter_class_reserve_permits{class="batch",provider="api"} 0
+sluice_limiter_class_reserve_permits{class="critical",provider="api"} 6
+# HELP sluice_limiter_class_used_permits Permits a priority class took of the current window, promised ones included.
+# TYPE sluice_limiter_class_used_permits gauge
+sluice_limiter_class_used_permits{class="batch",provider="api"} 4
+sluice_limiter_class_used_permits{class="critical",provider="api"} 0
+`
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_limiter_class_permits_total", "sluice_limiter_class_reserve_permits", "sluice_limiter_class_used_permits"); err != nil {
+			t.Error(err)
+		}
+	})
+}
