@@ -82,6 +82,8 @@ func FuzzDecodeInstanceRecord(f *testing.F) {
 		`{"id":"a","applied_generation":4,"applied_from":1795316940000000000}`, `{"id":"a","applied_from":-1}`, `{"id":"a","reads_common":true,"reads_unmoved":true}`,
 		`{"id":"x"}`, `{"id":"x","clock_offset":5}`, `{"id":"x","started":"yesterday"}`, `{"id":"../x"}`, `{}`, `1`,
 		`{"id":"x","id":"y"}`, `{"id":"x","ID":"y"}`, `{"Id":"x"}`, `{"id":"x","demand":1,"Demand":-1}`,
+		`{"id":"x","class_demand":{"critical":40,"batch":900}}`, `{"id":"x","class_demand":{"a":1,"a":2}}`,
+		`{"id":"x","class_demand":{"Critical":1}}`, `{"id":"x","class_demand":{"a":-1}}`, `{"id":"x","class_demand":[]}`,
 	} {
 		f.Add([]byte(s))
 	}

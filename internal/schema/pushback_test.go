@@ -2,6 +2,7 @@ package schema
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ func TestInstanceRecordPushback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != rec {
+	if !reflect.DeepEqual(got, rec) {
 		t.Errorf("round trip: got %+v, want %+v", got, rec)
 	}
 	bad := rec

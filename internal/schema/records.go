@@ -431,6 +431,14 @@ type InstanceRecord struct {
 	// configd replica is alive, if it has the least ID of those that say
 	// so: etcd lets it write the ledger's grants, as far as it knows.
 	StandsIn bool `json:"stands_in,omitempty"`
+	// ClassDemand is the instance's demand by priority class (see
+	// ProviderConfig.Classes): permits per window each class wants,
+	// smoothed as Demand is, by class name; at most MaxClasses of them.
+	// Written only while the instance serves the provider's classes, so
+	// that a configd of an older release, which refuses a field it does
+	// not know, reads the records of a provider without classes. configd
+	// does not allocate by it yet.
+	ClassDemand map[string]int64 `json:"class_demand,omitempty"`
 }
 
 // Sources of the quota an instance enforces (InstanceRecord.Source).
@@ -479,6 +487,16 @@ func (r InstanceRecord) Validate() error {
 		return invalid("remaining", r.Remaining, ErrInvalidField)
 	case r.Holder != "" && !validHolder(r.ID, r.Holder):
 		return invalid("holder", r.Holder, fmt.Errorf("%w: holder must be the id, a dot and 1 to 32 letters or digits", ErrInvalidField))
+	case len(r.ClassDemand) > MaxClasses:
+		return invalid("class_demand", fmt.Sprintf("%d classes", len(r.ClassDemand)), fmt.Errorf("%w: at most %d classes", ErrInvalidField, MaxClasses))
+	}
+	for _, name := range slices.Sorted(maps.Keys(r.ClassDemand)) {
+		if err := ValidateClassName(name); err != nil {
+			return invalid("class_demand", name, ErrInvalidClassName)
+		}
+		if d := r.ClassDemand[name]; d < 0 || d > MaxLimit {
+			return invalid("class_demand."+name, d, ErrInvalidField)
+		}
 	}
 	return nil
 }

@@ -398,7 +398,7 @@ func TestRoundTrip(t *testing.T) {
 	}
 	r2, err := DecodeInstanceRecord(b)
 	r.Version = Version
-	if err != nil || r2 != r {
+	if err != nil || !reflect.DeepEqual(r2, r) {
 		t.Errorf("instance round trip: %+v, %v", r2, err)
 	}
 
