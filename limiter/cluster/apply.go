@@ -18,6 +18,9 @@ import (
 // leader, it is total / live instances, from the first window boundary at
 // least the change margin ahead. Without a provider config, the fallback.
 func (m *Member) apply(v *view, ap *applied) bool {
+	if v.config != nil {
+		m.applyClasses(v.config)
+	}
 	if v.config != nil && v.config.Ledger() {
 		// The ledger's Follower sets the limiter (followLedger): the
 		// shares' rules neither apply nor count here.

@@ -62,6 +62,17 @@
 // Status.AdmitsUntil, and the Member registers again by itself, with a new
 // lease, when etcd is back.
 //
+// A provider's priority classes (schema.ProviderConfig.Classes) are the
+// limiter's as soon as the Member reads the config, under the shares and
+// the ledger alike: each reserve is the part of every window's quota that
+// the class's reserve is of the limit (limiter.Class.Of), so it follows
+// the quota wherever it comes from, and the instances' reserves add up to
+// at most the class's. A config without classes leaves the limiter none,
+// except those it was made with (limiter.WithClasses) if the Member never
+// set any. The instance record reports the demand of each class
+// (ClassDemand), smoothed as the total's. A budget's Member and a Group
+// apply no classes.
+//
 // Fail-static has a horizon, so that it never overlaps with the share
 // being handed to others: every lease renewal sets the limiter's expiry
 // (limiter.SetExpiry) to the time the renewal was sent plus the lease TTL —

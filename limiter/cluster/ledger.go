@@ -135,8 +135,12 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound
 		return fmt.Errorf("cluster: reading the config: %w", err)
 	}
 	for _, kv := range cur.Kvs {
-		if c, err := schema.DecodeProviderConfig(kv.Value); err == nil && !c.Ledger() {
+		c, err := schema.DecodeProviderConfig(kv.Value)
+		if err == nil && !c.Ledger() {
 			return errShares
+		}
+		if err == nil {
+			m.applyClasses(&c)
 		}
 	}
 	cfgs := m.cli.Watch(clientv3.WithRequireLeader(sctx), m.keys.Config(m.provider), clientv3.WithRev(cur.Header.Revision+1))
@@ -194,8 +198,12 @@ func (m *Member) configEvents(wr clientv3.WatchResponse, ok bool) error {
 		if ev.Type != clientv3.EventTypePut {
 			continue
 		}
-		if c, err := schema.DecodeProviderConfig(ev.Kv.Value); err == nil && !c.Ledger() {
+		c, err := schema.DecodeProviderConfig(ev.Kv.Value)
+		if err == nil && !c.Ledger() {
 			return errShares
+		}
+		if err == nil {
+			m.applyClasses(&c)
 		}
 	}
 	return nil

@@ -72,7 +72,12 @@ type Member struct {
 	// its own length: see apply.
 	enforcedShare *schema.ShareRecord
 	evenMarked    bool
-	noMarks       sync.Once // warned that the even-split confirmation may not be written
+	// classes are the limiter classes the Member last gave its limiter
+	// from the config (applyClasses), if classesSet; owned by the run
+	// goroutine.
+	classes    []limiter.Class
+	classesSet bool
+	noMarks    sync.Once // warned that the even-split confirmation may not be written
 	// budget is a budget lane's state (options.budget), owned by the run
 	// goroutine; nil for a Member of shares.
 	budget *budget

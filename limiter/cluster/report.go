@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"reflect"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/schema"
+	"github.com/sluice-go/sluice/limiter"
 )
 
 // reporter holds what the last record write said, to write again only on a
@@ -24,6 +26,10 @@ type reporter struct {
 	lastAsked int64
 	lastAt    time.Time
 	demand    float64
+	// classAsked and classDemand are lastAsked and demand by priority
+	// class, for the classes the Member gave its limiter.
+	classAsked  map[string]int64
+	classDemand map[string]float64
 	// failStatic is the fail_static the limiter's expiry counts with now,
 	// reported so that configd holds a lapsed share at least as long.
 	failStatic time.Duration
@@ -58,9 +64,11 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 				// Smoothed, with the queue that waits added, so a backlog
 				// weighs even when admissions are capped at the share.
 				rep.demand = follow.Smooth(rep.demand, perWindow)
+				m.sampleClasses(rep, st.Classes, float64(w)/float64(elapsed))
 			}
 		}
 		rep.lastAsked, rep.lastAt = asked, now
+		rep.classAsked = classAsked(st.Classes, m.classesSet && len(m.classes) > 0)
 	}
 	demand := int64(math.Round(rep.demand)) + st.WaitingPermits
 	m.setStatus(func(s *Status) { s.Demand = demand })
@@ -89,6 +97,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		Remaining:         st.ProviderRemaining,
 		Holder:            m.holder,
 		StandsIn:          m.holder != "" && !m.noStandIn,
+		ClassDemand:       classDemand(rep, st.Classes),
 	}
 	if !st.RetryUntil.IsZero() {
 		rec.RetryUntil = st.RetryUntil.UTC()
@@ -96,7 +105,8 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 	if !st.ProviderWindowEnd.IsZero() {
 		rec.RemainingAt = st.ProviderWindowEnd.UTC()
 	}
-	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) {
+	if !force && rep.haveWrite && !follow.Due(written(rep.written), written(rec), now.Sub(rep.wroteAt), m.cfg.report) &&
+		!classDemandMoved(rep.written.ClassDemand, rec.ClassDemand) {
 		return nil
 	}
 	b, err := schema.Encode(rec)
@@ -180,7 +190,82 @@ func onlyProgress(prev, rec schema.InstanceRecord) bool {
 		rec.Updated, rec.Demand, rec.Admitted, rec.AppliedGeneration, rec.AppliedFrom, rec.Enforced
 	prev.Pushbacks, prev.RetryUntil, prev.Remaining, prev.RemainingAt =
 		rec.Pushbacks, rec.RetryUntil, rec.Remaining, rec.RemainingAt
-	return prev == rec
+	prev.ClassDemand = rec.ClassDemand
+	return reflect.DeepEqual(prev, rec)
+}
+
+// classAsked returns what each class asked for so far (admitted, refused
+// and canceled permits), by name; nil unless on: the Member reports the
+// demand of the provider's classes only.
+func classAsked(cs []limiter.ClassStats, on bool) map[string]int64 {
+	if !on || len(cs) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(cs))
+	for _, c := range cs {
+		out[c.Name] = c.Admitted + c.Refused + c.Canceled
+	}
+	return out
+}
+
+// sampleClasses smooths each class's demand as report does the total:
+// scale turns what a class asked since the last sample into permits per
+// window. A class not in the last sample starts from its next one.
+func (m *Member) sampleClasses(rep *reporter, cs []limiter.ClassStats, scale float64) {
+	asked := classAsked(cs, m.classesSet && len(m.classes) > 0)
+	if asked == nil {
+		rep.classDemand = nil
+		return
+	}
+	next := make(map[string]float64, len(asked))
+	for name, n := range asked {
+		last, ok := rep.classAsked[name]
+		if !ok || n < last {
+			continue // new, or its counters restarted
+		}
+		next[name] = follow.Smooth(rep.classDemand[name], float64(n-last)*scale)
+	}
+	rep.classDemand = next
+}
+
+// classDemand is the record's ClassDemand: each class's smoothed demand
+// with its waiters' permits added, as Demand has; nil when the Member
+// reports no classes.
+func classDemand(rep *reporter, cs []limiter.ClassStats) map[string]int64 {
+	if rep.classAsked == nil {
+		return nil
+	}
+	out := make(map[string]int64, len(cs))
+	for _, c := range cs {
+		if _, ok := rep.classAsked[c.Name]; ok {
+			out[c.Name] = min(int64(math.Round(rep.classDemand[c.Name]))+c.WaitingPermits, schema.MaxLimit)
+		}
+	}
+	return out
+}
+
+// classDemandMoved reports whether a class's demand moved as much as
+// follow.Meaningful asks of the total's (more than 2% and more than one
+// permit), or the classes changed: configd's allocation by class needs
+// it as soon as the total's.
+func classDemandMoved(old, cur map[string]int64) bool {
+	if len(old) != len(cur) {
+		return true
+	}
+	for name, d := range cur {
+		o, ok := old[name]
+		if !ok {
+			return true
+		}
+		dd := d - o
+		if dd < 0 {
+			dd = -dd
+		}
+		if dd > 1 && float64(dd) > 0.02*float64(max(o, 1)) {
+			return true
+		}
+	}
+	return false
 }
 
 // slow reports whether err is etcd not answering in time (the request may
