@@ -56,7 +56,11 @@ func Encode(v any) ([]byte, error) {
 	if err := validate(v); err != nil {
 		return nil, err
 	}
-	return json.Marshal(v)
+	b, err := json.Marshal(v)
+	if err == nil && len(b) > MaxRecord {
+		return nil, fmt.Errorf("%w: record of %d bytes, at most %d", ErrInvalid, len(b), MaxRecord)
+	}
+	return b, err
 }
 
 // Decode reads the record stored at key under k into s, or deletes it

@@ -81,6 +81,7 @@ func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error
 	pl := &planner{t: s.Clone(), p: p, k: WindowOf(now, p.Window), target: positive(target), left: p.maxOps() - 1}
 	pl.era()
 	pl.limit()
+	pl.foldLimits()
 	pl.publish()
 	pl.topUp()
 	pl.collect()
@@ -196,6 +197,40 @@ func (pl *planner) limit() {
 			}
 			return
 		}
+	}
+}
+
+// keptSteps is how many limit steps an era keeps before foldLimits
+// drops those no grant needs: enough to read a retune's past in the head.
+const keptSteps = 32
+
+// foldLimits drops, once the current era has more than keptSteps limit
+// steps, those that govern no window a grant covers or may yet cover,
+// and merges steps of equal limits: a limit that moves every window must
+// not grow the head without end.
+func (pl *planner) foldLimits() {
+	e := pl.cur()
+	if len(e.Limits) <= keptSteps {
+		return
+	}
+	cut := pl.lo()
+	for _, g := range pl.t.Grants {
+		if a, b, ok := pl.t.Span(g); ok && a <= b && pl.t.Pubs[g.Pub].Era == e.Seq {
+			cut = min(cut, a)
+		}
+	}
+	var steps []Step
+	for _, st := range e.Limits {
+		switch {
+		case st.From <= cut && len(steps) > 0 && steps[0].From <= cut:
+			steps[0] = st // a later step in force at cut replaces an earlier one
+		case len(steps) > 0 && steps[len(steps)-1].Limit == st.Limit:
+		default:
+			steps = append(steps, st)
+		}
+	}
+	if len(steps) < len(e.Limits) {
+		e.Limits = steps
 	}
 }
 
