@@ -76,7 +76,7 @@ func validateClasses(cs []Class) error {
 		return fmt.Errorf("%w: at most %d classes, got %d", ErrInvalid, MaxClasses, len(cs))
 	}
 	for i, c := range cs {
-		if !validClassName(c.Name) {
+		if !ValidClassName(c.Name) {
 			return fmt.Errorf("%w: a class name is 1 to 32 lower-case letters, digits, '_' or '-', starting with a letter, got %q", ErrInvalid, c.Name)
 		}
 		for _, o := range cs[:i] {
@@ -94,7 +94,9 @@ func validateClasses(cs []Class) error {
 	return nil
 }
 
-func validClassName(name string) bool {
+// ValidClassName reports whether name may name a class: 1 to 32
+// lower-case letters, digits, '_' or '-', starting with a letter.
+func ValidClassName(name string) bool {
 	ok := len(name) >= 1 && len(name) <= 32 && name[0] >= 'a' && name[0] <= 'z'
 	for i := 0; ok && i < len(name); i++ {
 		c := name[i]

@@ -7,6 +7,8 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+
+	"github.com/sluice-go/sluice/limiter"
 )
 
 // MaxClasses is the most priority classes a provider may list. Each is
@@ -154,14 +156,7 @@ func ValidateClassName(name string) error {
 	return nil
 }
 
-func validClassName(name string) bool {
-	ok := len(name) >= 1 && len(name) <= 32 && name[0] >= 'a' && name[0] <= 'z'
-	for i := 0; ok && i < len(name); i++ {
-		c := name[i]
-		ok = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-'
-	}
-	return ok
-}
+func validClassName(name string) bool { return limiter.ValidClassName(name) }
 
 // validateClasses checks c's classes: at most MaxClasses, names valid and
 // unique, each reserve in range, and the reserves together at most the
