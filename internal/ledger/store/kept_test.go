@@ -11,14 +11,12 @@ import (
 	"github.com/sluice-go/sluice/internal/ledger"
 )
 
-// TestAReleaseDeletedIsNotRoomTheKeptLedgerGivesAway: instances
-// may write (and so delete) the releases of their provider's ledger
-// (configd/access.go grantProvider: "a release only lowers, so a forged
-// one takes room away and never adds any"). A deletion is no write a
-// read from what was kept sees (WithMinModRev returns puts only), so for
-// up to 63 rounds the publisher (10b11db) decides from a release that is
-// gone and gives its room away: configd itself writes a ledger over its
-// limit. Before 10b11db the round read the grant back at its full quota.
+// TestAReleaseDeletedIsNotRoomTheKeptLedgerGivesAway: instances may
+// write, and so delete, their provider's releases (configd/access.go). A
+// deletion is no write that a read of the releases since shows, and the
+// grant counts its whole quota again: a publisher deciding from what it
+// kept must see it went, or it gives the released room away and configd
+// itself writes a ledger over its limit.
 func TestAReleaseDeletedIsNotRoomTheKeptLedgerGivesAway(t *testing.T) {
 	const win = time.Second
 	srv := etcdtest.Start(t)
