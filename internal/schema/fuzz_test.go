@@ -92,7 +92,7 @@ func FuzzDecodeInstanceRecord(f *testing.F) {
 		if err != nil {
 			return
 		}
-		unambiguousKeys(t, b)
+		unambiguousKeys(t, b, "class_demand")
 		stable(t, r, func(b []byte) (any, error) { return DecodeInstanceRecord(b) })
 	})
 }
