@@ -48,12 +48,21 @@ func ClassOf(ctx context.Context) (string, bool) {
 //
 // A class's reserve is kept for it in every window: a call of any class
 // is admitted only if, after it, the permits the window has left cover
-// what every class has not yet used of its reserve. So a class that asks
-// for at least its reserve in a window is admitted at least its reserve
-// there, whatever the other classes ask, and the room beyond the reserves
-// goes to whoever asks, higher classes' waiters first. When the reserves
-// add up to more than a window's quota, each is cut in proportion, rounded
-// down.
+// what every other class has not yet used of its reserve. So a class that
+// asks for at least its reserve in a window is admitted at least its
+// reserve there, whatever the other classes ask, and the room beyond the
+// reserves goes to whoever asks, higher classes' waiters first. When the
+// reserves add up to more than a window's quota, each is cut in
+// proportion, rounded down.
+//
+// A change within a window (of its quota, which moves the reserves given
+// with Of too, or of the classes), or in a paced window the slots whose
+// time passed, can leave fewer permits than the classes have not yet used
+// of their reserves. Each class then still takes of its own unused
+// reserve what the others' leave, and none takes more than its own: a
+// class refused after a change was admitted, since the change, at least
+// the lesser of its unused reserve and what the window had left beyond
+// the other classes' unused reserves.
 //
 // A call names its class with WithClass; one that names none, or a class
 // not listed, is of the class "default" if listed, else of the last.
@@ -184,11 +193,20 @@ func (c *classes) defaultClass() int {
 }
 
 // limit is the most slots of a window of quota q, whose classes have used
-// used (nil: nothing), that may be taken once class c took n more: q less
-// what every class has then still not used of its reserve. Reserves that
-// add up to more than q are cut in proportion first, so that the classes
-// can use them all.
-func (c *classes) limit(q int64, used []int64, cls int, n int64) int64 {
+// used (nil: nothing), that class cls may take: q less what every other
+// class has not yet used of its reserve. Reserves that add up to more
+// than q are cut in proportion first, so that the classes can use them
+// all.
+//
+// A class's own unused reserve does not count against it: what it takes
+// of it is kept for it anyway. While the permits left cover every unused
+// reserve, this admits what keeping them all after the call would, for a
+// call beyond the class's unused reserve leaves none of it to keep. When
+// a change within the window, or pacing, left less than they add up to,
+// every class takes of its own unused reserve what the others' leave,
+// and nothing beyond it: the shortfall stays until the window ends or the
+// limits change again.
+func (c *classes) limit(q int64, used []int64, cls int) int64 {
 	if c == nil {
 		return q
 	}
@@ -198,6 +216,9 @@ func (c *classes) limit(q int64, used []int64, cls int, n int64) int64 {
 	}
 	var keep int64
 	for i := range c.list {
+		if i == cls {
+			continue
+		}
 		r := c.reserve(i, q)
 		if sum > q {
 			r = mulDiv(r, q, sum)
@@ -205,9 +226,6 @@ func (c *classes) limit(q int64, used []int64, cls int, n int64) int64 {
 		var u int64
 		if used != nil {
 			u = used[i]
-		}
-		if i == cls {
-			u += n
 		}
 		keep += max(0, r-u)
 	}

@@ -514,3 +514,99 @@ func TestReserveCancelCountsItsClass(t *testing.T) {
 		}
 	})
 }
+
+// TestClassUsesOwnReserveWhenCoverBroken: a change in the middle of a
+// window can leave fewer permits than the classes' unused reserves. A
+// class then still takes its own unused reserve while permits are left,
+// at once and as a waiter: what it takes is kept for it anyway.
+func TestClassUsesOwnReserveWhenCoverBroken(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before func(l *Limiter, batch context.Context) error // fills the window, then changes it
+		want   int                                           // critical's permits left
+	}{{
+		// batch took 90 of 100; the quota rises to 200 with critical=60%
+		// (reserve 120): 110 are left, all of them critical's to take.
+		name: "raised quota, reserve of it",
+		before: func(l *Limiter, batch context.Context) error {
+			for range 90 {
+				if err := l.Acquire(batch, 0); err != nil {
+					return err
+				}
+			}
+			if err := l.SetQuota(200, time.Time{}); err != nil {
+				return err
+			}
+			return l.SetClasses(Class{Name: "critical", Reserve: 600, Of: 1000}, Class{Name: "batch"})
+		},
+		want: 110,
+	}, {
+		// critical=60% of 100 leaves batch 40; the quota drops to 50
+		// (reserve 30): 10 are left, critical's.
+		name: "lowered quota",
+		before: func(l *Limiter, batch context.Context) error {
+			if err := l.SetClasses(Class{Name: "critical", Reserve: 600, Of: 1000}, Class{Name: "batch"}); err != nil {
+				return err
+			}
+			for l.Acquire(batch, 0) == nil {
+			}
+			return l.SetQuota(50, time.Time{})
+		},
+		want: 10,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l, err := New(100, time.Second, WithClasses(Class{Name: "critical"}, Class{Name: "batch"}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+				batch, critical := WithClass(t.Context(), "batch"), WithClass(t.Context(), "critical")
+				if err := tc.before(l, batch); err != nil {
+					t.Fatal(err)
+				}
+				if err := l.Acquire(batch, 0); !errors.Is(err, ErrTimeout) {
+					t.Errorf("batch took critical's reserve: %v", err)
+				}
+				var got int
+				for got < tc.want-1 && l.Acquire(critical, 0) == nil {
+					got++
+				}
+				if got != tc.want-1 {
+					t.Errorf("critical took %d at once, want %d: every permit left is its reserve", got, tc.want-1)
+				}
+				start := time.Now()
+				if err := l.Acquire(critical, time.Minute); err != nil || time.Since(start) != 0 {
+					t.Errorf("critical's waiter for the last permit: %v after %v, want admitted at once", err, time.Since(start))
+				} else if err := l.Acquire(critical, 0); !errors.Is(err, ErrTimeout) {
+					t.Errorf("critical over the quota: %v", err)
+				}
+			})
+		})
+	}
+}
+
+// TestClassUsesOwnReservePaced: in a paced window, slots whose time passed
+// are gone, so the slots left can fall short of the reserves without any
+// change. A class that asks late still takes the slots left of its own
+// reserve in that window.
+func TestClassUsesOwnReservePaced(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := New(10, time.Second, WithPacing(true), WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		critical := WithClass(t.Context(), "critical")
+		start := time.Now()
+		time.Sleep(550 * time.Millisecond) // slots 0 to 4 are gone
+		for i := range 5 {
+			if err := l.Acquire(critical, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d >= time.Second {
+				t.Fatalf("critical's permit %d of the 5 slots left admitted after %v, in the next window", i+1, d)
+			}
+		}
+	})
+}

@@ -53,14 +53,15 @@
 //
 // Priority classes (WithClasses) keep part of every window for the calls
 // that matter most: a call names its class with WithClass(ctx,
-// "critical"); each class's reserve is kept from the others, waiters of a
-// higher class are served ahead of lower ones, and the room beyond the
-// reserves goes to whoever asks. SetClasses changes them at run time,
-// keeping what each class took of the window under way; a reserve given
-// with Of is a part of each window's quota, so that it follows the quota
-// (cluster.Member gives each instance the provider's classes so). Stats
-// counts admissions and refusals per class. A Limiter without classes
-// pays nothing for them.
+// "critical"); each class's reserve is kept from the others, and a class
+// may always take of its own while the window has permits the others'
+// reserves leave; waiters of a higher class are served ahead of lower
+// ones, and the room beyond the reserves goes to whoever asks. SetClasses
+// changes them at run time, keeping what each class took of the window
+// under way; a reserve given with Of is a part of each window's quota, so
+// that it follows the quota (cluster.Member gives each instance the
+// provider's classes so). Stats counts admissions and refusals per class.
+// A Limiter without classes pays nothing for them.
 //
 // Time comes from the system clock, or from a Clock given to WithClock.
 // Tests of waits run under testing/synctest, whose fake time the system

@@ -179,7 +179,7 @@ func (l *Limiter) placeLocked(n, now, deadline, minDue int64, r *Reservation, cl
 // meanwhile.
 func (l *Limiter) placeCurrentLocked(n, t, deadline int64, commit bool, cls int) (placement, fitStatus) {
 	w := l.cur
-	limit := l.classes.limit(w.quota, l.curUsed, cls, n)
+	limit := l.classes.limit(w.quota, l.curUsed, cls)
 	for {
 		s := l.state.Load()
 		k := w.quota - int64(s&remMask)
@@ -229,7 +229,7 @@ func (l *Limiter) placeFutureLocked(n, t, deadline int64, cls int) (placement, e
 					k = max(k, bw.next)
 				}
 			}
-			if p, ok := fit(w, k, n, t, l.classes.limit(w.quota, used, cls, n)); ok {
+			if p, ok := fit(w, k, n, t, l.classes.limit(w.quota, used, cls)); ok {
 				if p.due > deadline {
 					return placement{}, ErrTimeout
 				}
