@@ -147,29 +147,37 @@ type classOp struct {
 //
 // The seed is printed; SLUICE_CLASS_SEED=N replays one history exactly.
 func TestClassOracle(t *testing.T) {
+	classSeeds(t, "SLUICE_CLASS_SEED", classHistory)
+}
+
+// classSeeds runs 300 histories (50 with -short) from a random seed, or
+// the one seed the environment variable env names, and stops at the
+// first that fails, printing how to replay it.
+func classSeeds(t *testing.T, env string, history func(*testing.T, uint64) bool) {
 	seeds := 300
-	var fixed []uint64
-	if s := os.Getenv("SLUICE_CLASS_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fixed = []uint64{n}
-	}
 	if testing.Short() {
 		seeds = 50
 	}
 	base := rand.Uint64()
-	for i := range seeds {
-		seed := base + uint64(i)
-		if fixed != nil {
-			if i > 0 {
-				break
-			}
-			seed = fixed[0]
+	if s := os.Getenv(env); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if !classHistory(t, seed) {
-			t.Fatalf("history failed: replay with SLUICE_CLASS_SEED=%d", seed)
+		seeds, base = 1, n
+	}
+	seed := base
+	// A failed history ends the test from inside its bubble
+	// (synctest.Test calls FailNow): say how to replay it on the way out.
+	defer func() {
+		if t.Failed() {
+			t.Logf("history failed: replay with %s=%d", env, seed)
+		}
+	}()
+	for i := range seeds {
+		seed = base + uint64(i)
+		if !history(t, seed) {
+			t.FailNow()
 		}
 	}
 	t.Logf("%d histories checked from seed %d", seeds, base)
