@@ -178,7 +178,19 @@ func typeInto(sel, value string) chromedp.Action[chromedp.Void] {
 		chromedp.SendKeys(chromedp.CSS(sel), value))
 }
 
-func click(sel string) chromedp.Action[chromedp.Void] { return chromedp.Click(chromedp.CSS(sel)) }
+// click clicks the element from the page's script. A mouse click at the
+// element's centre can miss it: the live tables above it grow and shrink
+// between the moment chromedp measures the element and the moment it clicks.
+func click(sel string) chromedp.Action[chromedp.Void] {
+	js := fmt.Sprintf(`(() => { const e = document.querySelector(%q); if (!e) return 'no element'; if (e.disabled) return 'disabled'; e.click(); return '' })()`, sel)
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		why, err := chromedp.Evaluate[string](js)(ctx, t)
+		if err == nil && why != "" {
+			err = fmt.Errorf("clicking %s: %s", sel, why)
+		}
+		return err
+	})
+}
 
 func (b *browser) checkClean() {
 	b.t.Helper()
