@@ -131,6 +131,11 @@ func (w *World) heal() {
 // checkLive fails when the grants of the current window do not add up to
 // the limit, less the slack the policy leaves each holder.
 func (w *World) checkLive() {
+	w.stopAt = w.now
+	if len(w.live()) == 0 {
+		w.tracef("no instance is live: nothing to hand out")
+		return
+	}
 	w.res.Live = true
 	st, _ := w.read()
 	e, ok := st.Head.Current()
@@ -161,5 +166,4 @@ func (w *World) checkLive() {
 	if floor := limit - int64(live)*(limit/50+1); sum < floor {
 		w.fail("liveness: %v after the faults the grants of window %d add up to %d of the limit %d (at least %d wanted)", w.settle, k, sum, limit, floor)
 	}
-	w.stopAt = w.now
 }

@@ -90,6 +90,7 @@ func TestFoundScenarios(t *testing.T) {
 			if err := json.Unmarshal(b, &f); err != nil {
 				t.Fatalf("%s: %v", file, err)
 			}
+			var admitted int64
 			for i := range seeds {
 				cfg := f.config(f.Seed + i)
 				cfg.LiveAhead = ahead
@@ -104,9 +105,12 @@ func TestFoundScenarios(t *testing.T) {
 				if len(r.Violations) > 0 {
 					t.Fatalf("%v\nreplay: go test -run '^TestFoundScenarios$/^%s$' -v ./internal/world", r, name)
 				}
-				if r.Admitted == 0 {
-					t.Errorf("seed %d admitted nothing: the scenario did not play", r.Seed)
-				}
+				admitted += r.Admitted
+			}
+			// A seed's faults may keep every instance down; the
+			// scenario's own calls must play under some seed.
+			if admitted == 0 {
+				t.Errorf("%d seeds admitted nothing: the scenario did not play", seeds)
 			}
 		})
 	}

@@ -168,3 +168,22 @@ func TestSlowMembers(t *testing.T) {
 		}
 	}
 }
+
+// TestNoInstanceLeftWantsNoGrants: when every instance has crashed for
+// good by the time the faults end, there is nobody to hand the limit to,
+// and the liveness check asks for nothing.
+func TestNoInstanceLeftWantsNoGrants(t *testing.T) {
+	s := &Script{Duration: 4 * time.Second,
+		Groups: []Group{{Name: "a", Count: 1, Demand: 500}},
+		Events: []Event{{At: 2 * time.Second, Kind: EventCrash, Group: "a"}}}
+	r := Run(Config{Seed: 3, Limit: 600, Window: 250 * time.Millisecond, Script: s})
+	if len(r.Violations) > 0 {
+		t.Fatalf("%v", r)
+	}
+	if r.Admitted == 0 {
+		t.Fatalf("the instances admitted nothing before they crashed: the history did not play")
+	}
+	if r.Live {
+		t.Errorf("the liveness check ran with no instance to grant to")
+	}
+}
