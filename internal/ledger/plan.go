@@ -47,8 +47,8 @@ type Change struct {
 	Why         []string
 }
 
-// Empty reports whether c writes nothing.
-func (c Change) Empty() bool { return c.Size() == 1 && len(c.Why) == 0 }
+// Empty reports whether c writes nothing. Why may still say why not.
+func (c Change) Empty() bool { return c.Head.Seq == 0 }
 
 // Size returns the number of operations c's transaction makes, the
 // head's write included.
@@ -91,12 +91,21 @@ func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error
 	if n := pl.c.Size(); n > p.maxOps() {
 		return Change{}, fmt.Errorf("ledger: plan made %d operations, over its %d", n, p.maxOps()) // unreachable by construction
 	}
-	if pl.c.Empty() {
-		return pl.c, nil
+	if pl.c.Size() == 1 && sameHead(pl.t.Head, s.Head) {
+		return pl.c, nil // a write of the head alone would change nothing
 	}
 	pl.c.Head = pl.t.Head
 	pl.c.Head.Seq = s.Head.Seq + 1
 	return pl.c, nil
+}
+
+// sameHead reports whether heads a and b have the same eras and staged
+// publish. Their counters of publish numbers may differ: a number no
+// record uses need not be kept.
+func sameHead(a, b Head) bool {
+	return a.Staged == b.Staged && slices.EqualFunc(a.Eras, b.Eras, func(x, y Era) bool {
+		return x.Seq == y.Seq && x.Window == y.Window && x.Start == y.Start && x.Floor == y.Floor && slices.Equal(x.Limits, y.Limits)
+	})
 }
 
 type planner struct {

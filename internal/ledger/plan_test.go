@@ -22,10 +22,7 @@ func TestASmallLoweringKeepsGranting(t *testing.T) {
 	p.Slack = 96 / 50
 	tgt = map[string]int64{"a": 24, "b": 24, "c": 24, "d": 24}
 	for k := int64(10); k < 40; k++ {
-		c := plan(t, s, p, tgt, k)
-		if true {
-			t.Logf("k=%d why=%v", k, c.Why)
-		}
+		plan(t, s, p, tgt, k)
 	}
 	if got := s.Sum(1, 40); got < 90 {
 		t.Errorf("30 windows after lowering the limit 100->96, window 40 holds %d of 96", got)
@@ -266,4 +263,24 @@ func TestTargetsThatKeepMovingStayWithinTheHorizon(t *testing.T) {
 		t.Errorf("window %d holds %d of 1000 after 40 windows of moving targets of 400 to 1000", k, got)
 	}
 	t.Logf("160 rounds: %d publishes, %d grants written", pubs, grants)
+}
+
+// TestAPlanThatChangesNothingWritesNothing: a round that finds no
+// publish to start and no room to top up would only bump the head; it
+// writes nothing, and still says why.
+func TestAPlanThatChangesNothingWritesNothing(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3}
+	plan(t, s, p, map[string]int64{"a": 50}, 10)
+	plan(t, s, p, map[string]int64{"a": 40}, 10) // the next publish, from window 15
+	c, err := Plan(s, p, map[string]int64{"a": 30}, StartOf(10, w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Empty() || c.Size() != 1 {
+		t.Errorf("a round with nothing to change writes the head: %d operations, why %v", c.Size(), c.Why)
+	}
+	if len(c.Why) == 0 {
+		t.Errorf("an empty round does not say why it wrote nothing")
+	}
 }
