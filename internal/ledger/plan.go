@@ -357,11 +357,17 @@ func (pl *planner) next(open Pub, ok bool) (Pub, []Grant, string) {
 	np := Pub{Seq: pl.staged(), Era: pl.cur().Seq, Window: pl.cur().Window, A: a, B: max(a, pl.k+pl.p.Horizon)}
 	missing := pl.missing(np)
 	if !pl.fits(np, missing) && np.Seq == pl.t.Head.Staged && !pl.exact(np.Seq) {
-		// Grants written ahead within the slack of the target that do
-		// not fit: start again from the target as it is.
-		pl.t.Head.Staged = 0
-		np.Seq = pl.nextSeq()
-		missing = pl.missing(np)
+		// Grants written ahead for a target that has moved since: the
+		// rest take what room they leave, so a target that moves every
+		// round cannot keep a publish from being written. The next
+		// publish brings the quotas back to the target.
+		if less, ok := pl.shrink(np, missing); ok {
+			missing = less
+		} else {
+			pl.t.Head.Staged = 0
+			np.Seq = pl.nextSeq()
+			missing = pl.missing(np)
+		}
 	}
 	if !pl.fits(np, missing) {
 		// A lowering ahead not yet in force: wait for it.
@@ -382,10 +388,9 @@ func (pl *planner) missing(np Pub) []Grant {
 }
 
 // staged returns the number of the next publish: the one staged, when
-// every grant written ahead for it is one of the target's holders, within
-// the slack of its quota; else a new one. A grant written ahead is never
-// changed, so what a holder has read of it is what counts once its
-// publish is written.
+// every grant written ahead for it is one of the target's holders; else
+// a new one. A grant written ahead is never changed, so what a holder
+// has read of it is what counts once its publish is written.
 func (pl *planner) staged() int64 {
 	seq := pl.t.Head.Staged
 	if _, live := pl.t.Pubs[seq]; seq != 0 && (live || !pl.allWanted(seq)) {
@@ -402,14 +407,41 @@ func (pl *planner) staged() int64 {
 }
 
 // allWanted reports whether every grant of publish seq read is one of
-// the target's holders, within the slack of its quota.
+// the target's holders.
 func (pl *planner) allWanted(seq int64) bool {
-	for key, g := range pl.t.Grants {
-		if q, ok := pl.target[key.Holder]; key.Pub == seq && (!ok || !pl.near(g.Quota, q)) {
+	for key := range pl.t.Grants {
+		if _, ok := pl.target[key.Holder]; key.Pub == seq && !ok {
 			return false
 		}
 	}
 	return true
+}
+
+// shrink returns missing with each quota cut by the same fraction, the
+// least cut that fits publish np, and at least 1 each; ok is false when
+// the grants written ahead leave no room for that.
+func (pl *planner) shrink(np Pub, missing []Grant) ([]Grant, bool) {
+	const whole = 1024
+	cut := func(f int64) []Grant {
+		gs := slices.Clone(missing)
+		for i := range gs {
+			gs[i].Quota = max(1, gs[i].Quota*f/whole)
+		}
+		return gs
+	}
+	if !pl.fits(np, cut(0)) {
+		return nil, false
+	}
+	lo, hi := int64(0), int64(whole) // fits(cut(lo)); find the largest f ≤ hi that fits
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if pl.fits(np, cut(mid)) {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return cut(lo), true
 }
 
 // exact reports whether every grant of publish seq read has its holder's

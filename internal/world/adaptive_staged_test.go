@@ -22,3 +22,21 @@ func TestAdaptiveHistoriesWithSmallTransactions(t *testing.T) {
 		}
 	}
 }
+
+// TestAProbeAfterABackOffKeepsTheWindowsGranted: the controller backs
+// off (50 to 25), then probes back up every other round, and under a
+// limit below 50 the slack is 0: every probe moves the target of a grant
+// written ahead. The publish after the back-off must still be written,
+// or the windows empty once the open one, which cannot be extended past
+// the lowering, ends (0 of 25 at both seeds before).
+func TestAProbeAfterABackOffKeepsTheWindowsGranted(t *testing.T) {
+	for _, seed := range []uint64{5067, 5571} {
+		cfg := Config{Seed: seed, Loss: 0.05, Refuse: 0.03, Adaptive: true, MaxOps: 3}
+		if seed%4 == 3 {
+			cfg.ApplyLag = 400 * time.Millisecond // as TestHistories does
+		}
+		if r := Run(cfg); len(r.Violations) > 0 {
+			t.Errorf("%v\nreplay: go test -run '^TestHistories$' ./internal/world -world.n=1 -world.seed=%d -world.adaptive -world.maxops=3 -v", r, r.Seed)
+		}
+	}
+}
