@@ -318,7 +318,7 @@ func (pl *planner) publish() {
 	if ok && pl.matches(pl.holds(open.Seq)) && pl.extend(open, pl.lead()) {
 		return
 	}
-	np, missing, why := pl.next(open, ok)
+	np, missing, why, early := pl.next(open, ok)
 	if why == "" && 1+len(missing) <= pl.left {
 		pl.t.Head.Staged = 0
 		pl.t.Pubs[np.Seq] = np
@@ -333,29 +333,34 @@ func (pl *planner) publish() {
 	}
 	if why != "" {
 		pl.c.Why = append(pl.c.Why, why)
-		return
 	}
-	if pl.left > 0 {
+	if (why == "" || early) && pl.left > 0 && len(missing) > 0 {
 		pl.stage(np.Seq, missing[:min(len(missing), pl.left)])
 	}
 }
 
 // next returns the publish that takes over after open (ok: there is
-// one) and its grants not yet written, or why there is none yet.
-func (pl *planner) next(open Pub, ok bool) (Pub, []Grant, string) {
+// one) and its grants not yet written, or why it is not written yet;
+// early reports that its grants may be written ahead meanwhile.
+func (pl *planner) next(open Pub, ok bool) (np Pub, missing []Grant, why string, early bool) {
 	a := pl.lo()
 	if ok && open.B >= max(a, pl.k+pl.p.Horizon+1) {
 		// A new publish starts after the open one ends, at most a window
 		// past the horizon: else targets that keep moving would start
 		// each one further out. The windows before it are topped up
-		// meanwhile.
-		return Pub{}, nil, fmt.Sprintf("no publish: publish %d runs to window %d, past the horizon", open.Seq, open.B)
+		// meanwhile. A publish larger than a transaction is written
+		// ahead meanwhile, so that it is whole when its turn comes.
+		why = fmt.Sprintf("no publish: publish %d runs to window %d, past the horizon", open.Seq, open.B)
+		if len(pl.target)+2 <= pl.p.maxOps() {
+			return Pub{}, nil, why, false
+		}
+		early = true
 	}
 	if ok {
 		a = max(a, open.B+1)
 	}
-	np := Pub{Seq: pl.staged(), Era: pl.cur().Seq, Window: pl.cur().Window, A: a, B: max(a, pl.k+pl.p.Horizon)}
-	missing := pl.missing(np)
+	np = Pub{Seq: pl.staged(), Era: pl.cur().Seq, Window: pl.cur().Window, A: a, B: max(a, pl.k+pl.p.Horizon)}
+	missing = pl.missing(np)
 	if !pl.fits(np, missing) && np.Seq == pl.t.Head.Staged && !pl.exact(np.Seq) {
 		// Grants written ahead for a target that has moved since: the
 		// rest take what room they leave, so a target that moves every
@@ -371,9 +376,9 @@ func (pl *planner) next(open Pub, ok bool) (Pub, []Grant, string) {
 	}
 	if !pl.fits(np, missing) {
 		// A lowering ahead not yet in force: wait for it.
-		return np, missing, "no publish: the target does not fit yet"
+		return np, missing, "no publish: the target does not fit yet", false
 	}
-	return np, missing, ""
+	return np, missing, why, early
 }
 
 // missing returns the grants of the target that publish np lacks.
