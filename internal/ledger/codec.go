@@ -233,6 +233,7 @@ func validate(v any) error {
 		if r.Pub < 1 || r.Quota < 0 || r.Holder == "" || strings.Contains(r.Holder, "/") {
 			return bad("grant of publish %d to %q, quota %d: want seq ≥ 1, a holder without '/', quota ≥ 0", r.Pub, r.Holder, r.Quota)
 		}
+		return validReserve(r)
 	case *Release:
 		return validate(*r)
 	case Release:
@@ -241,6 +242,28 @@ func validate(v any) error {
 		}
 	default:
 		return bad("cannot store a %T", v)
+	}
+	return nil
+}
+
+// MaxReserveClasses is the most classes a grant's Reserve names.
+const MaxReserveClasses = 8
+
+// validReserve checks that g's reserves name at most MaxReserveClasses
+// classes and add up to at most its quota.
+func validReserve(g Grant) error {
+	if len(g.Reserve) > MaxReserveClasses {
+		return fmt.Errorf("%w: grant of publish %d to %q reserves for %d classes: at most %d", ErrInvalid, g.Pub, g.Holder, len(g.Reserve), MaxReserveClasses)
+	}
+	var sum int64
+	for c, r := range g.Reserve {
+		if c == "" || len(c) > 64 || r < 0 || r > g.Quota {
+			return fmt.Errorf("%w: grant of publish %d to %q reserves %d for class %q: want a name of 1 to 64 bytes and 0 to the quota %d", ErrInvalid, g.Pub, g.Holder, r, c, g.Quota)
+		}
+		sum += r // each ≤ Quota, at most 8 of them: no overflow
+	}
+	if sum > g.Quota {
+		return fmt.Errorf("%w: grant of publish %d to %q reserves %d in all, more than its quota %d", ErrInvalid, g.Pub, g.Holder, sum, g.Quota)
 	}
 	return nil
 }

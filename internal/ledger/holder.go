@@ -122,16 +122,30 @@ func (s *State) holderEdges(holder string, era int64) []int64 {
 // Target returns the quota of holder's grant in its last publish that is
 // not a top-up, with that publish; ok is false without one.
 func (s *State) Target(holder string) (q int64, p Pub, ok bool) {
-	for _, g := range s.Grants {
-		gp, have := s.Pubs[g.Pub]
-		if !have || g.Holder != holder || gp.TopUp {
+	g, p, ok := s.targetGrant(holder)
+	return g.Quota, p, ok
+}
+
+// Reserve returns what holder's grant in its last publish that is not a
+// top-up reserves for each class (Grant.Reserve), with its quota: the
+// part of every window's quota each class keeps is reserve/quota. None
+// without such a grant.
+func (s *State) Reserve(holder string) (reserve map[string]int64, quota int64) {
+	g, _, _ := s.targetGrant(holder)
+	return g.Reserve, g.Quota
+}
+
+func (s *State) targetGrant(holder string) (g Grant, p Pub, ok bool) {
+	for _, gr := range s.Grants {
+		gp, have := s.Pubs[gr.Pub]
+		if !have || gr.Holder != holder || gp.TopUp {
 			continue
 		}
 		if !ok || gp.Seq > p.Seq {
-			q, p, ok = g.Quota, gp, true
+			g, p, ok = gr, gp, true
 		}
 	}
-	return q, p, ok
+	return g, p, ok
 }
 
 // ToRelease returns the releases holder should write, and enforce first,

@@ -106,11 +106,17 @@ type Pub struct {
 
 // Grant lets Holder admit up to Quota per window in windows From..B of
 // publish Pub (From ≥ the publish's A).
+//
+// Reserve, on a grant of a publish that is not a top-up, is the part of
+// Quota each priority class keeps: the holder's limiter lets no lower
+// class take it while the class has not used it. It adds nothing to any
+// sum: the invariant is on quotas alone.
 type Grant struct {
-	Pub    int64  `json:"pub"`
-	Holder string `json:"holder"`
-	Quota  int64  `json:"quota"`
-	From   int64  `json:"from"`
+	Pub     int64            `json:"pub"`
+	Holder  string           `json:"holder"`
+	Quota   int64            `json:"quota"`
+	From    int64            `json:"from"`
+	Reserve map[string]int64 `json:"reserve,omitempty"`
 }
 
 // Release lowers what Holder admits under its grant of Pub to at most

@@ -139,6 +139,7 @@ func FuzzDecode(f *testing.F) {
 		Head{Seq: 3, Eras: []Era{{Seq: 1, Window: w, Start: 5, Floor: 4, Limits: []Step{{5, 100}}}}},
 		Pub{Seq: 2, Era: 1, Window: w, A: 5, B: 9},
 		Grant{Pub: 2, Holder: "a.1", Quota: 50, From: 5},
+		Grant{Pub: 2, Holder: "a.1", Quota: 50, From: 5, Reserve: map[string]int64{"critical": 30, "batch": 5}},
 		Release{Pub: 2, Holder: "a.1", From: 7, Limit: 20},
 	} {
 		b, err := Encode(v)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"slices"
 	"strings"
 	"time"
@@ -30,6 +31,10 @@ type Policy struct {
 	Keep    int64         // windows behind the current one kept before a publish may go (≥ 1)
 	Slack   int64         // a changed target within Slack of a holder's quota needs no new publish
 	MaxOps  int           // the most operations of one transaction: etcd's --max-txn-ops (0: DefaultMaxOps)
+	// Reserves is, per holder, the part of its quota each priority class
+	// keeps (Grant.Reserve); where they add up to more than the holder's
+	// quota, its grants keep them cut in proportion.
+	Reserves map[string]map[string]int64
 }
 
 // maxOps returns the policy's MaxOps, its default for 0.
@@ -315,7 +320,7 @@ func (pl *planner) publish() {
 		return
 	}
 	open, ok := pl.open()
-	if ok && pl.matches(pl.holds(open.Seq)) && pl.extend(open, pl.lead()) {
+	if ok && pl.matches(pl.holds(open.Seq)) && pl.reservesNear(open.Seq) && pl.extend(open, pl.lead()) {
 		return
 	}
 	np, missing, why, early := pl.next(open, ok)
@@ -386,7 +391,7 @@ func (pl *planner) missing(np Pub) []Grant {
 	var gs []Grant
 	for _, h := range slices.Sorted(maps.Keys(pl.target)) {
 		if _, ok := pl.t.Grants[GrantKey{np.Seq, h}]; !ok {
-			gs = append(gs, Grant{Pub: np.Seq, Holder: h, Quota: pl.target[h], From: np.A})
+			gs = append(gs, Grant{Pub: np.Seq, Holder: h, Quota: pl.target[h], From: np.A, Reserve: pl.reserve(h, pl.target[h])})
 		}
 	}
 	return gs
@@ -431,6 +436,7 @@ func (pl *planner) shrink(np Pub, missing []Grant) ([]Grant, bool) {
 		gs := slices.Clone(missing)
 		for i := range gs {
 			gs[i].Quota = max(1, gs[i].Quota*f/whole)
+			gs[i].Reserve = pl.reserve(gs[i].Holder, gs[i].Quota)
 		}
 		return gs
 	}
@@ -509,6 +515,56 @@ func (pl *planner) matches(quotas map[string]int64) bool {
 	// The slack forgives each holder's jitter, not a change of the whole:
 	// a raise spread thin over many holders is still a raise.
 	return held >= want-pl.p.Slack && held <= want+pl.p.Slack
+}
+
+// reserve returns what holder's grant of quota q reserves for each
+// class: the policy's reserves, cut in proportion to fit within q.
+func (pl *planner) reserve(holder string, q int64) map[string]int64 {
+	want := pl.p.Reserves[holder]
+	var sum int64
+	for _, r := range want {
+		sum += max(r, 0)
+	}
+	if sum == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(want))
+	for c, r := range want {
+		if r = max(r, 0); sum > q {
+			r = mulDiv(r, q, sum)
+		}
+		if r > 0 {
+			out[c] = r
+		}
+	}
+	return out
+}
+
+// mulDiv returns a·b/c rounded down, for 0 ≤ a ≤ c and b ≥ 0, c > 0,
+// without overflow: the result is at most b.
+func mulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(q)
+}
+
+// reservesNear reports whether the reserves of publish seq's grants are
+// within the slack of the policy's, class by class.
+func (pl *planner) reservesNear(seq int64) bool {
+	for h, q := range pl.target {
+		have, want := pl.t.Grants[GrantKey{seq, h}].Reserve, pl.reserve(h, q)
+		for c := range maps.Keys(have) {
+			if d := have[c] - want[c]; d > pl.p.Slack || -d > pl.p.Slack {
+				return false
+			}
+		}
+		for c := range maps.Keys(want) {
+			if d := have[c] - want[c]; d > pl.p.Slack || -d > pl.p.Slack {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // near reports whether a quota have is within the slack of q: never

@@ -1,0 +1,90 @@
+package ledger
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"testing"
+)
+
+// TestGrantsCarryTheClassesReserves: a publish's grants carry the
+// policy's reserves, cut in proportion where they add up to more than
+// the quota; a move of a reserve past the slack is a new publish, as a
+// move of a quota is; top-ups reserve nothing.
+func TestGrantsCarryTheClassesReserves(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3, Slack: 2,
+		Reserves: map[string]map[string]int64{"a": {"critical": 30}, "b": {"critical": 60, "default": 20}}}
+	plan(t, s, p, map[string]int64{"a": 50, "b": 40}, 10)
+	for h, want := range map[string]map[string]int64{"a": {"critical": 30}, "b": {"critical": 30, "default": 10}} {
+		if got, q := s.Reserve(h); !maps.Equal(got, want) {
+			t.Errorf("%s's grant of %d reserves %v, want %v", h, q, got, want)
+		}
+	}
+	// A reserve within the slack: the open publish stays.
+	p.Reserves["a"] = map[string]int64{"critical": 31}
+	if c := plan(t, s, p, map[string]int64{"a": 50, "b": 40}, 10); len(c.Pubs) > 0 {
+		t.Errorf("a reserve moved by 1, within the slack of 2, made a publish: %v", c.Why)
+	}
+	// Past it: the next publish carries the new reserve.
+	p.Reserves["a"] = map[string]int64{"critical": 10}
+	c := plan(t, s, p, map[string]int64{"a": 50, "b": 40}, 10)
+	if !strings.Contains(fmt.Sprint(c.Why), "publish 2:") {
+		t.Fatalf("a reserve moved from 30 to 10 made no publish: %v", c.Why)
+	}
+	if got, _ := s.Reserve("a"); got["critical"] != 10 {
+		t.Errorf("after the publish a reserves %v, want critical 10", got)
+	}
+	// A raise is topped up before the new publish: the top-up reserves
+	// nothing of its own.
+	plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 11)
+	topUps := 0
+	for _, g := range s.Grants {
+		if s.Pubs[g.Pub].TopUp {
+			topUps++
+			if len(g.Reserve) > 0 {
+				t.Errorf("top-up grant %+v reserves", g)
+			}
+		}
+	}
+	if topUps == 0 {
+		t.Errorf("a raise of a from 50 to 60 was not topped up")
+	}
+}
+
+// TestABadReserveDoesNotDecode: reserves that add up to more than the
+// quota, are negative, name an empty class or too many classes are not
+// a grant.
+func TestABadReserveDoesNotDecode(t *testing.T) {
+	k := Keys("L/")
+	many := map[string]int64{}
+	for i := range MaxReserveClasses + 1 {
+		many[fmt.Sprintf("c%d", i)] = 1
+	}
+	for name, r := range map[string]map[string]int64{
+		"over the quota": {"critical": 40, "batch": 20},
+		"negative":       {"critical": -1},
+		"no name":        {"": 1},
+		"too many":       many,
+	} {
+		g := Grant{Pub: 2, Holder: "a.1", Quota: 50, From: 5, Reserve: r}
+		if _, err := Encode(g); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: Encode(%v) = %v, want ErrInvalid", name, r, err)
+		}
+		b := fmt.Appendf(nil, `{"pub":2,"holder":"a.1","quota":50,"from":5,"reserve":%s}`, jsonOf(t, r))
+		if err := k.Decode(NewState(), k.Grant("a.1", 2), b); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: decoding %s: %v, want ErrInvalid", name, b, err)
+		}
+	}
+}
+
+func jsonOf(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
