@@ -44,7 +44,7 @@ func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st 
 	}
 	st.due = now.Add(tick)
 	st.ledgerLast = run
-	target, err := round.Target(cfg, live)
+	target, reserves, err := round.Target(cfg, live)
 	if err != nil {
 		return fmt.Errorf("allocation failed: %w", err)
 	}
@@ -54,7 +54,7 @@ func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st 
 	pb := st.ledger
 	conds := []clientv3.Cmp{f.cmp(), clientv3.Compare(clientv3.ModRevision(p.keys.Config(name)), "=", st.keyRev)}
 	pol := round.Policy(cfg)
-	pol.MaxOps = p.txnOps
+	pol.MaxOps, pol.Reserves = p.txnOps, reserves
 	written, done, err := pb.Rounds(ctx, pol, target, ledgerRounds, conds...)
 	for _, ch := range written {
 		p.metrics.publishes.WithLabelValues(name).Inc()

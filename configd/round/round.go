@@ -5,8 +5,8 @@
 package round
 
 import (
-	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluice-go/sluice/configd/alloc"
@@ -50,25 +50,56 @@ func Policy(cfg schema.ProviderConfig) ledger.Policy {
 // maps each share to the holder its record names. An instance that names
 // none (a member that does not follow the ledger) is granted nothing; one
 // that is leaving neither.
-func Target(cfg schema.ProviderConfig, live []schema.InstanceRecord) (map[string]int64, error) {
+//
+// With classes that reserve, each class's reserve goes to the instances
+// that report demand of it, in proportion (alloc.Reserve), and their
+// shares are raised to hold it: reserves maps each holder to what it
+// keeps per class (ledger.Policy.Reserves).
+func Target(cfg schema.ProviderConfig, live []schema.InstanceRecord) (target map[string]int64, reserves map[string]map[string]int64, err error) {
 	var recs []schema.InstanceRecord
-	holder := map[string]string{}
 	for _, r := range live {
 		if r.Holder != "" && !r.Leaving {
 			recs = append(recs, r)
-			holder[r.ID] = r.Holder
 		}
 	}
 	if len(recs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	split, err := alloc.Split(cfg, recs)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	t := make(map[string]int64, len(split))
-	for _, id := range slices.Sorted(maps.Keys(split)) {
-		t[holder[id]] = split[id]
+	slices.SortFunc(recs, func(a, b schema.InstanceRecord) int { return strings.Compare(a.ID, b.ID) })
+	ids, shares := make([]string, len(recs)), make([]int64, len(recs))
+	for i, r := range recs {
+		ids[i], shares[i] = r.ID, split[r.ID]
 	}
-	return t, nil
+	rs := cfg.Reserves(cfg.Limit)
+	wants := make([][]int64, len(rs))
+	for c := range rs {
+		wants[c] = make([]int64, len(recs))
+		for i, r := range recs {
+			wants[c][i] = r.ClassDemand[cfg.Classes[c].Name]
+		}
+	}
+	raised, got, err := alloc.Reserve(cfg.Limit, shares, ids, rs, wants)
+	if err != nil {
+		return nil, nil, err
+	}
+	target = make(map[string]int64, len(recs))
+	for i, r := range recs {
+		target[r.Holder] = raised[i]
+		for c, g := range got {
+			if g[i] > 0 {
+				if reserves == nil {
+					reserves = map[string]map[string]int64{}
+				}
+				if reserves[r.Holder] == nil {
+					reserves[r.Holder] = map[string]int64{}
+				}
+				reserves[r.Holder][cfg.Classes[c].Name] = g[i]
+			}
+		}
+	}
+	return target, reserves, nil
 }

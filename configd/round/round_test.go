@@ -19,18 +19,18 @@ func TestTargetGrantsHoldersOnly(t *testing.T) {
 		{ID: "d", Holder: "d.3", Leaving: true}, // said it leaves
 		{ID: "e", Holder: "e.4"},
 	}
-	got, err := Target(cfg, live)
+	got, _, err := Target(cfg, live)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := map[string]int64{"a.1": 30, "b.2": 30, "e.4": 30}; !maps.Equal(got, want) {
 		t.Errorf("Target = %v, want %v", got, want)
 	}
-	if got, err := Target(cfg, live[2:4]); err != nil || got != nil {
+	if got, _, err := Target(cfg, live[2:4]); err != nil || got != nil {
 		t.Errorf("Target of no holder = %v, %v; want nothing", got, err)
 	}
 	cfg.Algorithm = "lottery"
-	if _, err := Target(cfg, live); err == nil {
+	if _, _, err := Target(cfg, live); err == nil {
 		t.Error("Target with an unknown algorithm: no error")
 	}
 }
@@ -103,5 +103,38 @@ func TestPolicyPublishesARaiseSpreadOverManyHolders(t *testing.T) {
 	k := ledger.WindowOf(now, w) + Horizon(cfg)/2
 	if got := st.Allowance("h00.1", st.Head.Eras[len(st.Head.Eras)-1].Seq, k); got != 10_000 {
 		t.Errorf("h00.1's allowance in window %d after the raise: %d, want 10,000", k, got)
+	}
+}
+
+// TestTargetHoldsTheClassesReserves: critical reserves 60% of 1,000 and
+// wants 400 on each of two instances of four, all of which batch floods:
+// the two keep 300 each for critical, and their shares are raised from
+// the fair 250 to hold it.
+func TestTargetHoldsTheClassesReserves(t *testing.T) {
+	cfg := schema.ProviderConfig{Limit: 1000, Window: schema.Duration(time.Second), Algorithm: schema.AlgorithmFair,
+		Classes: []schema.Class{{Name: "critical", Reserve: schema.Reserve{Share: 6000}}, {Name: "batch"}}}
+	live := []schema.InstanceRecord{
+		{ID: "a", Holder: "a.1", Demand: 1400, ClassDemand: map[string]int64{"critical": 400, "batch": 1000}},
+		{ID: "b", Holder: "b.2", Demand: 1400, ClassDemand: map[string]int64{"critical": 400, "batch": 1000}},
+		{ID: "c", Holder: "c.3", Demand: 1000, ClassDemand: map[string]int64{"batch": 1000}},
+		{ID: "d", Holder: "d.4", Demand: 1000, ClassDemand: map[string]int64{"batch": 1000}},
+	}
+	target, reserves, err := Target(cfg, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int64{"a.1": 300, "b.2": 300, "c.3": 200, "d.4": 200}; !maps.Equal(target, want) {
+		t.Errorf("Target = %v, want %v", target, want)
+	}
+	if got := fmt.Sprint(reserves); got != "map[a.1:map[critical:300] b.2:map[critical:300]]" {
+		t.Errorf("reserves = %s, want critical 300 on a.1 and b.2", got)
+	}
+	// Critical goes idle: its reserve is lent, and nobody keeps any.
+	for i := range live {
+		live[i].ClassDemand["critical"] = 0
+	}
+	target, reserves, _ = Target(cfg, live)
+	if want := map[string]int64{"a.1": 250, "b.2": 250, "c.3": 250, "d.4": 250}; !maps.Equal(target, want) || reserves != nil {
+		t.Errorf("with critical idle: Target = %v, reserves %v; want 250 each, none kept", target, reserves)
 	}
 }

@@ -62,9 +62,9 @@ func (r *replica) tick() {
 		limit = 2 * w.prov.ctl.Ceiling
 	}
 	cfg := w.config(limit)
-	target := r.target(cfg)
+	target, reserves := r.target(cfg)
 	p := round.Policy(cfg)
-	p.MaxOps = w.cfg.MaxOps
+	p.MaxOps, p.Reserves = w.cfg.MaxOps, reserves
 	ch, err := ledger.Plan(st, p, target, r.clock())
 	if err != nil {
 		w.fail("replica %d: %v", r.id, err)
@@ -99,7 +99,7 @@ func (r *replica) tick() {
 
 // target is what configd's leader asks for the members registered in
 // etcd (round.Target): each registers under its holder name.
-func (r *replica) target(cfg schema.ProviderConfig) map[string]int64 {
+func (r *replica) target(cfg schema.ProviderConfig) (map[string]int64, map[string]map[string]int64) {
 	w := r.w
 	keys, kvs, _ := w.etcd.get("I/")
 	live := make([]schema.InstanceRecord, 0, len(keys))
@@ -107,17 +107,17 @@ func (r *replica) target(cfg schema.ProviderConfig) map[string]int64 {
 		var rep report
 		if err := json.Unmarshal(kvs[k].value, &rep); err != nil {
 			w.fail("replica %d: the record %s: %v", r.id, k, err)
-			return nil
+			return nil, nil
 		}
 		h := strings.TrimPrefix(k, "I/")
 		live = append(live, schema.InstanceRecord{ID: h, Holder: h, Demand: rep.Demand})
 	}
-	t, err := round.Target(cfg, live)
+	t, rs, err := round.Target(cfg, live)
 	if err != nil {
 		w.fail("round: %v", err)
-		return nil
+		return nil, nil
 	}
-	return t
+	return t, rs
 }
 
 // ops turns a change into etcd operations.

@@ -91,7 +91,7 @@ func (m *Member) standIn(ctx context.Context) error {
 	if first != m.id {
 		return nil
 	}
-	target, err := round.Target(cfg, live)
+	target, reserves, err := round.Target(cfg, live)
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,9 @@ func (m *Member) standIn(ctx context.Context) error {
 		clientv3.Compare(clientv3.CreateRevision(m.keys.Election()+"/"), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.ModRevision(m.keys.Config(m.provider)), "=", cfgs[0].ModRevision),
 	}
-	written, _, err := pb.Rounds(octx, round.Policy(cfg), target, standInRounds, conds...)
+	pol := round.Policy(cfg)
+	pol.Reserves = reserves
+	written, _, err := pb.Rounds(octx, pol, target, standInRounds, conds...)
 	for _, ch := range written {
 		m.log.Debug("ledger written, standing in for configd", "why", ch.Why)
 	}

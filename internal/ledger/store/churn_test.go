@@ -41,7 +41,7 @@ func TestJitteringDemandsKeepGrantsWithinTheHorizon(t *testing.T) {
 		for i := range live {
 			live[i].Demand = 65 + rng.Int64N(10) // smoothed demand, within ±7%, all of it under the limit
 		}
-		target, err := round.Target(cfg, live)
+		target, _, err := round.Target(cfg, live)
 		if err != nil {
 			t.Fatal(err)
 		}
