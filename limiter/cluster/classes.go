@@ -8,21 +8,39 @@ import (
 	"github.com/sluice-go/sluice/limiter"
 )
 
+// grantReserve is what the ledger's newest grant to this holder reserves
+// for each class, of its quota (ledger.Grant.Reserve); set once the
+// Follower has told it.
+type grantReserve struct {
+	reserve map[string]int64
+	quota   int64
+	set     bool
+}
+
 // memberClasses returns the limiter classes for config c: its classes in
-// order, each reserve a part of every window's quota, the part its reserve
-// is of the provider's limit (limiter.Class.Of). So an instance keeps for
-// a class the same part of whatever it may admit in a window — its share,
-// its ledger grant, the fallback, less any clock cut — as the class's
-// reserve is of the limit, and the instances' reserves add up to at most
-// the class's. The reserves are those of the limit in force (Reserves: an
-// adaptive provider's are cut in proportion under its ceiling). None when
-// c lists none.
-func memberClasses(c *schema.ProviderConfig) []limiter.Class {
+// order, each reserve a part of every window's quota. Under the ledger,
+// once a grant is held, the part is the one configd gave this holder:
+// what its grant reserves for the class of its quota, configd having
+// split each class's reserve over the instances that want the class
+// (round.Target). Otherwise it is the part the class's reserve is of the
+// provider's limit (limiter.Class.Of), so each instance keeps the same
+// part of whatever it may admit — its share, the fallback, less any clock
+// cut — and the instances' reserves add up to at most the class's. The
+// reserves are those of the limit in force (Reserves: an adaptive
+// provider's are cut in proportion under its ceiling). None when c lists
+// none.
+func memberClasses(c *schema.ProviderConfig, g grantReserve) []limiter.Class {
 	if c == nil || len(c.Classes) == 0 || c.Limit <= 0 {
 		return nil
 	}
-	rs := c.Reserves(c.Limit)
 	cs := make([]limiter.Class, len(c.Classes))
+	if g.set && g.quota > 0 {
+		for i, cl := range c.Classes {
+			cs[i] = limiter.Class{Name: cl.Name, Reserve: min(g.reserve[cl.Name], g.quota), Of: g.quota}
+		}
+		return cs
+	}
+	rs := c.Reserves(c.Limit)
 	for i, cl := range c.Classes {
 		cs[i] = limiter.Class{Name: cl.Name, Reserve: rs[i], Of: c.Limit}
 	}
@@ -34,10 +52,27 @@ func memberClasses(c *schema.ProviderConfig) []limiter.Class {
 // never set keeps those it was made with (limiter.WithClasses) while the
 // config lists none. Since each reserve is a part of the quota, a new
 // quota needs no new classes: the limiter scales them window by window,
-// whichever coordination set the quota. It runs on the run goroutine,
-// which owns m.classes.
+// whichever coordination set the quota.
 func (m *Member) applyClasses(c *schema.ProviderConfig) {
-	cs := memberClasses(c)
+	m.classMu.Lock()
+	defer m.classMu.Unlock()
+	m.classCfg = c
+	m.setClassesLocked()
+}
+
+// grantReserved is the Follower's report of a new reserve of the
+// holder's newest grant (ledgerstore.WithReserves); a zero quota says the
+// Member follows no grant, as when it leaves the ledger.
+func (m *Member) grantReserved(reserve map[string]int64, quota int64) {
+	m.classMu.Lock()
+	defer m.classMu.Unlock()
+	m.grantRes = grantReserve{reserve: reserve, quota: quota, set: quota > 0}
+	m.setClassesLocked()
+}
+
+func (m *Member) setClassesLocked() {
+	c := m.classCfg
+	cs := memberClasses(c, m.grantRes)
 	if m.classesSet && slices.Equal(cs, m.classes) || !m.classesSet && cs == nil {
 		return
 	}
@@ -48,7 +83,7 @@ func (m *Member) applyClasses(c *schema.ProviderConfig) {
 		return
 	}
 	m.classes, m.classesSet = cs, true
-	m.log.Info("classes applied", "classes", classesString(c))
+	m.log.Info("classes applied", "classes", classesString(c), "of_grant", m.grantRes.set)
 }
 
 func classesString(c *schema.ProviderConfig) string {
@@ -56,4 +91,11 @@ func classesString(c *schema.ProviderConfig) string {
 		return "none"
 	}
 	return c.ClassesString()
+}
+
+// hasClasses reports whether the Member gave its limiter classes.
+func (m *Member) hasClasses() bool {
+	m.classMu.Lock()
+	defer m.classMu.Unlock()
+	return m.classesSet && len(m.classes) > 0
 }

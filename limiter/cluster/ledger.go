@@ -45,7 +45,8 @@ func (s *following) toLedger() error {
 func (m *Member) followLedger(ctx context.Context, cfg schema.ProviderConfig) bool {
 	window := cfg.Window.D()
 	cut := &cutLimiter{Limiter: m.lim, m: m, bound: cfg.ClockBound()}
-	f, err := ledgerstore.NewFollower(m.cli, ledger.Keys(m.keys.Ledger(m.provider)), m.id, cut, window, m.log)
+	f, err := ledgerstore.NewFollower(m.cli, ledger.Keys(m.keys.Ledger(m.provider)), m.id, cut, window, m.log,
+		ledgerstore.WithReserves(m.grantReserved))
 	if err != nil {
 		m.log.Error("cannot follow the ledger", "err", err)
 		<-ctx.Done()
@@ -55,6 +56,7 @@ func (m *Member) followLedger(ctx context.Context, cfg schema.ProviderConfig) bo
 	m.log.Info("following the provider's ledger", "holder", m.holder)
 	fctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	defer m.grantReserved(nil, 0) // after the Follower's last report
 	defer wg.Wait()
 	defer cancel()
 	wg.Go(func() { f.Run(fctx) })

@@ -72,11 +72,16 @@ type Member struct {
 	// its own length: see apply.
 	enforcedShare *schema.ShareRecord
 	evenMarked    bool
-	// classes are the limiter classes the Member last gave its limiter
-	// from the config (applyClasses), if classesSet; owned by the run
-	// goroutine.
+	// classMu guards the classes the Member last gave its limiter
+	// (applyClasses), if classesSet, and what they were made from: the
+	// config's classes (classCfg) and the reserves of the ledger's newest
+	// grant (grantRes), which the run goroutine and the ledger's Follower
+	// each change.
+	classMu    sync.Mutex
 	classes    []limiter.Class
 	classesSet bool
+	classCfg   *schema.ProviderConfig
+	grantRes   grantReserve
 	noMarks    sync.Once // warned that the even-split confirmation may not be written
 	// budget is a budget lane's state (options.budget), owned by the run
 	// goroutine; nil for a Member of shares.

@@ -68,7 +68,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 			}
 		}
 		rep.lastAsked, rep.lastAt = asked, now
-		rep.classAsked = classAsked(st.Classes, m.classesSet && len(m.classes) > 0)
+		rep.classAsked = classAsked(st.Classes, m.hasClasses())
 	}
 	demand := int64(math.Round(rep.demand)) + st.WaitingPermits
 	m.setStatus(func(s *Status) { s.Demand = demand })
@@ -212,7 +212,7 @@ func classAsked(cs []limiter.ClassStats, on bool) map[string]int64 {
 // scale turns what a class asked since the last sample into permits per
 // window. A class not in the last sample starts from its next one.
 func (m *Member) sampleClasses(rep *reporter, cs []limiter.ClassStats, scale float64) {
-	asked := classAsked(cs, m.classesSet && len(m.classes) > 0)
+	asked := classAsked(cs, m.hasClasses())
 	if asked == nil {
 		rep.classDemand = nil
 		return

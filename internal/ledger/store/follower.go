@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"time"
 
@@ -34,6 +35,13 @@ type Follower struct {
 	log  *slog.Logger
 	// maxOps is the most operations of one transaction it writes.
 	maxOps int
+	// onReserve, when set, is told each new reserve of the holder's
+	// newest grant (WithReserves); lastRes and lastQuota are the last
+	// it was told. Owned by Run's goroutine.
+	onReserve func(reserve map[string]int64, quota int64)
+	lastRes   map[string]int64
+	lastQuota int64
+	told      bool
 }
 
 // FollowerOption configures a Follower.
@@ -42,6 +50,15 @@ type FollowerOption func(*Follower)
 // WithMaxOps makes the follower write its releases in transactions of at
 // most n operations: etcd's --max-txn-ops (default ledger.DefaultMaxOps).
 func WithMaxOps(n int) FollowerOption { return func(f *Follower) { f.maxOps = n } }
+
+// WithReserves makes the follower call fn, on its own goroutine, with
+// what the holder's newest grant reserves for each priority class and
+// that grant's quota (ledger.State.Reserve), each time they change once
+// enforced: the holder's limiter keeps reserve[c] of every quota for
+// class c.
+func WithReserves(fn func(reserve map[string]int64, quota int64)) FollowerOption {
+	return func(f *Follower) { f.onReserve = fn }
+}
 
 // ErrName is returned by NewFollower for a name no holder can carry.
 var ErrName = errors.New("store: invalid holder name")
@@ -198,6 +215,7 @@ func (f *Follower) sync(ctx context.Context) {
 		return
 	}
 	f.hold.Commit(next, rels, from)
+	f.tellReserve(next)
 	sent, ops, err := f.hold.Unsent()
 	if err != nil {
 		return
@@ -215,4 +233,18 @@ func (f *Follower) sync(ctx context.Context) {
 		f.hold.Stored(sent[:n])
 		sent, ops = sent[n:], ops[n:]
 	}
+}
+
+// tellReserve calls onReserve when the reserve of the newest grant in
+// st differs from the last one told.
+func (f *Follower) tellReserve(st *ledger.State) {
+	if f.onReserve == nil {
+		return
+	}
+	r, q := st.Reserve(f.hold.Name())
+	if f.told && q == f.lastQuota && maps.Equal(r, f.lastRes) {
+		return
+	}
+	f.lastRes, f.lastQuota, f.told = r, q, true
+	f.onReserve(r, q)
 }

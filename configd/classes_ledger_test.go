@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/limiter"
+	"github.com/sluice-go/sluice/limiter/cluster"
+)
+
+// classCounter counts, per aligned window of true time, what each class
+// is admitted across the members it floods.
+type classCounter struct {
+	w    time.Duration
+	mu   sync.Mutex
+	n    map[int64]map[string]int64
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+func newClassCounter(t *testing.T, w time.Duration) *classCounter {
+	ctx, stop := context.WithCancel(context.Background())
+	c := &classCounter{w: w, n: map[int64]map[string]int64{}, ctx: ctx, stop: stop}
+	t.Cleanup(func() { c.stop(); c.wg.Wait() })
+	return c
+}
+
+// flood has m take every permit it can for class, decided at once.
+func (c *classCounter) flood(m *cluster.Member, class string) {
+	ctx := limiter.WithClass(c.ctx, class)
+	c.wg.Go(func() {
+		for c.ctx.Err() == nil {
+			if err := m.Limiter().Acquire(ctx, 0); err != nil {
+				time.Sleep(200 * time.Microsecond)
+				continue
+			}
+			k := time.Now().UnixNano() / int64(c.w)
+			c.mu.Lock()
+			if c.n[k] == nil {
+				c.n[k] = map[string]int64{}
+			}
+			c.n[k][class]++
+			c.mu.Unlock()
+		}
+	})
+}
+
+// windows returns the counts of the complete windows from k on.
+func (c *classCounter) windows(from int64) (ks []int64, n map[int64]map[string]int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now().UnixNano() / int64(c.w)
+	n = map[int64]map[string]int64{}
+	for k, v := range c.n {
+		if k >= from && k < now {
+			n[k] = maps.Clone(v)
+		}
+	}
+	return slices.Sorted(maps.Keys(n)), n
+}
+
+// TestCriticalKeepsItsReserveAcrossTheFleet: batch floods four members
+// of a ledger provider of 400 per 100 ms, and critical, which reserves
+// 50%, floods two of them. configd splits critical's reserve over the
+// two that want it and raises their grants to hold it, so critical is
+// admitted its 200 in every window, though the two hold half the
+// fleet's quota; batch has the rest, and no window is over the limit.
+// With each instance keeping the same part of its own quota (50% of
+// 100), critical had 100.
+func TestCriticalKeepsItsReserveAcrossTheFleet(t *testing.T) {
+	srv := etcdtest.Start(t)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	server := "--server=" + r.url()
+	itCLI(t, "set", "api", "--limit", "400", "--window", itWindow.String(), "--coordination", "ledger",
+		"--algorithm", "fair", "--class", "critical=50%", "--class", "batch", server)
+	members := itJoin(t, srv, "api", "a", "b", "c", "d")
+	c := newClassCounter(t, itWindow)
+	for _, m := range members {
+		c.flood(m, "batch")
+	}
+	for _, m := range members[:2] {
+		c.flood(m, "critical")
+	}
+	itWait(t, "critical's reserve held by the two that want it", func() (bool, string) {
+		var held []string
+		for _, m := range members[:2] {
+			for _, cs := range m.Limiter().Stats().Classes {
+				if cs.Name == "critical" {
+					held = append(held, fmt.Sprintf("%s %d", m.ID(), cs.Reserve))
+				}
+			}
+		}
+		ks, n := c.windows(0)
+		if len(ks) == 0 {
+			return false, "nothing admitted yet"
+		}
+		last := n[ks[len(ks)-1]]
+		return last["critical"] >= 200, fmt.Sprintf("reserves %v; the last window admitted %v", held, last)
+	})
+	from := time.Now().UnixNano()/int64(itWindow) + 1
+	itWait(t, "30 windows more", func() (bool, string) {
+		ks, _ := c.windows(from)
+		return len(ks) >= 30, fmt.Sprintf("%d windows", len(ks))
+	})
+	ks, n := c.windows(from)
+	var short int
+	var critical, batch int64
+	for _, k := range ks {
+		total := n[k]["critical"] + n[k]["batch"]
+		if total > 400 {
+			t.Errorf("window %d admitted %d, over the limit 400: %v", k, total, n[k])
+		}
+		// A permit taken at a window's edge may be counted in the next.
+		if n[k]["critical"] < 200-2 {
+			short++
+			t.Logf("window %d: critical admitted %d of its reserve 200 (batch %d)", k, n[k]["critical"], n[k]["batch"])
+		}
+		critical, batch = critical+n[k]["critical"], batch+n[k]["batch"]
+	}
+	t.Logf("%d windows: critical %.1f, batch %.1f a window on average; %d windows short of the reserve", len(ks),
+		float64(critical)/float64(len(ks)), float64(batch)/float64(len(ks)), short)
+	if short > len(ks)/10 {
+		t.Errorf("critical was short of its reserve in %d of %d windows", short, len(ks))
+	}
+}
