@@ -139,6 +139,7 @@ FUZZ_TARGETS = \
 	./configd:FuzzPreconditions \
 	./limiter/cluster:FuzzObserve \
 	./consumer:FuzzDeadLetter \
+	./consumer:FuzzClass \
 	./examples/httphandler:FuzzBudgetHeader \
 	./examples/httphandler:FuzzParseRetryAfter \
 	./agent:FuzzDecodeAcquire \

@@ -135,7 +135,7 @@ func New(cfg Config, lim Limiter, handler Handler, opts ...Option) (*Consumer, e
 	var take permits
 	if lim == nil {
 		errs = append(errs, &ConfigError{Field: "lim", Value: nil, Rule: "a Limiter is required"})
-	} else if t, err := newPermits(lim, o.cost); err != nil {
+	} else if t, err := newPermits(lim, o.cost, o.class); err != nil {
 		errs = append(errs, err)
 	} else {
 		take = t

@@ -59,12 +59,19 @@ type grantKey struct{}
 // without a cost).
 type permits func(ctx context.Context, msg kafka.Message, maxWait time.Duration) (limiter.Grant, error)
 
-// newPermits returns how the Consumer takes its permits from lim.
-func newPermits(lim Limiter, cost func(kafka.Message) []limiter.Amount) (permits, error) {
+// newPermits returns how the Consumer takes its permits from lim: of
+// the message's class, with class (WithClass).
+func newPermits(lim Limiter, cost func(kafka.Message) []limiter.Amount, class func(kafka.Message) string) (permits, error) {
 	if cost == nil {
-		return func(ctx context.Context, _ kafka.Message, maxWait time.Duration) (limiter.Grant, error) {
+		return func(ctx context.Context, msg kafka.Message, maxWait time.Duration) (limiter.Grant, error) {
+			if name := classOf(class, msg); name != "" {
+				ctx = limiter.WithClass(ctx, name)
+			}
 			return limiter.Grant{}, lim.AcquireN(ctx, 1, maxWait)
 		}, nil
+	}
+	if class != nil {
+		return nil, &ConfigError{Field: "WithClass", Value: "a class function", Rule: "not with WithCost: a limiter.Multi does not serve priority classes"}
 	}
 	cl, ok := lim.(CostLimiter)
 	if !ok {

@@ -38,6 +38,25 @@
 //		return []limiter.Amount{limiter.Cost("tokens", maxTokens(msg))}
 //	}))
 //
+// # Priority classes
+//
+// With a limiter that serves priority classes (limiter.WithClasses, or
+// the limiter of a cluster.Member whose provider lists classes), WithClass
+// names each message's class, here from its "priority" header, so that a
+// flood of batch messages cannot take the permits kept for critical ones,
+// and critical messages waiting for a permit go ahead of batch's:
+//
+//	c, err := consumer.New(cfg, lim, handle, consumer.WithClass(consumer.ClassHeader("priority")))
+//
+// Every permit of the message, its retries' included, is of that class. A
+// message naming no class, a class the limiter does not list, or a string
+// that is no class name, is served as the limiter's default class: it is
+// never held back or dead-lettered for its class. Classes order the waits
+// for permits, not the fetch: a message still waits its turn in its
+// partition or key (Config.Ordering) and for a free worker, so give
+// Config.Workers room beyond what a flood of lower classes keeps busy.
+// WithCost does not take classes (a limiter.Multi serves none).
+//
 // # Flow and guarantees
 //
 // One goroutine fetches messages (kafka-go's Reader, FetchMessage), a pool

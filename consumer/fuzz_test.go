@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/sluice-go/sluice/limiter"
 )
 
 // sink is a MessageWriter that keeps what it is given. With a limit, it
@@ -218,4 +220,55 @@ func checkLetter(t *testing.T, dl, msg kafka.Message, orig []kafka.Header, errTe
 	if n := len(kept); len(dl.Headers) < n+5 || dl.Headers[n].Key != HeaderError || dl.Headers[n+4].Key != HeaderOffset {
 		t.Fatalf("headers %q: want the message's, then the consumer's from %s", dl.Headers, HeaderError)
 	}
+}
+
+// classCapture is a Limiter that keeps the class each acquisition's
+// context named.
+type classCapture struct {
+	name  string
+	named bool
+}
+
+func (c *classCapture) AcquireN(ctx context.Context, _ int64, _ time.Duration) error {
+	c.name, c.named = limiter.ClassOf(ctx)
+	return nil
+}
+
+func (c *classCapture) Backoff(time.Duration) {}
+
+// FuzzClass takes the permit of a message with arbitrary headers under
+// WithClass(ClassHeader("priority")). No panic; the limiter is asked for
+// the class the last "priority" header names when that is a class name
+// (limiter.ValidClassName), and for none otherwise.
+func FuzzClass(f *testing.F) {
+	f.Add([]byte("priority\xffcritical\xff"))
+	f.Add([]byte("priority\xffbatch\xffpriority\xffcritical\xff"))
+	f.Add([]byte("priority\xffcritical\xffpriority\xffNOT VALID\xff"))
+	f.Add([]byte("Priority\xffcritical\xff"))
+	f.Add([]byte("priority\xff\xff"))
+	f.Add([]byte("priority\xff" + strings.Repeat("a", 33) + "\xff"))
+	f.Add([]byte("trace\xfft1\xff"))
+	f.Fuzz(func(t *testing.T, hdrs []byte) {
+		lim := &classCapture{}
+		take, err := newPermits(lim, nil, ClassHeader("priority"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := kafka.Message{Headers: headersOf(hdrs)}
+		if _, err := take(t.Context(), msg, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		want := ""
+		for _, h := range msg.Headers {
+			if h.Key == "priority" {
+				want = string(h.Value)
+			}
+		}
+		if !limiter.ValidClassName(want) {
+			want = ""
+		}
+		if lim.named != (want != "") || lim.name != want {
+			t.Fatalf("headers %q: the limiter was asked for class %q (named %v), want %q", msg.Headers, lim.name, lim.named, want)
+		}
+	})
 }

@@ -20,6 +20,7 @@ type options struct {
 	readerConfig func(*kafka.ReaderConfig)
 	dlq          MessageWriter
 	cost         func(kafka.Message) []limiter.Amount
+	class        func(kafka.Message) string
 }
 
 type optionFunc func(*options)
