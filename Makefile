@@ -142,6 +142,7 @@ FUZZ_TARGETS = \
 	./consumer:FuzzClass \
 	./examples/httphandler:FuzzBudgetHeader \
 	./examples/httphandler:FuzzParseRetryAfter \
+	./examples/httphandler:FuzzClassHeader \
 	./agent:FuzzDecodeAcquire \
 	./agent:FuzzHandler
 

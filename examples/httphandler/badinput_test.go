@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,6 +103,10 @@ func TestBadFlagCombinations(t *testing.T) {
 		{[]string{"-tokens-fallback", "-1", "-tokens-provider", "llm-tokens", "-etcd-endpoints", "http://127.0.0.1:2379"}, "-tokens-fallback -1: must be ≥ 0"},
 		{[]string{"-transit", "-1ms"}, "-transit -1ms: must be ≥ 0"},
 		{[]string{"-transit", "5ms", "-etcd-endpoints", "http://127.0.0.1:2379", "-ntp-servers", "127.0.0.1:123"}, "not given with -ntp-servers"},
+		{[]string{"-class", "Critical"}, "class name must be 1 to 32 lower-case letters"},
+		{[]string{"-class", "critical=101%"}, "reserve"},
+		{[]string{"-class", "critical=60%", "-etcd-endpoints", "http://127.0.0.1:2379"}, "-class is a local limiter's"},
+		{[]string{"-class", "critical=60%", "-tokens-limit", "100"}, "-class is a local limiter's"},
 	} {
 		_, err := parseFlags(tc.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -110,5 +115,38 @@ func TestBadFlagCombinations(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"-tokens-provider", "llm-tokens", "-etcd-endpoints", "http://127.0.0.1:2379"}, io.Discard); err != nil {
 		t.Errorf("-tokens-provider with -etcd-endpoints: %v", err)
+	}
+	c, err := parseFlags([]string{"-class", "critical=60%", "-class", "default", "-class", "batch=5"}, io.Discard)
+	want := []limiter.Class{{Name: "critical", Reserve: 6000, Of: 10000}, {Name: "default"}, {Name: "batch", Reserve: 5}}
+	if err != nil || !slices.Equal(c.join.Classes, want) {
+		t.Errorf("-class critical=60%% -class default -class batch=5: %+v, %v, want %+v", c.join.Classes, err, want)
+	}
+}
+
+// TestBadClassHeader: an X-Sluice-Class that is no class name is
+// answered 400 naming the header and the rule, with no downstream call
+// and no permit taken.
+func TestBadClassHeader(t *testing.T) {
+	lim, err := limiter.New(1000, time.Second, limiter.WithClasses(limiter.Class{Name: "critical", Reserve: 10}, limiter.Class{Name: "batch"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	down := &fakeDown{}
+	h := &handler{lim: lim, down: down, budget: 300 * time.Millisecond, callTime: 20 * time.Millisecond}
+	for _, class := range []string{"Critical", "critical ", " critical", "1st", "-x", "crit ical", "critical,batch", "\x00", "é", strings.Repeat("a", 33)} {
+		rec := serveClass(h, class)
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), ClassHeader) || !strings.Contains(rec.Body.String(), "lower-case letters") {
+			t.Errorf("class %.40q: %d %q, want 400 naming the header and the rule", class, rec.Code, rec.Body)
+		}
+	}
+	if n, st := down.calls.Load(), lim.Stats(); n != 0 || st.Admitted != 0 {
+		t.Errorf("bad classes made %d downstream calls and took %d permits", n, st.Admitted)
+	}
+	// Valid names, listed or not, are served.
+	for _, class := range []string{"critical", "batch", "nonesuch", strings.Repeat("a", 32)} {
+		if rec := serveClass(h, class); rec.Code != http.StatusOK {
+			t.Errorf("class %q: %d %q", class, rec.Code, rec.Body)
+		}
 	}
 }

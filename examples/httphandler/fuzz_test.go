@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -55,6 +56,39 @@ func FuzzParseRetryAfter(f *testing.F) {
 		d := parseRetryAfter(s, time.Unix(nowUnix, 0))
 		if d < 0 || d > time.Hour {
 			t.Fatalf("parseRetryAfter(%q) = %v, want 0..1h", s, d)
+		}
+	})
+}
+
+// FuzzClassHeader serves a request with an arbitrary X-Sluice-Class to a
+// limiter with classes. No panic; a class name is served (200), anything
+// else is answered 400 with no downstream call and no permit taken.
+func FuzzClassHeader(f *testing.F) {
+	for _, s := range []string{"critical", "batch", "", "nonesuch", "Critical", "critical ", "\x00", "a-b_c9"} {
+		f.Add(s)
+	}
+	lim, err := limiter.New(1<<39, time.Second, limiter.WithClasses(limiter.Class{Name: "critical", Reserve: 1}, limiter.Class{Name: "batch"}))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { lim.Close() })
+	f.Fuzz(func(t *testing.T, class string) {
+		down := &fakeDown{}
+		h := &handler{lim: lim, down: down, budget: 10 * time.Millisecond, callTime: time.Millisecond}
+		before := lim.Stats().Admitted
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header[ClassHeader] = []string{class} // as sent, not as Set would clean it
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		want := http.StatusOK
+		if class != "" && !limiter.ValidClassName(class) {
+			want = http.StatusBadRequest
+		}
+		if rec.Code != want {
+			t.Fatalf("class %q: %d %q, want %d", class, rec.Code, rec.Body, want)
+		}
+		if want == http.StatusBadRequest && (down.calls.Load() != 0 || lim.Stats().Admitted != before) {
+			t.Fatalf("class %q: 400 after calling the downstream or taking a permit", class)
 		}
 	})
 }

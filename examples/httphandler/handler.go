@@ -27,6 +27,15 @@ const (
 	TokensUsedHeader = "X-Tokens-Used"
 )
 
+// ClassHeader names a request's priority class ("critical", "batch"):
+// its permit is of that class (limiter.WithClass), so that a flood of a
+// lower class cannot take what the limiter keeps for a higher one. A
+// request without it, or naming a class the limiter does not list, is of
+// the limiter's default class; one that is no class name at all is
+// answered 400. Classes are served with one limit; a Multi (a tokens
+// limit) serves none, and takes every request alike.
+const ClassHeader = "X-Sluice-Class"
+
 // tokens is the dimension of the tokens limit.
 const tokens = "tokens"
 
@@ -67,14 +76,18 @@ type handler struct {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	budget, estimate, err := h.request(r)
+	budget, estimate, class, err := h.request(r)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	// The request's deadline: the budget, or sooner if the client's
 	// context already has one.
-	ctx, cancel := context.WithTimeout(r.Context(), budget)
+	ctx := r.Context()
+	if class != "" {
+		ctx = limiter.WithClass(ctx, class)
+	}
+	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 
@@ -121,24 +134,31 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// request reads a request's latency budget and estimated tokens.
-func (h *handler) request(r *http.Request) (budget time.Duration, estimate int64, err error) {
+// request reads a request's latency budget, estimated tokens and
+// priority class ("" for none).
+func (h *handler) request(r *http.Request) (budget time.Duration, estimate int64, class string, err error) {
 	budget, estimate = h.budget, h.tokens
 	if s := r.Header.Get(BudgetHeader); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 {
-			return 0, 0, errors.New(BudgetHeader + ": want a positive duration such as 150ms")
+			return 0, 0, "", errors.New(BudgetHeader + ": want a positive duration such as 150ms")
 		}
 		budget = d
 	}
 	if s := r.Header.Get(TokensHeader); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || n < 0 {
-			return 0, 0, errors.New(TokensHeader + ": want a whole number of tokens, 0 or more")
+			return 0, 0, "", errors.New(TokensHeader + ": want a whole number of tokens, 0 or more")
 		}
 		estimate = n
 	}
-	return budget, estimate, nil
+	if class = r.Header.Get(ClassHeader); class != "" && !limiter.ValidClassName(class) {
+		// A typo in a name is served as the default class, as the
+		// limiter serves any name it does not list; a value that cannot
+		// be a name is a client's bug, said at once.
+		return 0, 0, "", errors.New(ClassHeader + ": want a class name: 1 to 32 lower-case letters, digits, '_' or '-', starting with a letter")
+	}
+	return budget, estimate, class, nil
 }
 
 // acquire waits up to wait for one call's permits: one request, and

@@ -256,3 +256,54 @@ func TestTwoLimitsSettleAgainstStub(t *testing.T) {
 			sum, len(calls), stats[1].Admitted, -stats[1].Settled, h.ok.Load(), h.refused.Load())
 	})
 }
+
+func serveClass(h http.Handler, class string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	if class != "" {
+		req.Header.Set(ClassHeader, class)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// TestClassHeaderKeepsTheReserve: batch requests take what the window
+// has beyond critical's reserve and are refused after; critical ones,
+// named by X-Sluice-Class, still get the reserve. A request naming no
+// class, or one the limiter does not list, is of the default class
+// (batch, the last), and gets no part of the reserve.
+func TestClassHeaderKeepsTheReserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+		lim, err := limiter.New(10, time.Second, limiter.WithClasses(
+			limiter.Class{Name: "critical", Reserve: 4}, limiter.Class{Name: "batch"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lim.Close()
+		down := &fakeDown{}
+		h := &handler{lim: lim, down: down, budget: 50 * time.Millisecond, callTime: 20 * time.Millisecond}
+		codes := func(class string, n int) map[int]int {
+			out := map[int]int{}
+			for range n {
+				out[serveClass(h, class).Code]++
+			}
+			return out
+		}
+		if got := codes("batch", 10); got[http.StatusOK] != 6 || got[http.StatusServiceUnavailable] != 4 {
+			t.Fatalf("10 batch requests: %v, want 6 ok and 4 refused (4 kept for critical)", got)
+		}
+		for _, class := range []string{"", "nonesuch", "default"} {
+			if got := codes(class, 1); got[http.StatusServiceUnavailable] != 1 {
+				t.Fatalf("a request of class %q after batch's part: %v, want refused as batch", class, got)
+			}
+		}
+		if got := codes("critical", 5); got[http.StatusOK] != 4 || got[http.StatusServiceUnavailable] != 1 {
+			t.Fatalf("5 critical requests: %v, want 4 ok (the reserve) and 1 refused", got)
+		}
+		st := lim.Stats()
+		if st.Classes[0].Admitted != 4 || st.Classes[1].Admitted != 6 || down.calls.Load() != 10 {
+			t.Fatalf("classes %+v, %d downstream calls", st.Classes, down.calls.Load())
+		}
+	})
+}

@@ -23,6 +23,13 @@
 //	go run ./examples/httphandler -limit 100 -tokens-limit 20000 -downstream-tokens-limit 20000
 //	curl -i -H 'X-Tokens: 800' http://127.0.0.1:8080/
 //
+// With -class, repeated, the local limiter serves priority classes,
+// highest first, each with an optional reserve (a count, or a share of
+// the limit); a request names its class with X-Sluice-Class:
+//
+//	go run ./examples/httphandler -limit 100 -class critical=60% -class default -class batch
+//	curl -i -H 'X-Sluice-Class: critical' http://127.0.0.1:8080/
+//
 // With -etcd-endpoints it joins a provider and enforces the share configd
 // gives it; with -tokens-provider too, it joins a second provider whose
 // limit counts tokens, and enforces both shares together
@@ -32,6 +39,9 @@
 //	    -downstream http://payments.internal/charge
 //	go run ./examples/httphandler -etcd-endpoints http://127.0.0.1:2379 -provider llm-api \
 //	    -tokens-provider llm-api-tokens -downstream http://llm.internal/complete
+//
+// A joined provider's classes are those configd sets (configd set
+// --class), and X-Sluice-Class names them the same way.
 //
 // It runs until SIGINT/SIGTERM (or -duration).
 package main
@@ -48,6 +58,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -55,7 +66,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-go/sluice/examples/internal/join"
+	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/internal/stub"
+	"github.com/sluice-go/sluice/limiter"
 )
 
 type config struct {
@@ -101,6 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.transit, "transit", 0, "the most a call takes to reach the provider, which counts it when it arrives: no permit is granted within it of a window boundary (the limiter's guard band), so none arrives in the next window; not with -ntp-servers, whose measurement sets the band")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long; 0: until signalled")
 	fs.Int64Var(&c.join.Limit, "limit", 100, "the local limiter's quota per window (without -etcd-endpoints)")
+	fs.Var(classFlag{&c.join.Classes}, "class", "a priority class of the local limiter, NAME or NAME=RESERVE (a count, or a share such as 60%); repeat it, highest first")
 	fs.Int64Var(&c.join.TokensLimit, "tokens-limit", 0, "a second limit: tokens per window (-window), enforced with the requests limit; 0: none")
 	fs.Int64Var(&c.tokens, "tokens", 100, "estimated tokens of a request that does not send "+TokensHeader+" (with -tokens-limit or -tokens-provider)")
 	fs.Int64Var(&c.downstreamTokens, "downstream-tokens-limit", 0, "the in-process stub's tokens limit per window; 0: it does not limit tokens")
@@ -138,12 +152,46 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-tokens-limit is a local limit: with -etcd-endpoints, the tokens limit is a provider's, named with -tokens-provider")
 	case c.join.TokensProvider != "" && len(c.join.Endpoints) == 0:
 		return c, errors.New("-tokens-provider needs -etcd-endpoints (a local tokens limit is -tokens-limit)")
+	case len(c.join.Classes) > 0 && (len(c.join.Endpoints) > 0 || c.join.TokensLimit > 0):
+		return c, errors.New("-class is a local limiter's: a joined provider's classes are its config's (configd set --class), and a tokens limit serves none")
 	case len(c.join.NTPServers) > 0 && len(c.join.Endpoints) == 0:
 		return c, errors.New("-ntp-servers needs -etcd-endpoints")
 	case c.transit < 0 || (c.transit > 0 && len(c.join.NTPServers) > 0):
 		return c, fmt.Errorf("-transit %v: must be ≥ 0, and not given with -ntp-servers (the clock measurement sets the guard band)", c.transit)
 	}
 	return c, nil
+}
+
+// classFlag collects -class values as configd's --class reads them. A
+// share of the limit is kept as hundredths of a percent of it
+// (limiter.Class.Of), so that it follows the quota.
+type classFlag struct{ cs *[]limiter.Class }
+
+func (f classFlag) String() string {
+	if f.cs == nil {
+		return ""
+	}
+	var parts []string
+	for _, c := range *f.cs {
+		parts = append(parts, c.Name)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f classFlag) Set(s string) error {
+	c, err := schema.ParseClass(s)
+	if err != nil {
+		return err
+	}
+	lc := limiter.Class{Name: c.Name, Reserve: c.Reserve.Count}
+	if c.Reserve.Share != 0 {
+		lc.Reserve, lc.Of = c.Reserve.Share, 10000
+	}
+	*f.cs = append(*f.cs, lc)
+	if len(*f.cs) > limiter.MaxClasses {
+		return fmt.Errorf("at most %d classes", limiter.MaxClasses)
+	}
+	return nil
 }
 
 // run serves until ctx ends or cfg.duration passes.

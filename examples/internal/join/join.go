@@ -46,6 +46,10 @@ type Config struct {
 	TokensProvider string
 	ID             string // instance id; "" lets cluster choose
 	Limit          int64  // local quota (no Endpoints)
+	// Classes, without Endpoints and TokensLimit, are the local limiter's
+	// priority classes (limiter.WithClasses). A joined provider's come
+	// from its config (configd set --class).
+	Classes []limiter.Class
 	// TokensLimit, without Endpoints, is a local second limit: tokens per
 	// Window, held with Limit in Multi.
 	TokensLimit int64
@@ -145,6 +149,9 @@ func Open(ctx context.Context, cfg Config) (*Joined, error) {
 		var opts []limiter.Option
 		if cfg.ClockSkew != 0 {
 			opts = append(opts, limiter.WithClock(skewed(cfg.ClockSkew)))
+		}
+		if len(cfg.Classes) > 0 {
+			opts = append(opts, limiter.WithClasses(cfg.Classes...))
 		}
 		return openLocal(cfg, labels, opts)
 	}
