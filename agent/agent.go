@@ -372,6 +372,12 @@ type Request struct {
 	Cost []limiter.Amount
 	// MaxWait is the longest the caller waits (Acquire, Reserve).
 	MaxWait time.Duration
+	// Class names the call's priority class ("": none): Acquire waits as
+	// that class (limiter.WithClass). A class the provider does not list
+	// is its default class. A limiter.Multi, which every provider is,
+	// serves no classes yet, and TryAcquire and Reserve take no context
+	// in the library: until both change, every call is of one class.
+	Class string
 }
 
 // Granted is an acquisition's outcome: the grant's or reservation's id,
@@ -391,6 +397,9 @@ func (a *Agent) Acquire(ctx context.Context, req Request) (Granted, error) {
 	if err != nil {
 		t.count(opAcquire, err)
 		return Granted{}, err
+	}
+	if req.Class != "" {
+		ctx = limiter.WithClass(ctx, req.Class)
 	}
 	g, err := p.multi.Acquire(ctx, req.MaxWait, req.Cost...)
 	if err != nil {
@@ -511,6 +520,14 @@ func (a *Agent) check(req Request) error {
 		return err
 	}
 	return checkCost(req.Cost)
+}
+
+// checkClass refuses a class that is no class name; "" names none.
+func checkClass(c string) error {
+	if c != "" && !limiter.ValidClassName(c) {
+		return fmt.Errorf("%w: class %.40q: 1 to 32 lower-case letters, digits, '_' or '-', starting with a letter", ErrBadRequest, c)
+	}
+	return nil
 }
 
 func checkCaller(c string) error {

@@ -22,6 +22,12 @@ var fuzzSeeds = []string{
 	`{"provider":"llm","provider":"x"}`,
 	`{"id":"g1-1","cost":{"tokens":3}}`,
 	`{"provider":"llm"}{}`,
+	`{"provider":"llm","class":"critical","max_wait_ms":5}`,
+	`{"provider":"llm","class":"Critical"}`,
+	`{"provider":"llm","class":""}`,
+	`{"provider":"llm","class":"a-b_c9"}`,
+	`{"provider":"llm","class":"critical\u0000"}`,
+	`{"provider":"llm","class":7}`,
 	`null`, `""`, `{`, `[1]`, "\xff",
 }
 
@@ -55,6 +61,9 @@ func FuzzDecodeAcquire(f *testing.F) {
 		}
 		if err := checkCaller(req.Caller); err != nil {
 			t.Fatalf("accepted a caller checkCaller refuses: %v", err)
+		}
+		if req.Class != "" && !limiter.ValidClassName(req.Class) {
+			t.Fatalf("accepted class %q, which is no class name", req.Class)
 		}
 	})
 }

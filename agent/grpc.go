@@ -82,7 +82,10 @@ func (g grpcAgent) request(in *agentpb.AcquireRequest) (Request, error) {
 	if err := checkCaller(in.Caller); err != nil {
 		return Request{}, err
 	}
-	return Request{Provider: in.Provider, Caller: in.Caller, Cost: cost, MaxWait: w}, nil
+	if err := checkClass(in.Class); err != nil {
+		return Request{}, err
+	}
+	return Request{Provider: in.Provider, Caller: in.Caller, Cost: cost, MaxWait: w, Class: in.Class}, nil
 }
 
 func (g grpcAgent) acquire(ctx context.Context, in *agentpb.AcquireRequest, op func(context.Context, Request) (Granted, error)) (*agentpb.AcquireResponse, error) {

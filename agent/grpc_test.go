@@ -270,3 +270,47 @@ func TestGRPCCanceledCallerHoldsNothing(t *testing.T) {
 		t.Errorf("stats %+v: want the cancelled permit given back", st)
 	}
 }
+
+// TestClassField: acquire, try_acquire and reserve take a class over
+// HTTP and gRPC alike; a class name is served (listed by the provider or
+// not), anything else is refused with BAD_REQUEST naming the class, and
+// takes nothing.
+func TestClassField(t *testing.T) {
+	s := serve(t, conf(local("api", limiter.Limit{Quota: 1000, Window: time.Hour})))
+	c := grpcClient(t, "unix://"+filepath.Join(s.dir, "g.sock"))
+	ctx := context.Background()
+	paths := []string{"/v1/acquire", "/v1/try_acquire", "/v1/reserve"}
+	grpcOps := []func(*agentpb.AcquireRequest) error{
+		func(r *agentpb.AcquireRequest) error { _, err := c.Acquire(ctx, r); return err },
+		func(r *agentpb.AcquireRequest) error { _, err := c.TryAcquire(ctx, r); return err },
+		func(r *agentpb.AcquireRequest) error { _, err := c.Reserve(ctx, r); return err },
+	}
+	taken := int64(0)
+	for _, class := range []string{"critical", "batch", "nonesuch", "a-b_c9", ""} {
+		for i, path := range paths {
+			if a := s.post(t, path, `{"provider":"api","class":"`+class+`"}`); a.Status != 200 {
+				t.Errorf("%s class %q: %+v", path, class, a)
+			}
+			if err := grpcOps[i](&agentpb.AcquireRequest{Provider: "api", Class: class}); err != nil {
+				t.Errorf("gRPC %s class %q: %v", path, class, err)
+			}
+			taken += 2
+		}
+	}
+	// Each bad class as JSON writes it, and as it is.
+	for _, class := range [][2]string{{"Critical", "Critical"}, {"critical ", "critical "}, {"9lives", "9lives"},
+		{"-x", "-x"}, {"é", "é"}, {`crit\u0000`, "crit\x00"}, {strings.Repeat("a", 33), strings.Repeat("a", 33)}} {
+		for i, path := range paths {
+			if a := s.post(t, path, `{"provider":"api","class":"`+class[0]+`"}`); a.Status != 400 || a.Error != ReasonBadRequest || !strings.Contains(a.Message, "class") {
+				t.Errorf("%s class %q: %+v, want 400 BAD_REQUEST naming the class", path, class[1], a)
+			}
+			err := grpcOps[i](&agentpb.AcquireRequest{Provider: "api", Class: class[1]})
+			if code, reason := reasonOf(err); code != codes.InvalidArgument || reason != ReasonBadRequest || !strings.Contains(err.Error(), "class") {
+				t.Errorf("gRPC %s class %q: %v, want InvalidArgument BAD_REQUEST naming the class", path, class[1], err)
+			}
+		}
+	}
+	if r := s.limit(t, "api", 0).Remaining; r != 1000-taken {
+		t.Errorf("remaining %d, want %d: a refused class took permits", r, 1000-taken)
+	}
+}

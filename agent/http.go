@@ -25,7 +25,7 @@ import (
 // arrive whole within Config.HeaderTimeout is BAD_REQUEST with 408, so
 // that the client knows the agent closed the connection for its slowness.
 //
-//	POST /v1/acquire      {"provider", "caller", "cost": {"tokens": 700}, "max_wait_ms": 200} → {"grant", "cost"}
+//	POST /v1/acquire      {"provider", "caller", "cost": {"tokens": 700}, "max_wait_ms": 200, "class": "critical"} → {"grant", "cost"}
 //	POST /v1/try_acquire  the same, never waiting
 //	POST /v1/reserve      the same → {"reservation", "delay_ms", "cost"}
 //	POST /v1/cancel       {"id", "caller"} → {}
@@ -44,6 +44,7 @@ type AcquireJSON struct {
 	Caller    string           `json:"caller,omitempty"`
 	Cost      map[string]int64 `json:"cost,omitempty"`
 	MaxWaitMS float64          `json:"max_wait_ms,omitempty"`
+	Class     string           `json:"class,omitempty"`
 }
 
 // IDJSON is the body of cancel and settle.
@@ -68,7 +69,8 @@ type errorJSON struct {
 // DecodeAcquire reads an acquisition from body: one JSON object, no
 // unknown fields, nothing after it, a wait in milliseconds from 0 to
 // maxWait, costs 0 to limiter.MaxQuota in at most limiter.MaxLimits valid
-// dimensions. Any error wraps ErrBadRequest.
+// dimensions, a class that is a class name (limiter.ValidClassName) or
+// none. Any error wraps ErrBadRequest.
 func DecodeAcquire(body []byte, maxWait time.Duration) (Request, error) {
 	var in AcquireJSON
 	if err := decodeStrict(body, &in); err != nil {
@@ -85,8 +87,11 @@ func DecodeAcquire(body []byte, maxWait time.Duration) (Request, error) {
 	if err != nil {
 		return Request{}, err
 	}
-	req := Request{Provider: in.Provider, Caller: in.Caller, Cost: cost, MaxWait: w}
+	req := Request{Provider: in.Provider, Caller: in.Caller, Cost: cost, MaxWait: w, Class: in.Class}
 	if err := checkCaller(req.Caller); err != nil {
+		return Request{}, err
+	}
+	if err := checkClass(req.Class); err != nil {
 		return Request{}, err
 	}
 	return req, nil

@@ -36,7 +36,14 @@ type AcquireRequest struct {
 	// unless it names requests.
 	Cost map[string]int64 `protobuf:"bytes,3,rep,name=cost,proto3" json:"cost,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// max_wait_ms is the longest the caller will wait, in milliseconds.
-	MaxWaitMs     float64 `protobuf:"fixed64,4,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
+	MaxWaitMs float64 `protobuf:"fixed64,4,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
+	// class names the call's priority class ("critical"): 1 to 32
+	// lower-case letters, digits, '_' or '-', starting with a letter, or
+	// empty for none; anything else is refused with BAD_REQUEST. A class
+	// the provider does not list is its default class, as in the library.
+	// The agent's providers are limiter.Multi, which serves no classes
+	// yet: until it does, every call is of one class.
+	Class         string `protobuf:"bytes,5,opt,name=class,proto3" json:"class,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -97,6 +104,13 @@ func (x *AcquireRequest) GetMaxWaitMs() float64 {
 		return x.MaxWaitMs
 	}
 	return 0
+}
+
+func (x *AcquireRequest) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
 }
 
 type AcquireResponse struct {
@@ -407,12 +421,13 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x0fsluice.agent.v1\"\xdc\x01\n" +
+	"\vagent.proto\x12\x0fsluice.agent.v1\"\xf2\x01\n" +
 	"\x0eAcquireRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x16\n" +
 	"\x06caller\x18\x02 \x01(\tR\x06caller\x12=\n" +
 	"\x04cost\x18\x03 \x03(\v2).sluice.agent.v1.AcquireRequest.CostEntryR\x04cost\x12\x1e\n" +
-	"\vmax_wait_ms\x18\x04 \x01(\x01R\tmaxWaitMs\x1a7\n" +
+	"\vmax_wait_ms\x18\x04 \x01(\x01R\tmaxWaitMs\x12\x14\n" +
+	"\x05class\x18\x05 \x01(\tR\x05class\x1a7\n" +
 	"\tCostEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xa0\x01\n" +
