@@ -10,7 +10,8 @@ from .errors import SluiceError, error_for
 DEFAULT_SOCKET = "/run/sluice/agent.sock"
 
 
-def acquire_body(provider: str, caller: str, cost: Mapping[str, int], max_wait: Optional[float]) -> bytes:
+def acquire_body(provider: str, caller: str, cost: Mapping[str, int], max_wait: Optional[float],
+                 class_: Optional[str] = None) -> bytes:
     body: Dict[str, Any] = {"provider": provider}
     if caller:
         body["caller"] = caller
@@ -18,7 +19,18 @@ def acquire_body(provider: str, caller: str, cost: Mapping[str, int], max_wait: 
         body["cost"] = dict(cost)
     if max_wait:
         body["max_wait_ms"] = max_wait * 1000.0
+    if class_:
+        body["class"] = class_
     return json.dumps(body).encode()
+
+
+def pick_class(call: Optional[str], default: Optional[str]) -> Optional[str]:
+    """The class a call names: its own, else its limiter's. The agent
+    checks the name (InvalidRequest); only its type is checked here."""
+    c = default if call is None else call
+    if c is not None and not isinstance(c, str):
+        raise TypeError(f"class_: want a str, got {c!r}")
+    return c
 
 
 def id_body(id: str, caller: str, cost: Optional[Mapping[str, int]] = None) -> bytes:

@@ -235,29 +235,34 @@ class AsyncLimiter:
     for every limit to have room and raises ``Timeout`` at once when the
     earliest permit lies further away. Each request in flight has a
     connection of its own, so many tasks can wait at once; use an
-    AsyncLimiter from one event loop.
+    AsyncLimiter from one event loop. ``class_`` names the calls'
+    priority class, as Limiter's does.
     """
 
-    def __init__(self, provider: str, *, caller: str = "", socket: Optional[str] = None,
-                 url: Optional[str] = None, token: Optional[str] = None) -> None:
+    def __init__(self, provider: str, *, caller: str = "", class_: Optional[str] = None,
+                 socket: Optional[str] = None, url: Optional[str] = None, token: Optional[str] = None) -> None:
         self.provider = provider
         self.caller = caller
+        self.class_ = _wire.pick_class(class_, None)
         self._t = AsyncTransport(socket, url, token)
 
-    def acquire(self, cost: Optional[Mapping[str, int]] = None, *, max_wait: float = 0.0, **kw: int) -> "_Pending[AsyncGrant]":
+    def acquire(self, cost: Optional[Mapping[str, int]] = None, *, max_wait: float = 0.0,
+                class_: Optional[str] = None, **kw: int) -> "_Pending[AsyncGrant]":
         c = _wire.merge_cost(cost, kw)
-        return _Pending(self._acquire(c, max_wait))
+        k = _wire.pick_class(class_, self.class_)
+        return _Pending(self._acquire(c, max_wait, k))
 
-    async def _acquire(self, c: Dict[str, int], max_wait: float) -> AsyncGrant:
-        out = await self._t.request("POST", "/v1/acquire", _wire.acquire_body(self.provider, self.caller, c, max_wait), max_wait,
+    async def _acquire(self, c: Dict[str, int], max_wait: float, k: Optional[str]) -> AsyncGrant:
+        out = await self._t.request("POST", "/v1/acquire", _wire.acquire_body(self.provider, self.caller, c, max_wait, k), max_wait,
                                    takes=True)
         return AsyncGrant(self, out["grant"], out.get("cost", {}))
 
-    async def try_acquire(self, cost: Optional[Mapping[str, int]] = None, **kw: int) -> Optional[AsyncGrant]:
+    async def try_acquire(self, cost: Optional[Mapping[str, int]] = None, *, class_: Optional[str] = None, **kw: int) -> Optional[AsyncGrant]:
         """The grant if every limit has room now, else None; never waits."""
         c = _wire.merge_cost(cost, kw)
+        k = _wire.pick_class(class_, self.class_)
         try:
-            out = await self._t.request("POST", "/v1/try_acquire", _wire.acquire_body(self.provider, self.caller, c, None),
+            out = await self._t.request("POST", "/v1/try_acquire", _wire.acquire_body(self.provider, self.caller, c, None, k),
                                        takes=True)
         except SluiceError as e:
             if e.reason == "TIMEOUT":
@@ -265,15 +270,17 @@ class AsyncLimiter:
             raise
         return AsyncGrant(self, out["grant"], out.get("cost", {}))
 
-    def reserve(self, cost: Optional[Mapping[str, int]] = None, *, max_wait: float = 0.0, **kw: int) -> "_Pending[AsyncReservation]":
+    def reserve(self, cost: Optional[Mapping[str, int]] = None, *, max_wait: float = 0.0,
+                class_: Optional[str] = None, **kw: int) -> "_Pending[AsyncReservation]":
         """Take the cost at the earliest instant within ``max_wait`` at
         which every limit has room; answers at once with the reservation.
         ``async with lim.reserve(...) as r`` also waits until it is valid."""
         c = _wire.merge_cost(cost, kw)
-        return _Pending(self._reserve(c, max_wait))
+        k = _wire.pick_class(class_, self.class_)
+        return _Pending(self._reserve(c, max_wait, k))
 
-    async def _reserve(self, c: Dict[str, int], max_wait: float) -> AsyncReservation:
-        out = await self._t.request("POST", "/v1/reserve", _wire.acquire_body(self.provider, self.caller, c, max_wait),
+    async def _reserve(self, c: Dict[str, int], max_wait: float, k: Optional[str]) -> AsyncReservation:
+        out = await self._t.request("POST", "/v1/reserve", _wire.acquire_body(self.provider, self.caller, c, max_wait, k),
                                    takes=True)
         return AsyncReservation(self, out["reservation"], out.get("cost", {}), float(out.get("delay_ms", 0.0)) / 1000.0)
 

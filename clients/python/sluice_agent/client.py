@@ -171,33 +171,45 @@ class Limiter:
     names: ``tokens=800``) and raises ``Timeout`` at once when the earliest
     permit lies further away. Safe for use from several threads; each
     process and thread has its own connection.
+
+    ``class_`` names the priority class of the calls ("critical"), for
+    every call of the limiter or for one (``acquire(class_="batch")``,
+    which wins). The agent refuses a name that is no class name
+    (``InvalidRequest``); one the provider does not list is its default
+    class.
     """
 
-    def __init__(self, provider: str, *, caller: str = "", socket: Optional[str] = None,
-                 url: Optional[str] = None, token: Optional[str] = None) -> None:
+    def __init__(self, provider: str, *, caller: str = "", class_: Optional[str] = None,
+                 socket: Optional[str] = None, url: Optional[str] = None, token: Optional[str] = None) -> None:
         self.provider = provider
         self.caller = caller
+        self.class_ = _wire.pick_class(class_, None)
         self._t = Transport(socket, url, token)
 
-    def acquire(self, cost: Optional[Mapping[str, int]] = None, *, max_wait: float = 0.0, **kw: int) -> Grant:
+    def acquire(self, cost: Optional[Mapping[str, int]] = None, *, max_wait: float = 0.0,
+                class_: Optional[str] = None, **kw: int) -> Grant:
         c = _wire.merge_cost(cost, kw)
-        out = self._t.request("POST", "/v1/acquire", _wire.acquire_body(self.provider, self.caller, c, max_wait), max_wait)
+        k = _wire.pick_class(class_, self.class_)
+        out = self._t.request("POST", "/v1/acquire", _wire.acquire_body(self.provider, self.caller, c, max_wait, k), max_wait)
         return Grant(self, out["grant"], out.get("cost", {}))
 
-    def try_acquire(self, cost: Optional[Mapping[str, int]] = None, **kw: int) -> Optional[Grant]:
+    def try_acquire(self, cost: Optional[Mapping[str, int]] = None, *, class_: Optional[str] = None, **kw: int) -> Optional[Grant]:
         """The grant if every limit has room now, else None; never waits."""
         c = _wire.merge_cost(cost, kw)
+        k = _wire.pick_class(class_, self.class_)
         try:
-            out = self._t.request("POST", "/v1/try_acquire", _wire.acquire_body(self.provider, self.caller, c, None))
+            out = self._t.request("POST", "/v1/try_acquire", _wire.acquire_body(self.provider, self.caller, c, None, k))
         except Exception as e:
             if getattr(e, "reason", "") == "TIMEOUT":
                 return None
             raise
         return Grant(self, out["grant"], out.get("cost", {}))
 
-    def reserve(self, cost: Optional[Mapping[str, int]] = None, *, max_wait: float = 0.0, **kw: int) -> Reservation:
+    def reserve(self, cost: Optional[Mapping[str, int]] = None, *, max_wait: float = 0.0,
+                class_: Optional[str] = None, **kw: int) -> Reservation:
         c = _wire.merge_cost(cost, kw)
-        out = self._t.request("POST", "/v1/reserve", _wire.acquire_body(self.provider, self.caller, c, max_wait))
+        k = _wire.pick_class(class_, self.class_)
+        out = self._t.request("POST", "/v1/reserve", _wire.acquire_body(self.provider, self.caller, c, max_wait, k))
         return Reservation(self, out["reservation"], out.get("cost", {}), float(out.get("delay_ms", 0.0)) / 1000.0)
 
     def status(self) -> Dict[str, Any]:

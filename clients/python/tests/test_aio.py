@@ -203,3 +203,26 @@ def test_tcp_needs_the_token(cluster: Cluster, sock: str) -> None:
     with pytest.raises(NotAllowed):
         Limiter("fixed", url=url, token="wrong-token-0123456789").acquire(tokens=1)
     assert fixed_remaining(sock) == before
+
+
+def test_async_class_is_sent_and_checked(sock: str) -> None:
+    async def main() -> None:
+        before = fixed_remaining(sock)
+        async with AsyncLimiter("fixed", caller="py-aclass", class_="critical", socket=sock) as lim:
+            await (await lim.acquire(tokens=1, max_wait=0.5)).cancel()
+            g = await lim.try_acquire(tokens=1, class_="batch")
+            assert g is not None
+            await g.cancel()
+            await (await lim.reserve(tokens=1, max_wait=0.5, class_="nonesuch")).cancel()
+            async with AsyncLimiter("fixed", class_="Critical!", socket=sock) as bad:
+                for call in (lambda: bad.acquire(tokens=1, max_wait=0.5), lambda: bad.try_acquire(tokens=1),
+                             lambda: bad.reserve(tokens=1, max_wait=0.5), lambda: lim.acquire(tokens=1, class_="9lives")):
+                    with pytest.raises(InvalidRequest) as e:
+                        await call()
+                    assert e.value.reason == "BAD_REQUEST" and "class" in e.value.message
+                await (await bad.acquire(tokens=1, class_="critical")).cancel()
+            with pytest.raises(TypeError):
+                lim.acquire(tokens=1, class_=1)  # type: ignore[arg-type]
+        assert fixed_remaining(sock) == before
+
+    run(main)

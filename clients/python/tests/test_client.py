@@ -122,3 +122,27 @@ def test_llm_workers_example_holds_the_limits(cluster, sock: str) -> None:  # ty
                           "--provider", "llm", "--workers", "4", "--windows", "2"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "windows over a limit: 0 of 2" in out.stdout, out.stdout
+
+
+def test_class_is_sent_and_checked(sock: str) -> None:
+    before = fixed_remaining(sock)
+    lim = Limiter("fixed", caller="py-class", class_="critical", socket=sock)
+    lim.acquire(tokens=1, max_wait=0.5).cancel()
+    g = lim.try_acquire(tokens=1, class_="batch")
+    assert g is not None
+    g.cancel()
+    lim.reserve(tokens=1, max_wait=0.5, class_="nonesuch").cancel()  # a name the provider does not list: its default class
+    # A name that is none is refused by the agent, whichever way it is given,
+    # and takes nothing; a call's own class wins over its limiter's.
+    bad = Limiter("fixed", class_="Critical!", socket=sock)
+    for call in (lambda: bad.acquire(tokens=1, max_wait=0.5), lambda: bad.try_acquire(tokens=1),
+                 lambda: bad.reserve(tokens=1, max_wait=0.5), lambda: lim.acquire(tokens=1, class_="9lives")):
+        with pytest.raises(InvalidRequest) as e:
+            call()
+        assert e.value.reason == "BAD_REQUEST" and "class" in e.value.message
+    bad.acquire(tokens=1, class_="critical").cancel()
+    with pytest.raises(TypeError):
+        lim.acquire(tokens=1, class_=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Limiter("fixed", class_=b"critical", socket=sock)  # type: ignore[arg-type]
+    assert fixed_remaining(sock) == before
