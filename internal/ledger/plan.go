@@ -549,19 +549,29 @@ func mulDiv(a, b, c int64) int64 {
 }
 
 // reservesNear reports whether the reserves of publish seq's grants are
-// within the slack of the policy's, class by class.
+// within the slack of the policy's, holder by holder, and add up to the
+// policy's exactly, class by class: the slack forgives how a class's
+// reserve is split, never a part of it missing.
 func (pl *planner) reservesNear(seq int64) bool {
+	sum := map[string]int64{}
 	for h, q := range pl.target {
 		have, want := pl.t.Grants[GrantKey{seq, h}].Reserve, pl.reserve(h, q)
 		for c := range maps.Keys(have) {
+			sum[c] += have[c]
 			if d := have[c] - want[c]; d > pl.p.Slack || -d > pl.p.Slack {
 				return false
 			}
 		}
 		for c := range maps.Keys(want) {
+			sum[c] -= want[c]
 			if d := have[c] - want[c]; d > pl.p.Slack || -d > pl.p.Slack {
 				return false
 			}
+		}
+	}
+	for _, d := range sum {
+		if d != 0 {
+			return false
 		}
 	}
 	return true

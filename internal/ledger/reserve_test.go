@@ -23,23 +23,30 @@ func TestGrantsCarryTheClassesReserves(t *testing.T) {
 			t.Errorf("%s's grant of %d reserves %v, want %v", h, q, got, want)
 		}
 	}
-	// A reserve within the slack: the open publish stays.
+	// A reserve split differently within the slack: the open publish
+	// stays.
 	p.Reserves["a"] = map[string]int64{"critical": 31}
+	p.Reserves["b"] = map[string]int64{"critical": 59, "default": 20}
 	if c := plan(t, s, p, map[string]int64{"a": 50, "b": 40}, 10); len(c.Pubs) > 0 {
-		t.Errorf("a reserve moved by 1, within the slack of 2, made a publish: %v", c.Why)
+		t.Errorf("a reserve moved by 1 from b to a, within the slack of 2, made a publish: %v", c.Why)
+	}
+	// A class's reserve grown by 1 in all: the next publish has it.
+	p.Reserves["b"] = map[string]int64{"critical": 60, "default": 20}
+	if c := plan(t, s, p, map[string]int64{"a": 50, "b": 40}, 10); !strings.Contains(fmt.Sprint(c.Why), "publish 2:") {
+		t.Fatalf("critical's reserve grown from 60 to 61 in all made no publish: %v", c.Why)
 	}
 	// Past it: the next publish carries the new reserve.
 	p.Reserves["a"] = map[string]int64{"critical": 10}
-	c := plan(t, s, p, map[string]int64{"a": 50, "b": 40}, 10)
-	if !strings.Contains(fmt.Sprint(c.Why), "publish 2:") {
-		t.Fatalf("a reserve moved from 30 to 10 made no publish: %v", c.Why)
+	c := plan(t, s, p, map[string]int64{"a": 50, "b": 40}, 15)
+	if !strings.Contains(fmt.Sprint(c.Why), "publish 3:") {
+		t.Fatalf("a reserve moved from 31 to 10 made no publish: %v", c.Why)
 	}
 	if got, _ := s.Reserve("a"); got["critical"] != 10 {
 		t.Errorf("after the publish a reserves %v, want critical 10", got)
 	}
 	// A raise is topped up before the new publish: the top-up reserves
 	// nothing of its own.
-	plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 11)
+	plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 16)
 	topUps := 0
 	for _, g := range s.Grants {
 		if s.Pubs[g.Pub].TopUp {
