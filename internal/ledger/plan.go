@@ -89,6 +89,7 @@ func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error
 	pl.foldLimits()
 	pl.publish()
 	pl.topUp()
+	pl.stageAhead()
 	pl.collect()
 	if vs := Audit(pl.t); len(vs) > 0 {
 		return Change{}, fmt.Errorf("ledger: plan broke its own invariant: %v", vs[0]) // unreachable by construction
@@ -119,7 +120,8 @@ type planner struct {
 	k      int64 // configd's current window
 	target map[string]int64
 	c      Change
-	left   int // operations the transaction still has room for
+	left   int     // operations the transaction still has room for
+	ahead  []Grant // grants of a waiting publish to write ahead (stageAhead)
 }
 
 func positive(m map[string]int64) map[string]int64 {
@@ -339,8 +341,32 @@ func (pl *planner) publish() {
 	if why != "" {
 		pl.c.Why = append(pl.c.Why, why)
 	}
-	if (why == "" || early) && pl.left > 0 && len(missing) > 0 {
+	switch {
+	case early && !pl.urgent(open, len(missing)):
+		pl.ahead = missing // after the top-ups: the windows before it come first
+	case early:
 		pl.stage(np.Seq, missing[:min(len(missing), pl.left)])
+	case why == "" && pl.left > 0 && len(missing) > 0:
+		pl.stage(np.Seq, missing[:min(len(missing), pl.left)])
+	}
+}
+
+// urgent reports whether the grants still to write ahead of the publish
+// after open take as many changes, and one more, as windows remain until
+// open ends: from then on they come before the top-ups, which targets
+// that move every round could keep busy for good. configd makes more
+// than one change a window.
+func (pl *planner) urgent(open Pub, missing int) bool {
+	changes := int64((missing+pl.p.maxOps()-2)/(pl.p.maxOps()-1)) + 1
+	return open.B-pl.k <= changes+1
+}
+
+// stageAhead writes ahead, with the operations the top-ups left, the
+// grants of a publish that waits for the open one to come within the
+// horizon, unless they are urgent (publish).
+func (pl *planner) stageAhead() {
+	if n := min(len(pl.ahead), pl.left); n > 0 {
+		pl.stage(pl.ahead[0].Pub, pl.ahead[:n])
 	}
 }
 
