@@ -260,10 +260,10 @@ func validReserve(g Grant) error {
 		if c == "" || len(c) > 64 || r < 0 || r > g.Quota {
 			return fmt.Errorf("%w: grant of publish %d to %q reserves %d for class %q: want a name of 1 to 64 bytes and 0 to the quota %d", ErrInvalid, g.Pub, g.Holder, r, c, g.Quota)
 		}
-		sum += r // each ≤ Quota, at most 8 of them: no overflow
-	}
-	if sum > g.Quota {
-		return fmt.Errorf("%w: grant of publish %d to %q reserves %d in all, more than its quota %d", ErrInvalid, g.Pub, g.Holder, sum, g.Quota)
+		if r > g.Quota-sum { // sum ≤ Quota so far: this cannot overflow
+			return fmt.Errorf("%w: grant of publish %d to %q reserves more in all than its quota %d", ErrInvalid, g.Pub, g.Holder, g.Quota)
+		}
+		sum += r
 	}
 	return nil
 }

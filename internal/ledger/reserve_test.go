@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"strings"
 	"testing"
 )
@@ -94,4 +95,27 @@ func jsonOf(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestReservesThatOverflowDoNotDecode: a quota is bounded by MaxInt64
+// alone, so the reserves of a grant are summed without overflow: two
+// reserves of MaxInt64 on a quota of MaxInt64 are twice the quota.
+func TestReservesThatOverflowDoNotDecode(t *testing.T) {
+	k := Keys("L/")
+	b := []byte(`{"pub":2,"holder":"a.1","quota":9223372036854775807,"from":5,"reserve":{"critical":9223372036854775807,"batch":9223372036854775807}}`)
+	s := NewState()
+	err := k.Decode(s, k.Grant("a.1", 2), b)
+	if !errors.Is(err, ErrInvalid) {
+		g := s.Grants[GrantKey{2, "a.1"}]
+		var sum float64
+		for _, r := range g.Reserve {
+			sum += float64(r)
+		}
+		t.Errorf("grant of quota %d reserving %v (%.3g in all, %.1f× its quota) decoded: %v, want ErrInvalid",
+			g.Quota, g.Reserve, sum, sum/math.MaxInt64, err)
+	}
+	if _, err := Encode(Grant{Pub: 2, Holder: "a.1", Quota: math.MaxInt64, From: 5,
+		Reserve: map[string]int64{"critical": math.MaxInt64, "batch": math.MaxInt64}}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Encode of such a grant: %v, want ErrInvalid", err)
+	}
 }
