@@ -37,17 +37,20 @@ func (c *classCounter) flood(m *cluster.Member, class string) {
 	ctx := limiter.WithClass(c.ctx, class)
 	c.wg.Go(func() {
 		for c.ctx.Err() == nil {
-			if err := m.Limiter().Acquire(ctx, 0); err != nil {
-				time.Sleep(200 * time.Microsecond)
-				continue
+			err := m.Limiter().Acquire(ctx, 0)
+			k, key := time.Now().UnixNano()/int64(c.w), class
+			if err != nil {
+				key = class + " refused"
 			}
-			k := time.Now().UnixNano() / int64(c.w)
 			c.mu.Lock()
 			if c.n[k] == nil {
 				c.n[k] = map[string]int64{}
 			}
-			c.n[k][class]++
+			c.n[k][key]++
 			c.mu.Unlock()
+			if err != nil {
+				time.Sleep(200 * time.Microsecond)
+			}
 		}
 	})
 }
@@ -104,7 +107,7 @@ func TestCriticalKeepsItsReserveAcrossTheFleet(t *testing.T) {
 			return false, "nothing admitted yet"
 		}
 		last := n[ks[len(ks)-1]]
-		return last["critical"] >= 200, fmt.Sprintf("reserves %v; the last window admitted %v", held, last)
+		return last["critical"] >= 200, fmt.Sprintf("reserves %v; the last window counted %v", held, last)
 	})
 	t.Logf("critical had its reserve in a window %v after its demand began", time.Since(start).Round(time.Millisecond))
 	from := time.Now().UnixNano()/int64(itWindow) + 1
@@ -114,22 +117,25 @@ func TestCriticalKeepsItsReserveAcrossTheFleet(t *testing.T) {
 	})
 	ks, n := c.windows(from)
 	var short int
-	var critical, batch int64
+	var critical, batch, worst int64
 	for _, k := range ks {
 		total := n[k]["critical"] + n[k]["batch"]
+		worst = max(worst, total)
 		if total > 400 {
 			t.Errorf("window %d admitted %d, over the limit 400: %v", k, total, n[k])
 		}
-		// A permit taken at a window's edge may be counted in the next.
-		if n[k]["critical"] < 200-2 {
+		// Critical refused while short of its reserve. (On a loaded
+		// machine its callers may not ask for all of it in a window; a
+		// permit taken at a window's edge may be counted in the next.)
+		if n[k]["critical"] < 200-2 && n[k]["critical refused"] > 0 {
 			short++
-			t.Logf("window %d: critical admitted %d of its reserve 200 (batch %d)", k, n[k]["critical"], n[k]["batch"])
+			t.Logf("window %d: critical admitted %d of its reserve 200 and refused %d; batch admitted %d", k, n[k]["critical"], n[k]["critical refused"], n[k]["batch"])
 		}
 		critical, batch = critical+n[k]["critical"], batch+n[k]["batch"]
 	}
-	t.Logf("%d windows: critical %.1f, batch %.1f a window on average; %d windows short of the reserve", len(ks),
-		float64(critical)/float64(len(ks)), float64(batch)/float64(len(ks)), short)
-	if short > len(ks)/10 {
-		t.Errorf("critical was short of its reserve in %d of %d windows", short, len(ks))
+	t.Logf("%d windows: critical %.1f of its reserve 200, batch %.1f a window on average; refused below it in %d windows; the fullest window %d of 400", len(ks),
+		float64(critical)/float64(len(ks)), float64(batch)/float64(len(ks)), short, worst)
+	if short > 0 {
+		t.Errorf("critical was refused below its reserve in %d of %d windows", short, len(ks))
 	}
 }

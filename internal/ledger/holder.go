@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"maps"
 	"math"
+	"math/bits"
 	"slices"
 	"time"
 )
@@ -126,13 +127,43 @@ func (s *State) Target(holder string) (q int64, p Pub, ok bool) {
 	return g.Quota, p, ok
 }
 
-// Reserve returns what holder's grant in its last publish that is not a
-// top-up reserves for each class (Grant.Reserve), with its quota: the
-// part of every window's quota each class keeps is reserve/quota. None
-// without such a grant.
-func (s *State) Reserve(holder string) (reserve map[string]int64, quota int64) {
-	g, _, _ := s.targetGrant(holder)
-	return g.Reserve, g.Quota
+// Kept is the part of a holder's quota a class keeps: Reserve of every
+// Of permits.
+type Kept struct {
+	Reserve, Of int64
+}
+
+// Reserves returns, for each class, the largest part of its quota that
+// any of holder's grants of a publish not ended at now reserves for the
+// class (Grant.Reserve); ok is false when it holds no such grant of a
+// publish that is not a top-up. Taking the largest keeps a class's
+// reserve whole while a publish that moves it takes over: the one that
+// ends and the one that begins each give the class its whole reserve
+// across the holders.
+func (s *State) Reserves(holder string, now int64) (kept map[string]Kept, ok bool) {
+	for _, g := range s.Grants {
+		p, have := s.Pubs[g.Pub]
+		if !have || g.Holder != holder || p.TopUp || p.B < WindowOf(now, p.Window) || g.Quota <= 0 {
+			continue
+		}
+		ok = true
+		for c, r := range g.Reserve {
+			if k, seen := kept[c]; !seen || larger(r, g.Quota, k.Reserve, k.Of) {
+				if kept == nil {
+					kept = map[string]Kept{}
+				}
+				kept[c] = Kept{r, g.Quota}
+			}
+		}
+	}
+	return kept, ok
+}
+
+// larger reports whether a/b > c/d, for b, d > 0 and a, c ≥ 0.
+func larger(a, b, c, d int64) bool {
+	xh, xl := bits.Mul64(uint64(a), uint64(d))
+	yh, yl := bits.Mul64(uint64(c), uint64(b))
+	return xh > yh || xh == yh && xl > yl
 }
 
 func (s *State) targetGrant(holder string) (g Grant, p Pub, ok bool) {

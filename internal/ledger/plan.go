@@ -577,20 +577,25 @@ func mulDiv(a, b, c int64) int64 {
 // reservesNear reports whether the reserves of publish seq's grants are
 // within the slack of the policy's, holder by holder, and add up to the
 // policy's exactly, class by class: the slack forgives how a class's
-// reserve is split, never a part of it missing.
+// reserve is split among the holders that want the class, never a part
+// of it missing, nor a part on a holder that does not want it.
 func (pl *planner) reservesNear(seq int64) bool {
 	sum := map[string]int64{}
+	near := func(have, want int64) bool {
+		d := have - want
+		return d <= pl.p.Slack && -d <= pl.p.Slack && (have > 0) == (want > 0)
+	}
 	for h, q := range pl.target {
 		have, want := pl.t.Grants[GrantKey{seq, h}].Reserve, pl.reserve(h, q)
 		for c := range maps.Keys(have) {
 			sum[c] += have[c]
-			if d := have[c] - want[c]; d > pl.p.Slack || -d > pl.p.Slack {
+			if !near(have[c], want[c]) {
 				return false
 			}
 		}
 		for c := range maps.Keys(want) {
 			sum[c] -= want[c]
-			if d := have[c] - want[c]; d > pl.p.Slack || -d > pl.p.Slack {
+			if !near(have[c], want[c]) {
 				return false
 			}
 		}

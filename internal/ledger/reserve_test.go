@@ -20,8 +20,8 @@ func TestGrantsCarryTheClassesReserves(t *testing.T) {
 		Reserves: map[string]map[string]int64{"a": {"critical": 30}, "b": {"critical": 60, "default": 20}}}
 	plan(t, s, p, map[string]int64{"a": 50, "b": 40}, 10)
 	for h, want := range map[string]map[string]int64{"a": {"critical": 30}, "b": {"critical": 30, "default": 10}} {
-		if got, q := s.Reserve(h); !maps.Equal(got, want) {
-			t.Errorf("%s's grant of %d reserves %v, want %v", h, q, got, want)
+		if g, _, _ := s.targetGrant(h); !maps.Equal(g.Reserve, want) {
+			t.Errorf("%s's grant of %d reserves %v, want %v", h, g.Quota, g.Reserve, want)
 		}
 	}
 	// A reserve split differently within the slack: the open publish
@@ -42,8 +42,8 @@ func TestGrantsCarryTheClassesReserves(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(c.Why), "publish 3:") {
 		t.Fatalf("a reserve moved from 31 to 10 made no publish: %v", c.Why)
 	}
-	if got, _ := s.Reserve("a"); got["critical"] != 10 {
-		t.Errorf("after the publish a reserves %v, want critical 10", got)
+	if g, _, _ := s.targetGrant("a"); g.Reserve["critical"] != 10 {
+		t.Errorf("after the publish a reserves %v, want critical 10", g.Reserve)
 	}
 	// A raise is topped up before the new publish: the top-up reserves
 	// nothing of its own.
@@ -95,6 +95,36 @@ func jsonOf(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestAHolderKeepsTheLargerReserveWhileAPublishTakesOver: a holder keeps
+// for a class the largest part any of its grants not ended gives it, so
+// the class keeps its whole reserve across the holders while a publish
+// that moves it from one holder to another takes over.
+func TestAHolderKeepsTheLargerReserveWhileAPublishTakesOver(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 200, Window: w, Horizon: 4, Keep: 3, Slack: 4,
+		Reserves: map[string]map[string]int64{"a": {"critical": 60}, "b": {"critical": 40}}}
+	plan(t, s, p, map[string]int64{"a": 100, "b": 100}, 10) // publish 1: windows 10..14
+	p.Reserves = map[string]map[string]int64{"a": {"critical": 40}, "b": {"critical": 60}}
+	plan(t, s, p, map[string]int64{"a": 100, "b": 100}, 10) // publish 2: from window 15
+	for _, c := range []struct {
+		k    int64
+		a, b Kept
+	}{
+		{12, Kept{60, 100}, Kept{60, 100}}, // both publishes ahead: the larger of each
+		{15, Kept{40, 100}, Kept{60, 100}}, // publish 1 ended
+	} {
+		for h, want := range map[string]Kept{"a": c.a, "b": c.b} {
+			got, ok := s.Reserves(h, StartOf(c.k, w))
+			if !ok || got["critical"] != want {
+				t.Errorf("window %d: %s keeps %v (ok %v), want critical %v", c.k, h, got, ok, want)
+			}
+		}
+	}
+	if _, ok := s.Reserves("c", StartOf(12, w)); ok {
+		t.Errorf("a holder with no grant keeps a reserve")
+	}
 }
 
 // TestReservesThatOverflowDoNotDecode: a quota is bounded by MaxInt64

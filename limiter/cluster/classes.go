@@ -4,17 +4,17 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/sluice-go/sluice/internal/ledger"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
 )
 
-// grantReserve is what the ledger's newest grant to this holder reserves
-// for each class, of its quota (ledger.Grant.Reserve); set once the
-// Follower has told it.
+// grantReserve is the part of its quota this holder's grants keep for
+// each class (ledger.State.Reserves); set while the Follower says it
+// holds a grant.
 type grantReserve struct {
-	reserve map[string]int64
-	quota   int64
-	set     bool
+	kept map[string]ledger.Kept
+	set  bool
 }
 
 // memberClasses returns the limiter classes for config c: its classes in
@@ -34,9 +34,10 @@ func memberClasses(c *schema.ProviderConfig, g grantReserve) []limiter.Class {
 		return nil
 	}
 	cs := make([]limiter.Class, len(c.Classes))
-	if g.set && g.quota > 0 {
+	if g.set {
 		for i, cl := range c.Classes {
-			cs[i] = limiter.Class{Name: cl.Name, Reserve: min(g.reserve[cl.Name], g.quota), Of: g.quota}
+			k := g.kept[cl.Name]
+			cs[i] = limiter.Class{Name: cl.Name, Reserve: min(k.Reserve, k.Of), Of: k.Of}
 		}
 		return cs
 	}
@@ -60,13 +61,13 @@ func (m *Member) applyClasses(c *schema.ProviderConfig) {
 	m.setClassesLocked()
 }
 
-// grantReserved is the Follower's report of a new reserve of the
-// holder's newest grant (ledgerstore.WithReserves); a zero quota says the
+// grantReserved is the Follower's report of what the holder's grants
+// keep for each class (ledgerstore.WithReserves); ok false says the
 // Member follows no grant, as when it leaves the ledger.
-func (m *Member) grantReserved(reserve map[string]int64, quota int64) {
+func (m *Member) grantReserved(kept map[string]ledger.Kept, ok bool) {
 	m.classMu.Lock()
 	defer m.classMu.Unlock()
-	m.grantRes = grantReserve{reserve: reserve, quota: quota, set: quota > 0}
+	m.grantRes = grantReserve{kept: kept, set: ok}
 	m.setClassesLocked()
 }
 

@@ -56,7 +56,7 @@ func (m *Member) followLedger(ctx context.Context, cfg schema.ProviderConfig) bo
 	m.log.Info("following the provider's ledger", "holder", m.holder)
 	fctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	defer m.grantReserved(nil, 0) // after the Follower's last report
+	defer m.grantReserved(nil, false) // after the Follower's last report
 	defer wg.Wait()
 	defer cancel()
 	wg.Go(func() { f.Run(fctx) })

@@ -35,12 +35,12 @@ type Follower struct {
 	log  *slog.Logger
 	// maxOps is the most operations of one transaction it writes.
 	maxOps int
-	// onReserve, when set, is told each new reserve of the holder's
-	// newest grant (WithReserves); lastRes and lastQuota are the last
-	// it was told. Owned by Run's goroutine.
-	onReserve func(reserve map[string]int64, quota int64)
-	lastRes   map[string]int64
-	lastQuota int64
+	// onReserve, when set, is told each new part of the holder's quota
+	// its grants keep for each class (WithReserves); last is the last it
+	// was told. Owned by Run's goroutine.
+	onReserve func(kept map[string]ledger.Kept, ok bool)
+	last      map[string]ledger.Kept
+	lastOK    bool
 	told      bool
 }
 
@@ -52,11 +52,10 @@ type FollowerOption func(*Follower)
 func WithMaxOps(n int) FollowerOption { return func(f *Follower) { f.maxOps = n } }
 
 // WithReserves makes the follower call fn, on its own goroutine, with
-// what the holder's newest grant reserves for each priority class and
-// that grant's quota (ledger.State.Reserve), each time they change once
-// enforced: the holder's limiter keeps reserve[c] of every quota for
-// class c.
-func WithReserves(fn func(reserve map[string]int64, quota int64)) FollowerOption {
+// the part of its quota the holder's grants keep for each priority class
+// (ledger.State.Reserves), each time it changes once enforced; ok is
+// false while it holds no grant of a publish.
+func WithReserves(fn func(kept map[string]ledger.Kept, ok bool)) FollowerOption {
 	return func(f *Follower) { f.onReserve = fn }
 }
 
@@ -215,7 +214,7 @@ func (f *Follower) sync(ctx context.Context) {
 		return
 	}
 	f.hold.Commit(next, rels, from)
-	f.tellReserve(next)
+	f.tellReserve(next, now)
 	sent, ops, err := f.hold.Unsent()
 	if err != nil {
 		return
@@ -235,16 +234,16 @@ func (f *Follower) sync(ctx context.Context) {
 	}
 }
 
-// tellReserve calls onReserve when the reserve of the newest grant in
-// st differs from the last one told.
-func (f *Follower) tellReserve(st *ledger.State) {
+// tellReserve calls onReserve when what the grants in st keep for each
+// class differs from what it last told.
+func (f *Follower) tellReserve(st *ledger.State, now int64) {
 	if f.onReserve == nil {
 		return
 	}
-	r, q := st.Reserve(f.hold.Name())
-	if f.told && q == f.lastQuota && maps.Equal(r, f.lastRes) {
+	kept, ok := st.Reserves(f.hold.Name(), now)
+	if f.told && ok == f.lastOK && maps.Equal(kept, f.last) {
 		return
 	}
-	f.lastRes, f.lastQuota, f.told = r, q, true
-	f.onReserve(r, q)
+	f.last, f.lastOK, f.told = kept, ok, true
+	f.onReserve(kept, ok)
 }

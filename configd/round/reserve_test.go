@@ -1,0 +1,165 @@
+package round
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/ledger"
+	"github.com/sluice-go/sluice/internal/schema"
+)
+
+// applyChange stores c in s, as its transaction would.
+func applyChange(s *ledger.State, c ledger.Change) {
+	if c.Empty() {
+		return
+	}
+	s.Head = c.Head
+	for _, p := range c.Pubs {
+		s.Pubs[p.Seq] = p
+	}
+	for _, g := range c.Grants {
+		s.Grants[ledger.GrantKey{Pub: g.Pub, Holder: g.Holder}] = g
+	}
+	for _, r := range c.DelReleases {
+		key := ledger.GrantKey{Pub: r.Pub, Holder: r.Holder}
+		rs := s.Releases[key]
+		rs.Steps = slices.DeleteFunc(slices.Clone(rs.Steps), func(st ledger.Step) bool { return st == ledger.Step{From: r.From, Limit: r.Limit} })
+		s.Releases[key] = rs
+		if len(rs.Steps) == 0 {
+			delete(s.Releases, key)
+		}
+	}
+	for _, g := range c.DelGrants {
+		delete(s.Grants, ledger.GrantKey{Pub: g.Pub, Holder: g.Holder})
+	}
+	for _, p := range c.DelPubs {
+		delete(s.Pubs, p.Seq)
+	}
+}
+
+// slackFleet is ten instances flooding batch under a limit of 1,000,
+// critical reserving 10% (100), run through configd's rounds: Target,
+// Policy with its reserves, Plan until a round writes nothing (as
+// Publisher.Rounds does), then the holders' releases (State.ToRelease,
+// as a Follower writes them).
+type slackFleet struct {
+	t    *testing.T
+	cfg  schema.ProviderConfig
+	live []schema.InstanceRecord
+	s    *ledger.State
+	now  int64
+}
+
+func newSlackFleet(t *testing.T) *slackFleet {
+	f := &slackFleet{t: t, s: ledger.NewState(), now: ledger.StartOf(1000, time.Second),
+		cfg: schema.ProviderConfig{Version: 1, Name: "api", Limit: 1000, Window: schema.Duration(time.Second),
+			Algorithm: schema.AlgorithmFair, Coordination: schema.CoordinationLedger,
+			Classes: []schema.Class{{Name: "critical", Reserve: schema.Reserve{Share: 1000}}, {Name: "batch"}}}}
+	f.live = make([]schema.InstanceRecord, 10)
+	for i := range f.live {
+		f.live[i] = schema.InstanceRecord{ID: fmt.Sprintf("i%02d", i), Holder: fmt.Sprintf("h%02d", i)}
+	}
+	return f
+}
+
+// ask has critical asked 200 a window on instances from..to-1, batch
+// 1,000 on each.
+func (f *slackFleet) ask(from, to int) {
+	for i := range f.live {
+		f.live[i].Demand, f.live[i].ClassDemand = 1000, map[string]int64{"batch": 1000}
+		if i >= from && i < to {
+			f.live[i].Demand += 200
+			f.live[i].ClassDemand["critical"] = 200
+		}
+	}
+}
+
+// rounds runs n of configd's rounds, the holders releasing after each,
+// and returns Target's reserves of the last.
+func (f *slackFleet) rounds(n int) (want map[string]map[string]int64) {
+	for range n {
+		target, reserves, err := Target(f.cfg, f.live)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		p := Policy(f.cfg)
+		p.Reserves = reserves
+		for range 8 {
+			c, err := ledger.Plan(f.s, p, target, f.now)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			if c.Empty() {
+				break
+			}
+			applyChange(f.s, c)
+		}
+		for _, rec := range f.live {
+			for _, rel := range f.s.ToRelease(rec.Holder, f.now, 0) {
+				f.s.Apply(rel)
+			}
+		}
+		f.now += int64(Tick(time.Second))
+		want = reserves
+	}
+	return want
+}
+
+// kept returns what the holders where critical is asked (from..to-1)
+// keep for it in the current window, each the part of its allowance its
+// grants keep (State.Reserves, as memberClasses gives the
+// limiter), and what every grant reserves.
+func (f *slackFleet) kept(from, to int) (sum int64, held []string) {
+	e, _ := f.s.Head.Current()
+	k := ledger.WindowOf(f.now, time.Second)
+	for i, rec := range f.live {
+		res, _ := f.s.Reserves(rec.Holder, f.now)
+		c := res["critical"]
+		if c.Reserve > 0 {
+			held = append(held, fmt.Sprintf("%s:%d", rec.Holder, c.Reserve))
+		}
+		if c.Of > 0 && i >= from && i < to {
+			sum += f.s.Allowance(rec.Holder, e.Seq, k) * c.Reserve / c.Of
+		}
+	}
+	return sum, held
+}
+
+// TestAReserveSplitWithinTheSlackIsPublished: critical reserves 10%
+// (100 of 1,000) and is asked 200 a window on each of five of ten
+// instances: Target gives each of the five 20 of its reserve, no more
+// than the slack (2% of the limit) by which a holder's part may lag.
+// The fleet must still keep the whole 100 for critical where it is
+// asked, whether it comes to be asked after a publish without it or
+// moves to five other instances.
+func TestAReserveSplitWithinTheSlackIsPublished(t *testing.T) {
+	t.Run("comes to be asked", func(t *testing.T) {
+		f := newSlackFleet(t)
+		f.ask(0, 0)
+		f.rounds(8) // two windows with critical idle
+		f.ask(0, 5)
+		want := f.rounds(40) // ten windows
+		got, held := f.kept(0, 5)
+		t.Logf("Target's reserves %v, Policy's slack %d; the grants reserve %v", want, Policy(f.cfg).Slack, held)
+		if got < 100 {
+			t.Errorf("ten windows after critical came to ask 1,000 a window, the fleet keeps %d of its reserve 100 for it", got)
+		}
+	})
+	t.Run("moves", func(t *testing.T) {
+		f := newSlackFleet(t)
+		f.ask(0, 5)
+		f.rounds(8)
+		if got, held := f.kept(0, 5); got < 100 {
+			t.Fatalf("critical asked from the start: the fleet keeps %d (%v)", got, held)
+		}
+		f.ask(5, 10)
+		want := f.rounds(40)
+		got, held := f.kept(5, 10)
+		t.Logf("Target's reserves %v; the grants reserve %v", want, held)
+		if got < 100 {
+			t.Errorf("ten windows after critical moved to five other instances, they keep %d of its reserve 100 for it; the grants still reserve %v", got, held)
+		}
+	})
+}
