@@ -264,7 +264,9 @@ func waterFill(total int64, wants []int64, rank []int, shares []int64) {
 }
 
 // apportion fills shares with total apportioned in proportion to wants by
-// the D'Hondt method; sum = Σwants, 0 < sum ≤ total.
+// the D'Hondt method; sum = Σwants > 0. With total ≤ sum no share exceeds
+// its want (a seat goes to the largest quotient, which is ≥ 1 while some
+// share is below its want).
 //
 // D'Hondt hands out seats one by one, each to the instance with the largest
 // quotient w_i/(s_i+1) (ties by id). Done naively that is O(total·log N); we

@@ -10,10 +10,12 @@ import (
 //
 // reserves[c] is class c's reserve, in permits per window; wants[c][i]
 // is what instance i wants of class c (its reported demand by class).
-// Class c's reserve goes to the instances in proportion to what each
-// wants of it, up to what they want in all: a reserve nobody wants is
-// not held, so the shares lend it. got[c][i] is what instance i keeps
-// for class c.
+// Class c's reserve goes to the instances max-min fairly by what each
+// wants of it (water-filling), up to what they want in all: a reserve
+// nobody wants is not held, so the shares lend it. Fair rather than in
+// proportion, a part moves only when a demand below the level moves, not
+// with every jitter of the demands above it. got[c][i] is what instance
+// i keeps for class c.
 //
 // shares (one per instance, adding up to at most total) are raised where
 // an instance keeps more than its share: from the room total leaves, then
@@ -50,8 +52,11 @@ func Reserve(total int64, shares []int64, ids []string, reserves []int64, wants 
 			w[i] = min(max(x, 0), total) // at most total each: the sum fits
 			sum += w[i]
 		}
-		if give := min(r, sum); give > 0 {
-			apportion(give, sum, w, rank, got[c])
+		switch {
+		case r >= sum:
+			copy(got[c], w)
+		case r > 0:
+			waterFill(r, w, rank, got[c])
 		}
 		for i, g := range got[c] {
 			keep[i] = min(keep[i]+g, math.MaxInt64/2)

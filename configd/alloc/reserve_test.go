@@ -8,7 +8,8 @@ import (
 
 // TestReserveGoesWhereTheClassIsWanted: critical wants part of its
 // reserve of 600 on two of four instances, which a batch flood gave 250
-// each; a share too small to hold what its instance keeps is raised.
+// each: the reserve is split max-min fairly over what they want, and a
+// share too small to hold what its instance keeps is raised.
 func TestReserveGoesWhereTheClassIsWanted(t *testing.T) {
 	ids := []string{"a", "b", "c", "d"}
 	shares := []int64{250, 250, 250, 250}
@@ -25,13 +26,19 @@ func TestReserveGoesWhereTheClassIsWanted(t *testing.T) {
 	}
 	wants[0] = []int64{900, 300, 0, 0}
 	raised, got, _ = Reserve(1000, shares, ids, []int64{600, 0}, wants)
-	if fmt.Sprint(got[0]) != "[450 150 0 0]" {
-		t.Errorf("critical keeps %v, want its 600 split 3:1: [450 150 0 0]", got[0])
+	if fmt.Sprint(got[0]) != "[300 300 0 0]" {
+		t.Errorf("critical keeps %v, want its 600 split fairly: [300 300 0 0]", got[0])
 	}
-	// a needs 200 more; b, c and d give it up in proportion to what
-	// each holds over what it keeps (100, 250, 250).
-	if fmt.Sprint(raised) != "[450 217 166 167]" {
-		t.Errorf("shares %v, want a raised to 450 from the excess of the others: [450 217 166 167]", raised)
+	// a and b need 50 more each; c and d give it up.
+	if fmt.Sprint(raised) != "[300 300 200 200]" {
+		t.Errorf("shares %v, want a and b raised to 300 from the others: [300 300 200 200]", raised)
+	}
+	// Demands that jitter above the fair level move no part.
+	for _, w := range [][]int64{{850, 330, 0, 0}, {960, 310, 0, 0}} {
+		wants[0] = w
+		if _, got, _ = Reserve(1000, shares, ids, []int64{600, 0}, wants); fmt.Sprint(got[0]) != "[300 300 0 0]" {
+			t.Errorf("critical wanting %v keeps %v, want [300 300 0 0]", w, got[0])
+		}
 	}
 }
 

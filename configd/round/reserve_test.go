@@ -2,6 +2,7 @@ package round
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -162,4 +163,102 @@ func TestAReserveSplitWithinTheSlackIsPublished(t *testing.T) {
 			t.Errorf("ten windows after critical moved to five other instances, they keep %d of its reserve 100 for it; the grants still reserve %v", got, held)
 		}
 	})
+}
+
+// churn runs configd's rounds (Target, Policy with its reserves, Plan
+// until a round writes nothing, as Publisher.Rounds does) for 120 rounds,
+// four a window, over n instances that all flood batch, the holders
+// writing the releases their newest grants ask (State.ToRelease, as a
+// Follower does) after each round. Critical, when classes is set, is
+// asked on two of them, its smoothed demand wiggling by ±7% around 400:
+// the jitter TestJitteringDemandsKeepGrantsWithinTheHorizon assumes, and
+// the same as each instance's total. It returns the publishes (not
+// top-ups) written, and the etcd operations of configd's transactions
+// and of the holders' releases.
+func churn(t *testing.T, n int, classes bool) (pubs, ops int, why []string) {
+	const win = time.Second
+	cfg := schema.ProviderConfig{Version: 1, Name: "api", Limit: 1000, Window: schema.Duration(win),
+		Algorithm: schema.AlgorithmFair, Coordination: schema.CoordinationLedger}
+	if classes {
+		cfg.Classes = []schema.Class{{Name: "critical", Reserve: schema.Reserve{Share: 6000}}, {Name: "batch"}}
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	live := make([]schema.InstanceRecord, n)
+	for i := range live {
+		live[i] = schema.InstanceRecord{ID: fmt.Sprintf("i%02d", i), Holder: fmt.Sprintf("h%02d", i)}
+	}
+	s := ledger.NewState()
+	now := ledger.StartOf(1000, win)
+	for r := range 120 {
+		for i := range live {
+			crit := int64(0)
+			if i < 2 {
+				crit = 372 + rng.Int64N(57) // 400 ± 7%
+			}
+			live[i].Demand = 1000 + crit
+			if classes {
+				live[i].ClassDemand = map[string]int64{"batch": 1000}
+				if crit > 0 {
+					live[i].ClassDemand["critical"] = crit
+				}
+			}
+		}
+		target, reserves, err := Target(cfg, live)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := Policy(cfg)
+		p.Reserves = reserves
+		for range 8 {
+			c, err := ledger.Plan(s, p, target, now)
+			if err != nil {
+				t.Fatalf("round %d: %v", r, err)
+			}
+			if c.Empty() {
+				break
+			}
+			ops += c.Size()
+			for _, pub := range c.Pubs {
+				if _, had := s.Pubs[pub.Seq]; !had && !pub.TopUp {
+					pubs++
+					why = append(why, fmt.Sprintf("round %d: reserves %v", r, reserves))
+				}
+			}
+			applyChange(s, c)
+		}
+		for _, rec := range live {
+			for _, rel := range s.ToRelease(rec.Holder, now, 0) {
+				s.Apply(rel)
+				ops++
+			}
+		}
+		if vs := ledger.Audit(s); len(vs) > 0 {
+			t.Fatalf("round %d: %v", r, vs)
+		}
+		now += int64(Tick(win))
+	}
+	return pubs, ops, why
+}
+
+// TestJitteringClassDemandsDoNotRepublish: the slack (2% of the limit)
+// keeps demands that jitter from making a publish every round: with ±7%
+// jitter of every instance's demand a provider without classes writes
+// one publish in 30 windows. So must one whose critical reserves 60% and
+// is asked, jittering alike, on two instances: their parts of the
+// reserve (300 each) and the shares raised to hold them stay put while
+// the demands stay above them.
+func TestJitteringClassDemandsDoNotRepublish(t *testing.T) {
+	for _, n := range []int{4, 40} {
+		plain, plainOps, _ := churn(t, n, false)
+		withClasses, ops, why := churn(t, n, true)
+		t.Logf("%d instances, 120 rounds (30 windows): %d publishes, %d operations without classes; %d publishes, %d operations with critical=60%% asked on two",
+			n, plain, plainOps, withClasses, ops)
+		if withClasses > plain+2 {
+			for _, w := range why[:min(len(why), 4)] {
+				t.Log(w)
+			}
+			t.Errorf("%d instances: class demands jittering ±7%% made %d publishes (%d operations) in 30 windows, against %d (%d) for the same jitter without classes",
+				n, withClasses, ops, plain, plainOps)
+		}
+	}
 }
