@@ -52,7 +52,7 @@ func Policy(cfg schema.ProviderConfig) ledger.Policy {
 // that is leaving neither.
 //
 // With classes that reserve, each class's reserve goes to the instances
-// that report demand of it, in proportion (alloc.Reserve), and their
+// that report demand of it, max-min fairly (alloc.Reserve), and their
 // shares are raised to hold it: reserves maps each holder to what it
 // keeps per class (ledger.Policy.Reserves).
 func Target(cfg schema.ProviderConfig, live []schema.InstanceRecord) (target map[string]int64, reserves map[string]map[string]int64, err error) {
