@@ -7,6 +7,8 @@ import (
 	"math/bits"
 	"slices"
 	"time"
+
+	"github.com/sluice-go/sluice/limiter"
 )
 
 // Piece is what a holder may admit per window of length Window, in the
@@ -157,6 +159,18 @@ func (s *State) Reserves(holder string, now int64) (kept map[string]Kept, ok boo
 		}
 	}
 	return kept, ok
+}
+
+// LimiterClasses returns the limiter classes named, in order, each
+// keeping the part of every window's quota that kept says (Reserves):
+// what a holder's limiter serves under its grants.
+func LimiterClasses(names []string, kept map[string]Kept) []limiter.Class {
+	cs := make([]limiter.Class, len(names))
+	for i, n := range names {
+		k := kept[n]
+		cs[i] = limiter.Class{Name: n, Reserve: min(k.Reserve, k.Of), Of: k.Of}
+	}
+	return cs
 }
 
 // larger reports whether a/b > c/d, for b, d > 0 and a, c ≥ 0.

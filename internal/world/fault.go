@@ -165,5 +165,10 @@ func (w *World) checkLive() {
 	}
 	if floor := limit - int64(live)*(limit/50+1); sum < floor {
 		w.fail("liveness: %v after the faults the grants of window %d add up to %d of the limit %d (at least %d wanted)", w.settle, k, sum, limit, floor)
+		return
+	}
+	if w.cfg.Critical > 0 {
+		w.stopAt = 0 // the history ends with checkCritical's second check
+		w.checkCritical(st, e, k)
 	}
 }

@@ -29,10 +29,16 @@ type member struct {
 	crashed bool
 	paused  int64 // true time it wakes at
 	cut     int64 // true time it reaches etcd again
-	demand  int64 // permits it wants per window
-	started int64 // true time its incarnation began
-	sending bool
-	ticks   int
+	demand  int64 // permits of batch (or of no class) it wants per window
+	// critical is the permits of critical it wants per window
+	// (Config.Critical), critTaken what it took of them in the window
+	// critWindow of its clock, and classes the classes its limiter
+	// serves.
+	critical, critTaken, critWindow int64
+	classes                         []limiter.Class
+	started                         int64 // true time its incarnation began
+	sending                         bool
+	ticks                           int
 }
 
 // leaseTTL is how long a member's lease outlives its last keep-alive.
@@ -49,6 +55,7 @@ func (w *World) join() *member {
 	w.nextID++
 	m := &member{w: w, name: fmt.Sprintf("m%d", w.nextID)}
 	m.demand = 2 * w.limit / int64(max(1, w.cfg.Members))
+	m.critical = w.wantCritical()
 	w.mems = append(w.mems, m)
 	m.start()
 	return m
@@ -67,7 +74,7 @@ func (m *member) start() {
 		panic(err) // a window the world chose: a bug in the world
 	}
 	lim.SetClockUncertainty(time.Duration(w.cfg.SkewBound))
-	m.lim = lim
+	m.lim, m.classes, m.critTaken = lim, nil, 0
 	m.hold = ledger.NewHolder(w.keys, m.holder)
 	m.lease = w.etcd.grant(w.now + int64(leaseTTL))
 	m.watches = []*watch{w.etcd.watch(w.keys.Pubs()), w.etcd.watch(w.keys.Grants(m.holder))}
@@ -120,6 +127,9 @@ func (m *member) tick(inc int) {
 	var got int64
 	for got < want && m.lim.TryAcquire() {
 		got++
+	}
+	if m.critical > 0 {
+		got += m.takeCritical()
 	}
 	if got > 0 {
 		w.count(w.now, got)
@@ -207,6 +217,7 @@ func (m *member) sync() {
 func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 	w := m.w
 	kept := m.hold.Commit(next, rels, m.enforceFrom(next, now))
+	m.applyClasses(next, now)
 	for _, r := range rels {
 		if slices.Contains(kept, r) {
 			w.tracef("%s releases publish %d to %d from window %d", m.holder, r.Pub, r.Limit, r.From)

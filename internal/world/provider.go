@@ -81,10 +81,15 @@ type report struct {
 	RetryUntil  int64 `json:"retry_until"`  // Unix ns on its clock; 0: none
 	Remaining   int64 `json:"remaining"`    // of the window that ended at RemainingAt
 	RemainingAt int64 `json:"remaining_at"` // Unix ns on its clock; 0: none
+	// ClassDemand is what it wants of each class (Config.Critical).
+	ClassDemand map[string]int64 `json:"class_demand,omitempty"`
 }
 
 func (m *member) record() []byte {
-	rep := report{Demand: m.demand, Started: m.started}
+	rep := report{Demand: m.demand + m.critical, Started: m.started}
+	if m.w.cfg.Critical > 0 {
+		rep.ClassDemand = map[string]int64{"critical": m.critical, "batch": m.demand}
+	}
 	if m.w.prov != nil {
 		st := m.lim.Stats()
 		rep.Enforced, rep.Pushbacks, rep.Remaining = st.Quota, st.Pushbacks, st.ProviderRemaining

@@ -110,7 +110,7 @@ func (r *replica) target(cfg schema.ProviderConfig) (map[string]int64, map[strin
 			return nil, nil
 		}
 		h := strings.TrimPrefix(k, "I/")
-		live = append(live, schema.InstanceRecord{ID: h, Holder: h, Demand: rep.Demand})
+		live = append(live, schema.InstanceRecord{ID: h, Holder: h, Demand: rep.Demand, ClassDemand: rep.ClassDemand})
 	}
 	t, rs, err := round.Target(cfg, live)
 	if err != nil {

@@ -21,7 +21,12 @@
 //     ceiling (the effective limit is the limit the guarantee above
 //     checks);
 //   - liveness: once the faults end, within Config.Settle windows the
-//     grants of the current window add up to the limit.
+//     grants of the current window add up to the limit;
+//   - with priority classes (Config.Critical), at the same time: the
+//     members that want critical keep for it, of their grants, its
+//     reserve or what they want of it (round.Target's split, the grants'
+//     reserves, ledger.State.Reserves), and in the next window they are
+//     admitted that much.
 package world
 
 import (
@@ -60,9 +65,11 @@ type Config struct {
 	Trace        func(string) // every step, when set
 	// Break, for tests of the oracles, breaks one rule of the protocol:
 	// "unconditioned" (configd writes without the head's condition),
-	// "unenforced" (members write releases without enforcing them) or
+	// "unenforced" (members write releases without enforcing them),
 	// "twice-ceiling" (configd plans an adaptive provider with twice its
-	// ceiling).
+	// ceiling) or "own-part" (with Critical, each member keeps for
+	// critical the part of its own quota that the reserve is of the
+	// limit, not what its grants keep).
 	Break string
 	// ApplyLag, when set, is how long a member takes between computing its
 	// schedule and releases (ToRelease, Schedule) and applying them to its
@@ -90,6 +97,13 @@ type Config struct {
 	// the provider's pushback and writes the effective limit it decides.
 	// The window length never changes (it is the provider's).
 	Adaptive bool
+	// Critical, when set, gives the provider two classes: critical,
+	// reserving this many hundredths of a percent of the limit, then
+	// batch. Every member wants batch, and half of them some critical
+	// too, which they ask for after batch in every tick; the liveness
+	// check also checks that the members that want critical keep, and
+	// are admitted, its reserve or what they want of it.
+	Critical int64
 }
 
 func (c *Config) defaults() {
@@ -140,16 +154,19 @@ type World struct {
 	// faultsEnd is when faults stop being drawn.
 	faultsEnd int64
 	admitted  map[time.Duration]map[int64]int64
-	eras      map[int64][]ledger.Era // every version of each era any head held
-	res       Result
-	stopAt    int64         // when the liveness check ran: the history ends
-	ledger    *ledger.State // etcd's ledger records, decoded as they change
-	longest   time.Duration
-	settle    time.Duration   // the liveness check's wait after the faults
-	calm      bool            // the faults ended: no lost, refused or slow messages, no pauses
-	lengths   []time.Duration // the window lengths admissions are counted in
-	ahead     time.Duration   // the most a script set a replica's clock ahead
-	prov      *provider       // Config.Adaptive: the provider the members call
+	// critical is what critical was admitted by window of the length in
+	// force, each member's on its own clock (Config.Critical).
+	critical map[int64]int64
+	eras     map[int64][]ledger.Era // every version of each era any head held
+	res      Result
+	stopAt   int64         // when the liveness check ran: the history ends
+	ledger   *ledger.State // etcd's ledger records, decoded as they change
+	longest  time.Duration
+	settle   time.Duration   // the liveness check's wait after the faults
+	calm     bool            // the faults ended: no lost, refused or slow messages, no pauses
+	lengths  []time.Duration // the window lengths admissions are counted in
+	ahead    time.Duration   // the most a script set a replica's clock ahead
+	prov     *provider       // Config.Adaptive: the provider the members call
 }
 
 // Run plays the history of cfg and returns what it showed.
@@ -157,7 +174,8 @@ func Run(cfg Config) Result {
 	cfg.defaults()
 	w := &World{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		now: epoch, etcd: newEtcd(cfg.MaxOps), keys: "L/", limit: cfg.Limit, window: cfg.Window,
-		admitted: map[time.Duration]map[int64]int64{}, eras: map[int64][]ledger.Era{}}
+		admitted: map[time.Duration]map[int64]int64{}, eras: map[int64][]ledger.Era{},
+		critical: map[int64]int64{}}
 	w.res.Seed = cfg.Seed
 	w.ledger = ledger.NewState()
 	w.etcd.applied = func(key string, value []byte) {
@@ -414,6 +432,7 @@ func (w *World) config(limit int64) schema.ProviderConfig {
 	return schema.ProviderConfig{
 		Name: "world", Limit: limit, Window: schema.Duration(w.window), Algorithm: schema.AlgorithmFair,
 		FailStatic: schema.Duration(w.cfg.Horizon), Coordination: schema.CoordinationLedger,
+		Classes: w.classes(),
 	}
 }
 

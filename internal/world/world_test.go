@@ -1,6 +1,7 @@
 package world
 
 import (
+	"cmp"
 	"flag"
 	"math/rand/v2"
 	"strings"
@@ -25,6 +26,7 @@ var (
 	fixedFlag   = flag.Bool("world.fixed", false, "never change the window length")
 	maxOpsFlag  = flag.Int("world.maxops", 0, "etcd's --max-txn-ops (0: 3 to 10 in every third history, else 128)")
 	adaptFlag   = flag.Bool("world.adaptive", false, "every history adaptive (else every third)")
+	critFlag    = flag.Int64("world.critical", 0, "critical's reserve in hundredths of a percent in every history not adaptive (0: 30% in every fifth)")
 )
 
 // TestHistories plays random histories of the real ledger code under every
@@ -55,6 +57,9 @@ func TestHistories(t *testing.T) {
 			cfg.MaxOps = ledger.MinOps + int(seed/3%8)
 		}
 		cfg.Adaptive = *adaptFlag || seed%3 == 1
+		if !cfg.Adaptive && (*critFlag > 0 || seed%5 == 4) {
+			cfg.Critical = cmp.Or(*critFlag, 3000)
+		}
 		if testing.Verbose() && n == 1 {
 			cfg.Trace = func(s string) { t.Log(s) }
 		}
@@ -130,12 +135,16 @@ func flagSet(name string) (set bool) {
 // TestOraclesCatchABrokenProtocol: the oracles find a history over the
 // limit when one rule is broken, within a few random seeds.
 func TestOraclesCatchABrokenProtocol(t *testing.T) {
-	for _, rule := range []string{"unconditioned", "unenforced", "twice-ceiling"} {
+	for _, rule := range []string{"unconditioned", "unenforced", "twice-ceiling", "own-part"} {
 		t.Run(rule, func(t *testing.T) {
 			for seed := uint64(1); seed <= 200; seed++ {
 				// "twice-ceiling": configd plans an adaptive provider with
 				// twice its ceiling.
-				r := Run(Config{Seed: seed, Loss: 0.05, Refuse: 0.03, Break: rule, Adaptive: rule == "twice-ceiling"})
+				cfg := Config{Seed: seed, Loss: 0.05, Refuse: 0.03, Break: rule, Adaptive: rule == "twice-ceiling"}
+				if rule == "own-part" {
+					cfg.Critical = 3000
+				}
+				r := Run(cfg)
 				for _, v := range r.Violations {
 					if !contains(v, "liveness") {
 						t.Logf("found after %d seeds: %s", seed, v)
@@ -143,7 +152,7 @@ func TestOraclesCatchABrokenProtocol(t *testing.T) {
 					}
 				}
 			}
-			t.Errorf("200 seeds with the rule %q broken found no history over the limit", rule)
+			t.Errorf("200 seeds with the rule %q broken found no violation", rule)
 		})
 	}
 }

@@ -33,14 +33,14 @@ func memberClasses(c *schema.ProviderConfig, g grantReserve) []limiter.Class {
 	if c == nil || len(c.Classes) == 0 || c.Limit <= 0 {
 		return nil
 	}
-	cs := make([]limiter.Class, len(c.Classes))
 	if g.set {
+		names := make([]string, len(c.Classes))
 		for i, cl := range c.Classes {
-			k := g.kept[cl.Name]
-			cs[i] = limiter.Class{Name: cl.Name, Reserve: min(k.Reserve, k.Of), Of: k.Of}
+			names[i] = cl.Name
 		}
-		return cs
+		return ledger.LimiterClasses(names, g.kept)
 	}
+	cs := make([]limiter.Class, len(c.Classes))
 	rs := c.Reserves(c.Limit)
 	for i, cl := range c.Classes {
 		cs[i] = limiter.Class{Name: cl.Name, Reserve: rs[i], Of: c.Limit}
