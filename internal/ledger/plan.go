@@ -323,6 +323,9 @@ func (pl *planner) publish() {
 	}
 	open, ok := pl.open()
 	if ok && pl.matches(pl.holds(open.Seq)) && pl.reservesNear(open.Seq) && pl.extend(open, pl.lead()) {
+		// The open publish is the target: grants written ahead for
+		// another one are not wanted, and go.
+		pl.t.Head.Staged = 0
 		return
 	}
 	np, missing, why, early := pl.next(open, ok)
