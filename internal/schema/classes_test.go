@@ -209,7 +209,8 @@ func TestReservesNeverExceedTheLimit(t *testing.T) {
 }
 
 func TestInstanceRecordClassDemand(t *testing.T) {
-	rec := InstanceRecord{Version: Version, ID: "i-1", ClassDemand: map[string]int64{"critical": 40, "batch": 900}}
+	rec := InstanceRecord{Version: Version, ID: "i-1", ClassDemand: map[string]int64{"critical": 40, "batch": 900},
+		ClassAdmitted: map[string]int64{"critical": 1200, "batch": 0}}
 	b, err := Encode(rec)
 	if err != nil {
 		t.Fatal(err)
@@ -217,30 +218,40 @@ func TestInstanceRecordClassDemand(t *testing.T) {
 	if !strings.Contains(string(b), `"class_demand":{"batch":900,"critical":40}`) {
 		t.Errorf("encoded %s, want class_demand by name", b)
 	}
-	got, err := DecodeInstanceRecord(b)
-	if err != nil || !reflect.DeepEqual(got.ClassDemand, rec.ClassDemand) {
-		t.Errorf("round trip: %v, %v", got.ClassDemand, err)
+	if !strings.Contains(string(b), `"class_admitted":{"batch":0,"critical":1200}`) {
+		t.Errorf("encoded %s, want class_admitted by name", b)
 	}
-	if b, err := Encode(InstanceRecord{Version: Version, ID: "i-1"}); err != nil || strings.Contains(string(b), "class_demand") {
-		t.Errorf("a record without classes: %s, %v; want no class_demand", b, err)
+	got, err := DecodeInstanceRecord(b)
+	if err != nil || !reflect.DeepEqual(got.ClassDemand, rec.ClassDemand) || !reflect.DeepEqual(got.ClassAdmitted, rec.ClassAdmitted) {
+		t.Errorf("round trip: %v, %v, %v", got.ClassDemand, got.ClassAdmitted, err)
+	}
+	if b, err := Encode(InstanceRecord{Version: Version, ID: "i-1"}); err != nil || strings.Contains(string(b), "class_demand") || strings.Contains(string(b), "class_admitted") {
+		t.Errorf("a record without classes: %s, %v; want no class_demand nor class_admitted", b, err)
 	}
 	many := map[string]int64{}
 	for i := range MaxClasses + 1 {
 		many[fmt.Sprintf("c%d", i)] = 1
 	}
-	for _, cd := range []map[string]int64{{"Critical": 1}, {"": 1}, {"a": -1}, {"a": MaxLimit + 1}, many} {
+	for _, cd := range []map[string]int64{{"Critical": 1}, {"": 1}, {"<b>": 1}, {"a": -1}, {"a": MaxLimit + 1}, many} {
 		bad := rec
 		bad.ClassDemand = cd
 		if _, err := Encode(bad); !errors.Is(err, ErrInvalidField) && !errors.Is(err, ErrInvalidClassName) {
 			t.Errorf("class_demand %v: %v, want refused", cd, err)
 		}
+		bad = rec
+		bad.ClassAdmitted = cd
+		if _, err := Encode(bad); !errors.Is(err, ErrInvalidField) && !errors.Is(err, ErrInvalidClassName) {
+			t.Errorf("class_admitted %v: %v, want refused", cd, err)
+		}
 	}
-	for _, s := range []string{
-		`{"version":1,"id":"i-1","started":"0001-01-01T00:00:00Z","updated":"0001-01-01T00:00:00Z","demand":0,"admitted":0,"clock_offset":"0s","clock_known":false,"applied_generation":0,"class_demand":{"a":1,"a":2}}`,
-		`{"version":1,"id":"i-1","started":"0001-01-01T00:00:00Z","updated":"0001-01-01T00:00:00Z","demand":0,"admitted":0,"clock_offset":"0s","clock_known":false,"applied_generation":0,"class_demand":{"a":"1"}}`,
-	} {
-		if r, err := DecodeInstanceRecord([]byte(s)); err == nil {
-			t.Errorf("decoded %s as %+v, want refused", s, r.ClassDemand)
+	for _, field := range []string{"class_demand", "class_admitted"} {
+		for _, s := range []string{
+			`{"version":1,"id":"i-1","started":"0001-01-01T00:00:00Z","updated":"0001-01-01T00:00:00Z","demand":0,"admitted":0,"clock_offset":"0s","clock_known":false,"applied_generation":0,"` + field + `":{"a":1,"a":2}}`,
+			`{"version":1,"id":"i-1","started":"0001-01-01T00:00:00Z","updated":"0001-01-01T00:00:00Z","demand":0,"admitted":0,"clock_offset":"0s","clock_known":false,"applied_generation":0,"` + field + `":{"a":"1"}}`,
+		} {
+			if r, err := DecodeInstanceRecord([]byte(s)); err == nil {
+				t.Errorf("decoded %s as %+v, %+v, want refused", s, r.ClassDemand, r.ClassAdmitted)
+			}
 		}
 	}
 }

@@ -84,6 +84,9 @@ func FuzzDecodeInstanceRecord(f *testing.F) {
 		`{"id":"x","id":"y"}`, `{"id":"x","ID":"y"}`, `{"Id":"x"}`, `{"id":"x","demand":1,"Demand":-1}`,
 		`{"id":"x","class_demand":{"critical":40,"batch":900}}`, `{"id":"x","class_demand":{"a":1,"a":2}}`,
 		`{"id":"x","class_demand":{"Critical":1}}`, `{"id":"x","class_demand":{"a":-1}}`, `{"id":"x","class_demand":[]}`,
+		`{"id":"x","class_demand":{"critical":40},"class_admitted":{"critical":1200,"batch":0}}`, `{"id":"x","class_admitted":{"a":1,"a":2}}`,
+		`{"id":"x","class_admitted":{"a<b>":1}}`, `{"id":"x","class_admitted":{"a":-1}}`, `{"id":"x","class_admitted":{"a":1000000000001}}`,
+		`{"id":"x","class_admitted":{"a":1,"b":1,"c":1,"d":1,"e":1,"f":1,"g":1,"h":1,"i":1}}`, `{"id":"x","class_admitted":null}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -92,7 +95,7 @@ func FuzzDecodeInstanceRecord(f *testing.F) {
 		if err != nil {
 			return
 		}
-		unambiguousKeys(t, b, "class_demand")
+		unambiguousKeys(t, b, "class_demand", "class_admitted")
 		stable(t, r, func(b []byte) (any, error) { return DecodeInstanceRecord(b) })
 	})
 }

@@ -439,6 +439,13 @@ type InstanceRecord struct {
 	// not know, reads the records of a provider without classes. configd
 	// does not allocate by it yet.
 	ClassDemand map[string]int64 `json:"class_demand,omitempty"`
+	// ClassAdmitted is the permits the instance admitted of each priority
+	// class since it started, by class name: a running total per class, as
+	// Admitted is of all, so two records give exactly what each class was
+	// admitted between them (what the console charts against the class's
+	// reserve). Written when ClassDemand is, for the same reason; at most
+	// MaxClasses of them.
+	ClassAdmitted map[string]int64 `json:"class_admitted,omitempty"`
 }
 
 // Sources of the quota an instance enforces (InstanceRecord.Source).
@@ -487,15 +494,25 @@ func (r InstanceRecord) Validate() error {
 		return invalid("remaining", r.Remaining, ErrInvalidField)
 	case r.Holder != "" && !validHolder(r.ID, r.Holder):
 		return invalid("holder", r.Holder, fmt.Errorf("%w: holder must be the id, a dot and 1 to 32 letters or digits", ErrInvalidField))
-	case len(r.ClassDemand) > MaxClasses:
-		return invalid("class_demand", fmt.Sprintf("%d classes", len(r.ClassDemand)), fmt.Errorf("%w: at most %d classes", ErrInvalidField, MaxClasses))
 	}
-	for _, name := range slices.Sorted(maps.Keys(r.ClassDemand)) {
+	if err := validateByClass("class_demand", r.ClassDemand); err != nil {
+		return err
+	}
+	return validateByClass("class_admitted", r.ClassAdmitted)
+}
+
+// validateByClass checks a record's figures by class name, field: at most
+// MaxClasses, each a valid class name with a value from 0 to MaxLimit.
+func validateByClass(field string, m map[string]int64) error {
+	if len(m) > MaxClasses {
+		return invalid(field, fmt.Sprintf("%d classes", len(m)), fmt.Errorf("%w: at most %d classes", ErrInvalidField, MaxClasses))
+	}
+	for _, name := range slices.Sorted(maps.Keys(m)) {
 		if err := ValidateClassName(name); err != nil {
-			return invalid("class_demand", name, ErrInvalidClassName)
+			return invalid(field, name, ErrInvalidClassName)
 		}
-		if d := r.ClassDemand[name]; d < 0 || d > MaxLimit {
-			return invalid("class_demand."+name, d, ErrInvalidField)
+		if d := m[name]; d < 0 || d > MaxLimit {
+			return invalid(field+"."+name, d, ErrInvalidField)
 		}
 	}
 	return nil
