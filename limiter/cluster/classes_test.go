@@ -61,15 +61,23 @@ func TestMemberAppliesClasses(t *testing.T) {
 		t.Errorf("critical within its reserve: %v", err)
 	}
 
-	// The record says what each class asks for.
-	waitFor(t, "a's record with its demand by class", func() bool {
+	// The record says what each class asks for, and what each was
+	// admitted since a started: its running totals, which never pass
+	// what the limiter counts.
+	waitFor(t, "a's record with its demand and admissions by class", func() bool {
 		for range 5 {
 			a.Limiter().Acquire(batch, 0)
 		}
 		r := record(t, cli, "a")
 		_, hasCritical := r.ClassDemand["critical"]
-		return hasCritical && r.ClassDemand["batch"] > 0
+		return hasCritical && r.ClassDemand["batch"] > 0 && r.ClassAdmitted["critical"] >= 1 && r.ClassAdmitted["batch"] > 0
 	})
+	r := record(t, cli, "a")
+	for _, name := range []string{"critical", "batch"} {
+		if c, _ := classStat(a, name); r.ClassAdmitted[name] > c.Admitted {
+			t.Errorf("%s: the record says %d admitted, the limiter %d", name, r.ClassAdmitted[name], c.Admitted)
+		}
+	}
 
 	// A retune: a's share doubles, and with it critical's reserve.
 	cfg.Limit = 200
@@ -84,7 +92,10 @@ func TestMemberAppliesClasses(t *testing.T) {
 	cfg.Classes = nil
 	putConfig(t, cli, cfg)
 	waitFor(t, "no classes", func() bool { return a.Limiter().Stats().Classes == nil })
-	waitFor(t, "a record without class demand", func() bool { return record(t, cli, "a").ClassDemand == nil })
+	waitFor(t, "a record without class demand", func() bool {
+		r := record(t, cli, "a")
+		return r.ClassDemand == nil && r.ClassAdmitted == nil
+	})
 }
 
 // record reads instance id's record of provider api.

@@ -70,8 +70,9 @@
 // at most the class's. A config without classes leaves the limiter none,
 // except those it was made with (limiter.WithClasses) if the Member never
 // set any. The instance record reports the demand of each class
-// (ClassDemand), smoothed as the total's. A budget's Member and a Group
-// apply no classes.
+// (ClassDemand), smoothed as the total's, and what each class was admitted
+// since the instance started (ClassAdmitted), a running total as the
+// total's. A budget's Member and a Group apply no classes.
 //
 // Fail-static has a horizon, so that it never overlaps with the share
 // being handed to others: every lease renewal sets the limiter's expiry

@@ -98,6 +98,7 @@ func (m *Member) report(ctx context.Context, lease clientv3.LeaseID, ap *applied
 		Holder:            m.holder,
 		StandsIn:          m.holder != "" && !m.noStandIn,
 		ClassDemand:       classDemand(rep, st.Classes),
+		ClassAdmitted:     classAdmitted(st.Classes, m.hasClasses()),
 	}
 	if !st.RetryUntil.IsZero() {
 		rec.RetryUntil = st.RetryUntil.UTC()
@@ -190,7 +191,7 @@ func onlyProgress(prev, rec schema.InstanceRecord) bool {
 		rec.Updated, rec.Demand, rec.Admitted, rec.AppliedGeneration, rec.AppliedFrom, rec.Enforced
 	prev.Pushbacks, prev.RetryUntil, prev.Remaining, prev.RemainingAt =
 		rec.Pushbacks, rec.RetryUntil, rec.Remaining, rec.RemainingAt
-	prev.ClassDemand = rec.ClassDemand
+	prev.ClassDemand, prev.ClassAdmitted = rec.ClassDemand, rec.ClassAdmitted
 	return reflect.DeepEqual(prev, rec)
 }
 
@@ -204,6 +205,19 @@ func classAsked(cs []limiter.ClassStats, on bool) map[string]int64 {
 	out := make(map[string]int64, len(cs))
 	for _, c := range cs {
 		out[c.Name] = c.Admitted + c.Refused + c.Canceled
+	}
+	return out
+}
+
+// classAdmitted is the record's ClassAdmitted: each class's running total
+// of admissions, by name; nil unless on, as classAsked.
+func classAdmitted(cs []limiter.ClassStats, on bool) map[string]int64 {
+	if !on || len(cs) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(cs))
+	for _, c := range cs {
+		out[c.Name] = min(c.Admitted, schema.MaxLimit)
 	}
 	return out
 }
