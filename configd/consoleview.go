@@ -8,6 +8,7 @@ package main
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -54,9 +55,13 @@ type providerPanel struct {
 	MoreRows     int           `json:"more_rows,omitempty"` // live instances not listed
 	Held         []heldRow     `json:"held"`
 	Chart        chartView     `json:"chart"`
-	History      []historyRow  `json:"history"`
-	Malformed    []string      `json:"malformed,omitempty"`
-	Read         time.Time     `json:"read"` // when configd read it
+	// Classes is, for a provider with priority classes, each class's
+	// admissions in the chart's last buckets against its reserve, in the
+	// config's order; empty: no classes.
+	Classes   []classRow   `json:"classes"`
+	History   []historyRow `json:"history"`
+	Malformed []string     `json:"malformed,omitempty"`
+	Read      time.Time    `json:"read"` // when configd read it
 }
 
 // configView is a provider's config as the console shows and edits it.
@@ -203,19 +208,49 @@ type chartPoint struct {
 	Most      *float64 `json:"most,omitempty"`
 }
 
+// classRow is one priority class: its reserve per bucket by the config in
+// force, and what it was admitted in each of the chart's last
+// classBuckets buckets against its reserve then, oldest first.
+type classRow struct {
+	Name    string       `json:"name"`
+	Reserve float64      `json:"reserve"`
+	Points  []classPoint `json:"points"`
+}
+
+// classPoint is one bucket of a class, as chartPoint is of the total:
+// Admitted summed over the instances (nil: not known yet), Estimated with
+// Least and Most when records straddle the bucket's edges. Reserve is the
+// class's reserve of the limit in force then, per bucket; nil when the
+// config then did not list the class.
+type classPoint struct {
+	Start     time.Time `json:"start"`
+	Reserve   *float64  `json:"reserve"`
+	Admitted  *float64  `json:"admitted"`
+	Estimated bool      `json:"estimated,omitempty"`
+	Least     *float64  `json:"least,omitempty"`
+	Most      *float64  `json:"most,omitempty"`
+}
+
+// classBuckets is how many of the chart's last buckets the classes show.
+const classBuckets = 5
+
 // bucketCount is what the records say of one bucket's admissions: spread
 // evenly between records, and the least and most they allow. Unless
-// estimated, the three are equal: spread is the exact count.
+// estimated, the three are equal: spread is the exact count. classes
+// holds the same of each priority class the records name.
 type bucketCount struct {
 	spread, least, most float64
 	estimated           bool
+	classes             map[string]*bucketCount
 }
 
 // sample is one report of an instance: its running total of admissions
-// at a time on its corrected clock.
+// at a time on its corrected clock, and of each class's (nil: the record
+// names none).
 type sample struct {
 	at       time.Time
 	admitted int64
+	classes  map[string]int64
 }
 
 // sharesPoint is a published shares record as the chart needs it.
@@ -302,7 +337,7 @@ func (st *consoleState) observe(v statusView, now time.Time) {
 			// A running total counts from the instance's start: one that
 			// joined while watched gives its first span whole.
 			if started := corrected(r, r.Started); !started.Before(st.watched.Add(-bucket)) {
-				s = append(s, sample{at: started})
+				s = append(s, sample{at: started, classes: zeros(r.ClassAdmitted)})
 			}
 		}
 		at := corrected(r, r.Updated)
@@ -311,9 +346,9 @@ func (st *consoleState) observe(v statusView, now time.Time) {
 		}
 		switch n := len(s); {
 		case n > 0 && r.Admitted < s[n-1].admitted:
-			s = []sample{{at: at, admitted: r.Admitted}} // another process under the same id
+			s = []sample{{at: at, admitted: r.Admitted, classes: r.ClassAdmitted}} // another process under the same id
 		case n == 0 || at.After(s[n-1].at):
-			s = append(s, sample{at: at, admitted: r.Admitted})
+			s = append(s, sample{at: at, admitted: r.Admitted, classes: r.ClassAdmitted})
 		}
 		st.samples[in.ID] = s
 		delete(st.gone, in.ID)
@@ -358,19 +393,58 @@ func (st *consoleState) freeze(now time.Time) {
 	}
 }
 
+// zeros returns the classes of m, each at 0: an instance's totals when it
+// started.
+func zeros(m map[string]int64) map[string]int64 {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]int64, len(m))
+	for name := range m {
+		out[name] = 0
+	}
+	return out
+}
+
 // add counts the admissions between two records a and b of one instance
-// into the bucket [s, e). A span inside the bucket counts whole; one that
-// straddles an edge may have admitted anything from none to all of its
-// admissions in the bucket, so it makes the count an estimate.
+// into the bucket [s, e), of all and of each class b names. A span inside
+// the bucket counts whole; one that straddles an edge may have admitted
+// anything from none to all of its admissions in the bucket, so it makes
+// the count an estimate.
+//
+// A class a does not name is new to the instance's limiter, which counts
+// it from 0; one whose total fell was counted anew (the limiter keeps a
+// class's counts across a change of the classes, so only a class dropped
+// and listed again does), and counts from 0 as well.
 func (c *bucketCount) add(a, b sample, s, e time.Time) {
 	lo, hi := maxTime(a.at, s), minTime(b.at, e)
 	if !hi.After(lo) {
 		return
 	}
-	n := float64(b.admitted - a.admitted)
-	c.spread += n * float64(hi.Sub(lo)) / float64(b.at.Sub(a.at))
+	c.tally(float64(b.admitted-a.admitted), a.at, b.at, s, e, lo, hi)
+	for name, m := range b.classes {
+		n := m - a.classes[name]
+		if n < 0 {
+			n = m
+		}
+		if c.classes == nil {
+			c.classes = map[string]*bucketCount{}
+		}
+		cc := c.classes[name]
+		if cc == nil {
+			cc = &bucketCount{}
+			c.classes[name] = cc
+		}
+		cc.tally(float64(n), a.at, b.at, s, e, lo, hi)
+	}
+}
+
+// tally counts n admissions between records at at and bt into the bucket
+// [s, e), whose part [lo, hi) the span covers.
+func (c *bucketCount) tally(n float64, at, bt, s, e, lo, hi time.Time) {
+	c.spread += n * float64(hi.Sub(lo)) / float64(bt.Sub(at))
 	c.most += n
-	if a.at.Before(s) || b.at.After(e) {
+	if at.Before(s) || bt.After(e) {
 		c.estimated = c.estimated || n > 0
 		return
 	}
@@ -426,7 +500,7 @@ func windowOf(v statusView) time.Duration {
 // st.observe folded it in.
 func buildPanel(st *consoleState, v statusView, hist []schema.HistoryEntry, now time.Time) providerPanel {
 	p := providerPanel{Provider: v.Provider, Found: true, Revision: v.ConfigRevision, Read: now,
-		Instances: []instanceRow{}, Held: []heldRow{}, History: []historyRow{}, PublishError: v.PublishError}
+		Instances: []instanceRow{}, Held: []heldRow{}, History: []historyRow{}, Classes: []classRow{}, PublishError: v.PublishError}
 	if c := v.Config; c != nil {
 		p.Config = &configView{Limit: c.Limit, Window: c.Window.String(), Mode: string(c.Mode), Algorithm: string(c.Algorithm),
 			Pacing: c.Pacing, FailStatic: c.FailStaticOrDefault().String(), ClockBound: c.ClockBound().String(), Summary: summary(*c)}
@@ -465,6 +539,7 @@ func buildPanel(st *consoleState, v statusView, hist []schema.HistoryEntry, now 
 	}
 	p.Held = heldRows(st, v, live)
 	p.Chart = chart(st, v, hist, now)
+	p.Classes = classRows(st, v, hist, now)
 	for i := len(hist) - 1; i >= 0 && len(p.History) < historyRows; i-- {
 		h := hist[i]
 		p.History = append(p.History, historyRow{When: h.When.UTC(), Who: h.Who, Revision: h.Revision, Change: describeChange(h.Old, h.New)})
@@ -721,6 +796,49 @@ func chart(st *consoleState, v statusView, hist []schema.HistoryEntry, now time.
 		cv.Points = append(cv.Points, pt)
 	}
 	return cv
+}
+
+// classRows returns, for each of the provider's classes, its admissions
+// in the chart's last classBuckets buckets against its reserve, counted
+// from the records' running totals by class as the chart counts the
+// total: exact where records fall on the bucket's edges, an estimate with
+// its bounds where they straddle them. The reserve is the class's part of
+// the limit then in force (ProviderConfig.Reserves), per bucket.
+func classRows(st *consoleState, v statusView, hist []schema.HistoryEntry, now time.Time) []classRow {
+	out := []classRow{}
+	if v.Config == nil {
+		return out
+	}
+	bucket, _ := bucketOf(windowOf(v))
+	end := now.Truncate(bucket)
+	reserves := v.Config.Reserves(v.Config.Limit)
+	for ci, cl := range v.Config.Classes {
+		row := classRow{Name: cl.Name, Reserve: float64(reserves[ci]) * float64(bucket) / float64(v.Config.Window.D()),
+			Points: make([]classPoint, 0, classBuckets)}
+		for i := classBuckets; i > 0; i-- {
+			s := end.Add(-time.Duration(i) * bucket)
+			pt := classPoint{Start: s.UTC()}
+			if c, ok := configAt(hist, v, s); ok {
+				if j := slices.IndexFunc(c.Classes, func(x schema.Class) bool { return x.Name == cl.Name }); j >= 0 {
+					r := float64(c.Reserves(c.Limit)[j]) * float64(bucket) / float64(c.Window.D())
+					pt.Reserve = &r
+				}
+			}
+			if c, ok := st.frozen[s.UnixNano()]; ok {
+				cc := c.classes[cl.Name]
+				if cc == nil {
+					cc = &bucketCount{}
+				}
+				pt.Admitted = &cc.spread
+				if cc.estimated {
+					pt.Estimated, pt.Least, pt.Most = true, &cc.least, &cc.most
+				}
+			}
+			row.Points = append(row.Points, pt)
+		}
+		out = append(out, row)
+	}
+	return out
 }
 
 // configAt returns the config in force at t by the history, or the

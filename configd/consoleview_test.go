@@ -5,6 +5,8 @@ package main
 // and which are estimates.
 
 import (
+	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -127,5 +129,106 @@ func TestConsoleShowsClasses(t *testing.T) {
 	p := buildPanel(newConsoleState(), statusView{Provider: "p", Config: &cfg}, nil, now)
 	if want := "critical=60%,default,batch=5"; p.Config.Classes != want {
 		t.Errorf("the panel says %q, want %q", p.Config.Classes, want)
+	}
+}
+
+// TestConsoleClassesAgainstReserves: each class's admissions per window
+// are summed over the instances from their running totals by class, with
+// the chart's rule (a count where records fall on the window's edges, an
+// estimate with its bounds where they straddle them), against the class's
+// reserve of the limit in force then. A class new to an instance counts
+// from 0.
+func TestConsoleClassesAgainstReserves(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 5, 0, 0, 0, time.UTC)
+	sec := func(f float64) time.Time { return t0.Add(time.Duration(f * float64(time.Second))) }
+	cfg := &schema.ProviderConfig{Version: schema.Version, Name: "p", Limit: 100, Window: schema.Duration(time.Second),
+		Classes: []schema.Class{{Name: "critical", Reserve: schema.Reserve{Share: 6000}}, {Name: "batch"}}}
+	st := newConsoleState()
+	type tot struct{ all, critical, batch int64 }
+	read := func(now time.Time, a, b tot) statusView {
+		rec := func(id string, x tot) instanceView {
+			r := &schema.InstanceRecord{Version: schema.Version, ID: id, Started: sec(0.5), Updated: now, Admitted: x.all,
+				ClassAdmitted: map[string]int64{"critical": x.critical, "batch": x.batch}}
+			if id == "b" && x.critical == 0 {
+				delete(r.ClassAdmitted, "critical") // b had no critical yet
+			}
+			return instanceView{ID: id, Record: r}
+		}
+		v := statusView{Provider: "p", Config: cfg, Instances: []instanceView{rec("a", a), rec("b", b)}}
+		st.observe(v, now)
+		return v
+	}
+	read(sec(0.5), tot{}, tot{})
+	read(sec(1), tot{10, 10, 0}, tot{0, 0, 0})
+	read(sec(2), tot{70, 50, 20}, tot{30, 0, 30})      // window 1: critical 40, batch 50
+	read(sec(3), tot{140, 110, 30}, tot{80, 20, 60})   // window 2: critical 80, batch 40
+	read(sec(4.5), tot{240, 150, 90}, tot{80, 20, 60}) // windows 3 and 4 straddled by a
+	v := read(sec(5), tot{240, 150, 90}, tot{80, 20, 60})
+
+	p := buildPanel(st, v, nil, sec(5))
+	if len(p.Classes) != 2 || p.Classes[0].Name != "critical" || p.Classes[1].Name != "batch" {
+		t.Fatalf("classes %+v, want critical and batch in the config's order", p.Classes)
+	}
+	if p.Classes[0].Reserve != 60 || p.Classes[1].Reserve != 0 {
+		t.Errorf("reserves %v and %v, want 60 and 0", p.Classes[0].Reserve, p.Classes[1].Reserve)
+	}
+	f := func(p *float64) float64 {
+		if p == nil {
+			return -1
+		}
+		return *p
+	}
+	for _, tc := range []struct {
+		class                 int
+		start                 time.Time
+		reserve               float64
+		estimated             bool
+		admitted, least, most float64
+	}{
+		{0, sec(1), 60, false, 40, -1, -1},
+		{1, sec(1), 0, false, 50, -1, -1},
+		{0, sec(2), 60, false, 80, -1, -1},
+		{1, sec(2), 0, false, 40, -1, -1},
+		{0, sec(3), 60, true, 40 / 1.5, 0, 40},
+		{1, sec(3), 0, true, 60 / 1.5, 0, 60},
+		{0, sec(4), 60, true, 20 / 1.5, 0, 40},
+	} {
+		row := p.Classes[tc.class]
+		i := slices.IndexFunc(row.Points, func(pt classPoint) bool { return pt.Start.Equal(tc.start) })
+		if i < 0 || row.Points[i].Admitted == nil {
+			t.Fatalf("%s: no admitted figure for the window from %v: %+v", row.Name, tc.start.Sub(t0), row.Points)
+		}
+		pt := row.Points[i]
+		if f(pt.Reserve) != tc.reserve || pt.Estimated != tc.estimated || math.Abs(f(pt.Admitted)-tc.admitted) > 1e-9 || f(pt.Least) != tc.least || f(pt.Most) != tc.most {
+			t.Errorf("%s, window from %v: reserve %v, estimated %v, admitted %v, least %v, most %v; want %v, %v, %v, %v, %v",
+				row.Name, tc.start.Sub(t0), f(pt.Reserve), pt.Estimated, f(pt.Admitted), f(pt.Least), f(pt.Most),
+				tc.reserve, tc.estimated, tc.admitted, tc.least, tc.most)
+		}
+	}
+
+	// The classes' counts add up to the chart's where every admission is
+	// of a class.
+	for _, pt := range chart(st, v, nil, sec(5)).Points {
+		if pt.Admitted == nil || pt.Start.Before(sec(1)) {
+			continue
+		}
+		var sum float64
+		for _, row := range p.Classes {
+			for _, cp := range row.Points {
+				if cp.Start.Equal(pt.Start) {
+					sum += f(cp.Admitted)
+				}
+			}
+		}
+		if math.Abs(sum-*pt.Admitted) > 1e-9 {
+			t.Errorf("window from %v: the classes add up to %v, the chart says %v", pt.Start.Sub(t0), sum, *pt.Admitted)
+		}
+	}
+
+	// Without classes, the panel lists none.
+	plain := *cfg
+	plain.Classes = nil
+	if p := buildPanel(st, statusView{Provider: "p", Config: &plain}, nil, sec(5)); len(p.Classes) != 0 {
+		t.Errorf("no classes: the panel lists %+v", p.Classes)
 	}
 }
