@@ -473,3 +473,78 @@ func lowered(t *testing.T, cli *clientv3.Client, provider string) (bool, string)
 	}
 	return false, fmt.Sprintf("%d history entries, none a lowering by %s", len(resp.Kvs), adaptWho)
 }
+
+// TestConsoleBrowserClasses: the console of a provider with priority
+// classes shows each class's admissions per window, summed over the
+// instances from the running totals by class in their records, against
+// the class's reserve: a count where every instance's records fall on the
+// window's edges, an estimate marked as one (with the bounds the records
+// allow) where one straddles them. The records are written as members
+// would write them, with totals chosen here, so that the figures on screen
+// are checked against what each instance admitted of each class.
+func TestConsoleBrowserClasses(t *testing.T) {
+	b := newBrowser(t) // first: a skip costs nothing else
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	tokenFile := writeFile(t, "token", consoleTestToken)
+	r := itServe(t, srv, "solo", "--admin-token-file", tokenFile)
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	const window = 500 * time.Millisecond
+	itCLI(t, "set", "api", "--limit", "400/500ms", "--class", "critical=60%", "--class", "batch", "--server="+r.url(), "--token-file="+tokenFile)
+
+	b.do("opening the console", chromedp.Navigate(r.url()+"/console/#p=api"))
+	b.until("the classes, in the config's order", `[...document.querySelectorAll('#classes tbody tr')].map(r => r.dataset.class).join() === 'critical,batch' && !document.querySelector('#classes-box').hidden`)
+	if got := eval[string](b, `document.querySelector('#classes tr[data-class="critical"] td[data-col="reserve"]').textContent`); got != "240" {
+		t.Errorf("critical's reserve reads %q, want 240 (60%% of 400)", got)
+	}
+
+	// The console watches the provider now: a window that starts after
+	// this is charted. Instances x1 and x2 report at both its edges; x3's
+	// records straddle its end.
+	w0 := time.Now().Truncate(window).Add(window)
+	type totals map[string]int64
+	for _, in := range []struct {
+		id      string
+		updated time.Time
+		classes totals
+	}{
+		{"x1", w0.Add(window), totals{"critical": 150, "batch": 60}},
+		{"x2", w0.Add(window), totals{"critical": 90, "batch": 40}},
+		{"x3", w0.Add(2 * window), totals{"critical": 50}},
+	} {
+		forgeInstance(t, cli, "api", in.id, "host-"+in.id, func(rec *schema.InstanceRecord) {
+			rec.Started, rec.Updated, rec.ClassAdmitted = w0.UTC(), in.updated.UTC(), in.classes
+			for _, n := range in.classes {
+				rec.Admitted += n
+			}
+		})
+	}
+	// critical: 150 + 90 counted, and x3's 50 over two windows, half of
+	// it spread into this one: about 265, between 240 and 290. batch: 100,
+	// counted.
+	cell := func(class string) string {
+		return fmt.Sprintf(`document.querySelector('#classes tr[data-class=%q] td[data-start=%q]')`, class, w0.UTC().Format(time.RFC3339Nano))
+	}
+	b.until("the window's admissions by class", `(() => { const c = `+cell("critical")+`, d = `+cell("batch")+`; return !!c && !!d && c.dataset.admitted !== undefined && d.dataset.admitted !== undefined })()`)
+	for _, tc := range []struct {
+		class, text, admitted, estimated, reserve, title string
+	}{
+		{"critical", "≈265", "265.0", "true", "240.0", "about 265 admitted of its reserve 240, an estimate: the records allow 240 to 290"},
+		{"batch", "100", "100.0", "false", "0.0", "100 admitted of its reserve 0, counted"},
+	} {
+		got := eval[[]string](b, `(() => { const c = `+cell(tc.class)+`; return [c.textContent, c.dataset.admitted, c.dataset.estimated, c.dataset.reserve, c.title] })()`)
+		if len(got) != 5 || got[0] != tc.text || got[1] != tc.admitted || got[2] != tc.estimated || got[3] != tc.reserve || !strings.HasSuffix(got[4], tc.title) {
+			t.Errorf("%s in the window from %s: the page shows %q, want text %q, admitted %s, estimated %s, reserve %s, and a title ending %q",
+				tc.class, w0.UTC().Format("15:04:05.000"), got, tc.text, tc.admitted, tc.estimated, tc.reserve, tc.title)
+		}
+	}
+	if n := eval[int](b, `document.querySelectorAll('#classes img, #classes b, #classes script').length`); n > 0 {
+		t.Errorf("the classes table holds %d elements of markup", n)
+	}
+	b.screenshot("console-classes.png")
+
+	// Without classes, the table goes.
+	itCLI(t, "set", "api", "--no-classes", "--server="+r.url(), "--token-file="+tokenFile)
+	b.until("no classes table", `document.querySelector('#classes-box').hidden`)
+	b.checkClean()
+}

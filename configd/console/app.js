@@ -176,6 +176,7 @@
     renderInstances(p);
     renderHeld(p);
     renderChart(p.chart);
+    renderClasses(p);
     renderHistory(p);
     renderForm();
   }
@@ -319,6 +320,44 @@
     $('#chart-estimates').textContent = notes.join(' ');
     $('#chart-estimates').hidden = notes.length === 0;
     $('#chart-note').textContent = c.windows > 1 ? `— per ${c.bucket} (${c.windows} windows of ${state.panel.config ? state.panel.config.window : '?'})` : `— per ${c.bucket} window`;
+  }
+
+  // renderClasses lists each priority class's admissions in the chart's
+  // last buckets against its reserve. As in the chart, an estimate is
+  // marked as one, never shown as a count.
+  function renderClasses(p) {
+    const rows = p.classes || [];
+    $('#classes-box').hidden = rows.length === 0;
+    if (rows.length === 0) return;
+    const fig = (v) => v.toFixed(v < 10 && v !== Math.round(v) ? 1 : 0);
+    const head = el('tr', {}, el('th', { text: 'class' }), el('th', { class: 'num', text: 'reserve' }));
+    // Windows shorter than a second are told apart by their milliseconds.
+    const when = rows[0].points.some((pt) => new Date(pt.start).getUTCMilliseconds() !== 0) ? hmsms : hms;
+    for (const pt of rows[0].points) head.append(el('th', { class: 'num', text: when(pt.start) }));
+    const body = el('tbody');
+    for (const r of rows) {
+      const tr = el('tr', { 'data-class': r.name },
+        el('td', { 'data-col': 'name', text: r.name }),
+        el('td', { class: 'num', 'data-col': 'reserve', text: fig(r.reserve) }));
+      for (const pt of r.points) {
+        const reserve = pt.reserve === null ? 'not a class then' : `of its reserve ${fig(pt.reserve)}`;
+        let text = '…', title = `${when(pt.start)} UTC: waiting for reports`;
+        if (pt.admitted !== null) {
+          text = (pt.estimated ? '≈' : '') + fig(pt.admitted);
+          title = pt.estimated
+            ? `${when(pt.start)} UTC: about ${fig(pt.admitted)} admitted ${reserve}, an estimate: the records allow ${fig(pt.least)} to ${fig(pt.most)}`
+            : `${when(pt.start)} UTC: ${fig(pt.admitted)} admitted ${reserve}, counted`;
+        }
+        tr.append(el('td', { class: 'num' + (pt.estimated ? ' estimate' : ''), 'data-start': pt.start,
+          'data-admitted': pt.admitted === null ? null : pt.admitted.toFixed(1), 'data-estimated': pt.admitted === null ? null : String(!!pt.estimated),
+          'data-reserve': pt.reserve === null ? null : pt.reserve.toFixed(1), title, text }));
+      }
+      body.append(tr);
+    }
+    $('#classes thead tr').replaceWith(head);
+    $('#classes tbody').replaceWith(body);
+    const c = p.chart;
+    $('#classes-note').textContent = c.windows > 1 ? `— the last ${rows[0].points.length} buckets of ${c.bucket}` : `— the last ${rows[0].points.length} windows`;
   }
 
   // --- changes ---------------------------------------------------------------
