@@ -109,20 +109,20 @@ func (f *slackFleet) rounds(n int) (want map[string]map[string]int64) {
 }
 
 // kept returns what the holders where critical is asked (from..to-1)
-// keep for it in the current window, each the part of its allowance its
-// grants keep (State.Reserves, as memberClasses gives the
+// keep for it in the current window, each its newest grant's reserve
+// within its allowance (State.Reserves, as memberClasses gives the
 // limiter), and what every grant reserves.
 func (f *slackFleet) kept(from, to int) (sum int64, held []string) {
 	e, _ := f.s.Head.Current()
 	k := ledger.WindowOf(f.now, time.Second)
 	for i, rec := range f.live {
-		res, _ := f.s.Reserves(rec.Holder, f.now)
+		res, _ := f.s.Reserves(rec.Holder)
 		c := res["critical"]
-		if c.Reserve > 0 {
-			held = append(held, fmt.Sprintf("%s:%d", rec.Holder, c.Reserve))
+		if c > 0 {
+			held = append(held, fmt.Sprintf("%s:%d", rec.Holder, c))
 		}
-		if c.Of > 0 && i >= from && i < to {
-			sum += f.s.Allowance(rec.Holder, e.Seq, k) * c.Reserve / c.Of
+		if i >= from && i < to {
+			sum += min(c, f.s.Allowance(rec.Holder, e.Seq, k))
 		}
 	}
 	return sum, held
@@ -259,6 +259,49 @@ func TestJitteringClassDemandsDoNotRepublish(t *testing.T) {
 			}
 			t.Errorf("%d instances: class demands jittering ±7%% made %d publishes (%d operations) in 30 windows, against %d (%d) for the same jitter without classes",
 				n, withClasses, ops, plain, plainOps)
+		}
+	}
+}
+
+// TestAReserveAboveItsDemandDoesNotRepublishOnEveryJitter: critical
+// reserves 60% of 1,000 and is asked about 40 a window on each of five
+// of ten instances (some 200 in all, under its reserve of 600), every
+// instance flooding batch. Below its reserve a class keeps what it
+// wants, so its parts follow the smoothed demands; a demand that moves by
+// two permits on one instance (a move the member reports at once) must
+// not be a new publish to all ten holders: the slack (2% of the limit)
+// forgives it, as it forgives a jittering quota.
+func TestAReserveAboveItsDemandDoesNotRepublishOnEveryJitter(t *testing.T) {
+	for _, jitter := range []int64{0, 2} {
+		f := newSlackFleet(t)
+		f.cfg.Classes[0].Reserve.Share = 6000 // 60%
+		f.ask(0, 5)
+		for i := range 5 {
+			f.live[i].ClassDemand["critical"] = 40
+			f.live[i].Demand = 1040
+		}
+		f.rounds(8)
+		pubs := 0
+		seen := map[int64]bool{}
+		for _, p := range f.s.Pubs {
+			seen[p.Seq] = true
+		}
+		for r := range 40 { // ten windows
+			// One instance's smoothed critical demand moves by jitter.
+			f.live[r%5].ClassDemand["critical"] = 40 + jitter*int64(r%2)
+			f.rounds(1)
+			for _, p := range f.s.Pubs {
+				if !seen[p.Seq] {
+					seen[p.Seq] = true
+					if !p.TopUp {
+						pubs++
+					}
+				}
+			}
+		}
+		t.Logf("jitter %d: %d new publishes in 40 rounds (10 windows)", jitter, pubs)
+		if jitter > 0 && pubs > 2 {
+			t.Errorf("critical's demand, far under its reserve, moving by %d permits on one of ten instances: %d publishes of all ten holders in 10 windows (%d with no jitter)", jitter, pubs, 0)
 		}
 	}
 }

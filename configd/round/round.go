@@ -37,13 +37,20 @@ func Horizon(cfg schema.ProviderConfig) int64 {
 // target within 2% of the limit of each holder's quota needs no new
 // publish, so that demands that jitter do not make one every round.
 func Policy(cfg schema.ProviderConfig) ledger.Policy {
-	return ledger.Policy{
+	p := ledger.Policy{
 		Limit:   cfg.Limit,
 		Window:  cfg.Window.D(),
 		Horizon: Horizon(cfg),
 		Keep:    Keep,
 		Slack:   cfg.Limit / 50,
 	}
+	for i, r := range cfg.Reserves(cfg.Limit) {
+		if p.ClassReserves == nil {
+			p.ClassReserves = map[string]int64{}
+		}
+		p.ClassReserves[cfg.Classes[i].Name] = r
+	}
+	return p
 }
 
 // Target splits cfg's limit over the live instances (alloc.Split) and

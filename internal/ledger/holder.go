@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"maps"
 	"math"
-	"math/bits"
 	"slices"
 	"time"
 
@@ -129,55 +128,28 @@ func (s *State) Target(holder string) (q int64, p Pub, ok bool) {
 	return g.Quota, p, ok
 }
 
-// Kept is the part of a holder's quota a class keeps: Reserve of every
-// Of permits.
-type Kept struct {
-	Reserve, Of int64
-}
-
-// Reserves returns, for each class, the largest part of its quota that
-// any of holder's grants of a publish not ended at now reserves for the
-// class (Grant.Reserve); ok is false when it holds no such grant of a
-// publish that is not a top-up. Taking the largest keeps a class's
-// reserve whole while a publish that moves it takes over: the one that
-// ends and the one that begins each give the class its whole reserve
-// across the holders.
-func (s *State) Reserves(holder string, now int64) (kept map[string]Kept, ok bool) {
-	for _, g := range s.Grants {
-		p, have := s.Pubs[g.Pub]
-		if !have || g.Holder != holder || p.TopUp || p.B < WindowOf(now, p.Window) || g.Quota <= 0 {
-			continue
-		}
-		ok = true
-		for c, r := range g.Reserve {
-			if k, seen := kept[c]; !seen || larger(r, g.Quota, k.Reserve, k.Of) {
-				if kept == nil {
-					kept = map[string]Kept{}
-				}
-				kept[c] = Kept{r, g.Quota}
-			}
-		}
-	}
-	return kept, ok
+// Reserves returns what holder's newest grant of a publish, not a
+// top-up, reserves for each class (Grant.Reserve), in permits per window;
+// ok is false when it holds none. The newest is configd's last decision:
+// a holder keeps it from the moment it reads it, before that publish
+// begins, so a reserve that moves between holders moves at once, and a
+// holder never keeps one publish's part for one class and another's for
+// another. Where its quota in force is smaller, its limiter cuts the
+// reserves in proportion until a top-up brings it to the new quota.
+func (s *State) Reserves(holder string) (reserve map[string]int64, ok bool) {
+	g, _, ok := s.targetGrant(holder)
+	return g.Reserve, ok
 }
 
 // LimiterClasses returns the limiter classes named, in order, each
-// keeping the part of every window's quota that kept says (Reserves):
-// what a holder's limiter serves under its grants.
-func LimiterClasses(names []string, kept map[string]Kept) []limiter.Class {
+// keeping its reserve, a count of permits per window: what a holder's
+// limiter serves under its grants (Reserves).
+func LimiterClasses(names []string, reserve map[string]int64) []limiter.Class {
 	cs := make([]limiter.Class, len(names))
 	for i, n := range names {
-		k := kept[n]
-		cs[i] = limiter.Class{Name: n, Reserve: min(k.Reserve, k.Of), Of: k.Of}
+		cs[i] = limiter.Class{Name: n, Reserve: min(reserve[n], limiter.MaxQuota)}
 	}
 	return cs
-}
-
-// larger reports whether a/b > c/d, for b, d > 0 and a, c ≥ 0.
-func larger(a, b, c, d int64) bool {
-	xh, xl := bits.Mul64(uint64(a), uint64(d))
-	yh, yl := bits.Mul64(uint64(c), uint64(b))
-	return xh > yh || xh == yh && xl > yl
 }
 
 func (s *State) targetGrant(holder string) (g Grant, p Pub, ok bool) {

@@ -35,6 +35,9 @@ type Policy struct {
 	// keeps (Grant.Reserve); where they add up to more than the holder's
 	// quota, its grants keep them cut in proportion.
 	Reserves map[string]map[string]int64
+	// ClassReserves is each class's reserve in all: a class whose
+	// holders' reserves add up to it is owed every permit of it.
+	ClassReserves map[string]int64
 }
 
 // maxOps returns the policy's MaxOps, its default for 0.
@@ -569,6 +572,20 @@ func (pl *planner) reserve(holder string, q int64) map[string]int64 {
 	return out
 }
 
+// owed reports whether the policy's reserves for class c add up to the
+// class's whole reserve.
+func (pl *planner) owed(c string) bool {
+	r, ok := pl.p.ClassReserves[c]
+	if !ok || r == 0 {
+		return false
+	}
+	var sum int64
+	for h, q := range pl.target {
+		sum += pl.reserve(h, q)[c]
+	}
+	return sum >= r
+}
+
 // mulDiv returns a·b/c rounded down, for 0 ≤ a ≤ c and b ≥ 0, c > 0,
 // without overflow: the result is at most b.
 func mulDiv(a, b, c int64) int64 {
@@ -578,10 +595,11 @@ func mulDiv(a, b, c int64) int64 {
 }
 
 // reservesNear reports whether the reserves of publish seq's grants are
-// within the slack of the policy's, holder by holder, and add up to the
-// policy's exactly, class by class: the slack forgives how a class's
-// reserve is split among the holders that want the class, never a part
-// of it missing, nor a part on a holder that does not want it.
+// within the slack of the policy's, holder by holder and class by class
+// in all: the slack forgives how a class's reserve is split among the
+// holders that want the class, never a part on a holder that does not
+// want it, nor a part missing of a class owed its whole reserve
+// (Policy.ClassReserves): its grants must then add up to it exactly.
 func (pl *planner) reservesNear(seq int64) bool {
 	sum := map[string]int64{}
 	near := func(have, want int64) bool {
@@ -603,8 +621,8 @@ func (pl *planner) reservesNear(seq int64) bool {
 			}
 		}
 	}
-	for _, d := range sum {
-		if d != 0 {
+	for c, d := range sum {
+		if d > pl.p.Slack || -d > pl.p.Slack || d != 0 && pl.owed(c) {
 			return false
 		}
 	}

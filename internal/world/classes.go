@@ -57,13 +57,13 @@ func (m *member) takeCritical() int64 {
 // (ledger.State.Reserves), as a cluster member does; under the broken
 // rule "own-part" each keeps the part of its quota that the reserve is
 // of the limit instead.
-func (m *member) applyClasses(st *ledger.State, now int64) {
+func (m *member) applyClasses(st *ledger.State) {
 	w := m.w
 	if w.cfg.Critical == 0 {
 		return
 	}
-	kept, _ := st.Reserves(m.holder, now)
-	cs := ledger.LimiterClasses(classNames, kept)
+	reserve, _ := st.Reserves(m.holder)
+	cs := ledger.LimiterClasses(classNames, reserve)
 	if w.cfg.Break == "own-part" {
 		cs = []limiter.Class{{Name: "critical", Reserve: w.reserve(w.limit), Of: w.limit}, {Name: "batch"}}
 	}
@@ -89,10 +89,8 @@ func (w *World) checkCritical(st *ledger.State, era ledger.Era, k int64) {
 			continue
 		}
 		want += m.critical
-		kept, _ := st.Reserves(m.holder, w.now)
-		if c := kept["critical"]; c.Of > 0 {
-			held += st.Allowance(m.holder, era.Seq, k) * c.Reserve / c.Of
-		}
+		reserve, _ := st.Reserves(m.holder)
+		held += min(reserve["critical"], st.Allowance(m.holder, era.Seq, k))
 	}
 	want = min(want, w.reserve(w.limit))
 	if held < want-int64(len(w.live())) {

@@ -217,7 +217,7 @@ func (m *member) sync() {
 func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 	w := m.w
 	kept := m.hold.Commit(next, rels, m.enforceFrom(next, now))
-	m.applyClasses(next, now)
+	m.applyClasses(next)
 	for _, r := range rels {
 		if slices.Contains(kept, r) {
 			w.tracef("%s releases publish %d to %d from window %d", m.holder, r.Pub, r.Limit, r.From)

@@ -9,12 +9,11 @@ import (
 	"github.com/sluice-go/sluice/limiter"
 )
 
-// grantReserve is the part of its quota this holder's grants keep for
-// each class (ledger.State.Reserves); set while the Follower says it
-// holds a grant.
+// grantReserve is what this holder's grants reserve for each class
+// (ledger.State.Reserves); set while the Follower says it holds a grant.
 type grantReserve struct {
-	kept map[string]ledger.Kept
-	set  bool
+	reserve map[string]int64
+	set     bool
 }
 
 // memberClasses returns the limiter classes for config c: its classes in
@@ -38,7 +37,7 @@ func memberClasses(c *schema.ProviderConfig, g grantReserve) []limiter.Class {
 		for i, cl := range c.Classes {
 			names[i] = cl.Name
 		}
-		return ledger.LimiterClasses(names, g.kept)
+		return ledger.LimiterClasses(names, g.reserve)
 	}
 	cs := make([]limiter.Class, len(c.Classes))
 	rs := c.Reserves(c.Limit)
@@ -64,10 +63,10 @@ func (m *Member) applyClasses(c *schema.ProviderConfig) {
 // grantReserved is the Follower's report of what the holder's grants
 // keep for each class (ledgerstore.WithReserves); ok false says the
 // Member follows no grant, as when it leaves the ledger.
-func (m *Member) grantReserved(kept map[string]ledger.Kept, ok bool) {
+func (m *Member) grantReserved(reserve map[string]int64, ok bool) {
 	m.classMu.Lock()
 	defer m.classMu.Unlock()
-	m.grantRes = grantReserve{kept: kept, set: ok}
+	m.grantRes = grantReserve{reserve: reserve, set: ok}
 	m.setClassesLocked()
 }
 

@@ -35,11 +35,11 @@ type Follower struct {
 	log  *slog.Logger
 	// maxOps is the most operations of one transaction it writes.
 	maxOps int
-	// onReserve, when set, is told each new part of the holder's quota
-	// its grants keep for each class (WithReserves); last is the last it
-	// was told. Owned by Run's goroutine.
-	onReserve func(kept map[string]ledger.Kept, ok bool)
-	last      map[string]ledger.Kept
+	// onReserve, when set, is told each new reserve of the holder's
+	// grants for each class (WithReserves); last is the last it was
+	// told. Owned by Run's goroutine.
+	onReserve func(reserve map[string]int64, ok bool)
+	last      map[string]int64
 	lastOK    bool
 	told      bool
 }
@@ -52,10 +52,10 @@ type FollowerOption func(*Follower)
 func WithMaxOps(n int) FollowerOption { return func(f *Follower) { f.maxOps = n } }
 
 // WithReserves makes the follower call fn, on its own goroutine, with
-// the part of its quota the holder's grants keep for each priority class
+// what the holder's grants reserve for each priority class
 // (ledger.State.Reserves), each time it changes once enforced; ok is
 // false while it holds no grant of a publish.
-func WithReserves(fn func(kept map[string]ledger.Kept, ok bool)) FollowerOption {
+func WithReserves(fn func(reserve map[string]int64, ok bool)) FollowerOption {
 	return func(f *Follower) { f.onReserve = fn }
 }
 
@@ -214,7 +214,7 @@ func (f *Follower) sync(ctx context.Context) {
 		return
 	}
 	f.hold.Commit(next, rels, from)
-	f.tellReserve(next, now)
+	f.tellReserve(next)
 	sent, ops, err := f.hold.Unsent()
 	if err != nil {
 		return
@@ -234,13 +234,13 @@ func (f *Follower) sync(ctx context.Context) {
 	}
 }
 
-// tellReserve calls onReserve when what the grants in st keep for each
-// class differs from what it last told.
-func (f *Follower) tellReserve(st *ledger.State, now int64) {
+// tellReserve calls onReserve when what the grants in st reserve for
+// each class differs from what it last told.
+func (f *Follower) tellReserve(st *ledger.State) {
 	if f.onReserve == nil {
 		return
 	}
-	kept, ok := st.Reserves(f.hold.Name(), now)
+	kept, ok := st.Reserves(f.hold.Name())
 	if f.told && ok == f.lastOK && maps.Equal(kept, f.last) {
 		return
 	}
