@@ -17,14 +17,15 @@ type grantReserve struct {
 }
 
 // memberClasses returns the limiter classes for config c: its classes in
-// order, each reserve a part of every window's quota. Under the ledger,
-// once a grant is held, the part is the one configd gave this holder:
-// what its grant reserves for the class of its quota, configd having
+// order, each with a reserve. Under the ledger, once a grant is held, it
+// is the one configd gave this holder: what its newest grant reserves
+// for the class, in permits (ledger.LimiterClasses), configd having
 // split each class's reserve over the instances that want the class
-// (round.Target). Otherwise it is the part the class's reserve is of the
-// provider's limit (limiter.Class.Of), so each instance keeps the same
-// part of whatever it may admit — its share, the fallback, less any clock
-// cut — and the instances' reserves add up to at most the class's. The
+// (round.Target). Otherwise each reserve is the part the class's
+// reserve is of the provider's limit (limiter.Class.Of), so each
+// instance keeps the same part of whatever it may admit — its share, the
+// fallback, less any clock cut — and the instances' reserves add up to
+// at most the class's. The
 // reserves are those of the limit in force (Reserves: an adaptive
 // provider's are cut in proportion under its ceiling). None when c lists
 // none.
