@@ -3,42 +3,12 @@ package round
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/ledger"
 	"github.com/sluice-go/sluice/internal/schema"
 )
-
-// applyChange stores c in s, as its transaction would.
-func applyChange(s *ledger.State, c ledger.Change) {
-	if c.Empty() {
-		return
-	}
-	s.Head = c.Head
-	for _, p := range c.Pubs {
-		s.Pubs[p.Seq] = p
-	}
-	for _, g := range c.Grants {
-		s.Grants[ledger.GrantKey{Pub: g.Pub, Holder: g.Holder}] = g
-	}
-	for _, r := range c.DelReleases {
-		key := ledger.GrantKey{Pub: r.Pub, Holder: r.Holder}
-		rs := s.Releases[key]
-		rs.Steps = slices.DeleteFunc(slices.Clone(rs.Steps), func(st ledger.Step) bool { return st == ledger.Step{From: r.From, Limit: r.Limit} })
-		s.Releases[key] = rs
-		if len(rs.Steps) == 0 {
-			delete(s.Releases, key)
-		}
-	}
-	for _, g := range c.DelGrants {
-		delete(s.Grants, ledger.GrantKey{Pub: g.Pub, Holder: g.Holder})
-	}
-	for _, p := range c.DelPubs {
-		delete(s.Pubs, p.Seq)
-	}
-}
 
 // slackFleet is ten instances flooding batch under a limit of 1,000,
 // critical reserving 10% (100), run through configd's rounds: Target,
@@ -95,7 +65,7 @@ func (f *slackFleet) rounds(n int) (want map[string]map[string]int64) {
 			if c.Empty() {
 				break
 			}
-			applyChange(f.s, c)
+			f.s.Commit(c)
 		}
 		for _, rec := range f.live {
 			for _, rel := range f.s.ToRelease(rec.Holder, f.now, 0) {
@@ -224,7 +194,7 @@ func churn(t *testing.T, n int, classes bool) (pubs, ops int, why []string) {
 					why = append(why, fmt.Sprintf("round %d: reserves %v", r, reserves))
 				}
 			}
-			applyChange(s, c)
+			s.Commit(c)
 		}
 		for _, rec := range live {
 			for _, rel := range s.ToRelease(rec.Holder, now, 0) {

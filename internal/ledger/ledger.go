@@ -188,6 +188,35 @@ func (s *State) Clone() *State {
 	return c
 }
 
+// Commit stores change c in s, as its transaction does in etcd.
+func (s *State) Commit(c Change) {
+	if c.Empty() {
+		return
+	}
+	s.Head = c.Head
+	for _, p := range c.Pubs {
+		s.Pubs[p.Seq] = p
+	}
+	for _, g := range c.Grants {
+		s.Grants[GrantKey{g.Pub, g.Holder}] = g
+	}
+	for _, r := range c.DelReleases {
+		key := GrantKey{r.Pub, r.Holder}
+		rs := s.Releases[key]
+		rs.Steps = slices.DeleteFunc(slices.Clone(rs.Steps), func(st Step) bool { return st == Step{From: r.From, Limit: r.Limit} })
+		s.Releases[key] = rs
+		if len(rs.Steps) == 0 {
+			delete(s.Releases, key)
+		}
+	}
+	for _, g := range c.DelGrants {
+		delete(s.Grants, GrantKey{g.Pub, g.Holder})
+	}
+	for _, p := range c.DelPubs {
+		delete(s.Pubs, p.Seq)
+	}
+}
+
 // Span returns the windows g covers: From..B of its publish, clipped to
 // the publish's A; ok is false when its publish is unknown.
 func (s *State) Span(g Grant) (a, b int64, ok bool) {

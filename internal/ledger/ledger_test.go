@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"errors"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,32 +23,7 @@ func plan(t *testing.T, s *State, p Policy, target map[string]int64, k int64) Ch
 }
 
 // apply stores c in s, as its transaction would.
-func apply(s *State, c Change) {
-	if c.Empty() {
-		return
-	}
-	s.Head = c.Head
-	for _, p := range c.Pubs {
-		s.Pubs[p.Seq] = p
-	}
-	for _, g := range c.Grants {
-		s.Grants[GrantKey{g.Pub, g.Holder}] = g
-	}
-	for _, r := range c.DelReleases {
-		rs := s.Releases[GrantKey{r.Pub, r.Holder}]
-		rs.Steps = slices.DeleteFunc(slices.Clone(rs.Steps), func(st Step) bool { return st == Step{From: r.From, Limit: r.Limit} })
-		s.Releases[GrantKey{r.Pub, r.Holder}] = rs
-		if len(rs.Steps) == 0 {
-			delete(s.Releases, GrantKey{r.Pub, r.Holder})
-		}
-	}
-	for _, g := range c.DelGrants {
-		delete(s.Grants, GrantKey{g.Pub, g.Holder})
-	}
-	for _, p := range c.DelPubs {
-		delete(s.Pubs, p.Seq)
-	}
-}
+func apply(s *State, c Change) { s.Commit(c) }
 
 func TestPlanHandsOutTheLimitAndMovesItByReleases(t *testing.T) {
 	s := NewState()

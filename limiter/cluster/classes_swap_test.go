@@ -11,27 +11,6 @@ import (
 	"github.com/sluice-go/sluice/limiter"
 )
 
-// reviewApply stores c in s, as its transaction would (no deletes are
-// needed here beyond what Plan writes).
-func reviewApply(s *ledger.State, c ledger.Change) {
-	if c.Empty() {
-		return
-	}
-	s.Head = c.Head
-	for _, p := range c.Pubs {
-		s.Pubs[p.Seq] = p
-	}
-	for _, g := range c.Grants {
-		s.Grants[ledger.GrantKey{Pub: g.Pub, Holder: g.Holder}] = g
-	}
-	for _, g := range c.DelGrants {
-		delete(s.Grants, ledger.GrantKey{Pub: g.Pub, Holder: g.Holder})
-	}
-	for _, p := range c.DelPubs {
-		delete(s.Pubs, p.Seq)
-	}
-}
-
 // TestTwoClassesThatSwapHoldersKeepTheirReserves: a provider of 1,000
 // a second with critical=400 and high=400. Critical's demand is on a,
 // high's on b; then they swap (critical floods b, high a, batch both).
@@ -51,7 +30,7 @@ func TestTwoClassesThatSwapHoldersKeepTheirReserves(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		reviewApply(s, c)
+		s.Commit(c)
 		if vs := ledger.Audit(s); len(vs) > 0 {
 			t.Fatal(vs)
 		}
