@@ -41,19 +41,7 @@ func TestAGrantWrittenAheadForAnOldTargetIsNotAdopted(t *testing.T) {
 				}
 				p := Policy{Limit: limit, Window: w, Horizon: 8, Keep: 3, Slack: limit / 50, MaxOps: 8}
 				k, now := k0+int64(c/4), StartOf(k0+int64(c/4), w)+int64(c%4)*int64(w)/4
-				for range 8 { // configd's rounds: ledgerRounds
-					ch, err := Plan(s, p, m, now)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if ch.Empty() {
-						break
-					}
-					apply(s, ch)
-					if vs := Audit(s); len(vs) > 0 {
-						t.Fatalf("call %d: %v", c, vs)
-					}
-				}
+				configdCall(t, s, p, m, now, 8)
 				if c < joinAt {
 					continue
 				}

@@ -54,21 +54,7 @@ func (sw swing) play(t *testing.T) {
 		limit, m := sw.target(c)
 		p := Policy{Limit: limit, Window: w, Horizon: 4, Keep: 3, Slack: limit / 50, MaxOps: sw.maxOps}
 		k, now := k0+int64(c/4), StartOf(k0+int64(c/4), w)+int64(c%4)*int64(w)/4
-		var why []string
-		for range sw.rounds {
-			ch, err := Plan(s, p, m, now)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ch.Empty() {
-				break
-			}
-			apply(s, ch)
-			if vs := Audit(s); len(vs) > 0 {
-				t.Fatalf("call %d: %v", c, vs)
-			}
-			why = append(why, ch.Why...)
-		}
+		why := configdCall(t, s, p, m, now, sw.rounds)
 		if c < sw.settled {
 			continue
 		}
@@ -102,4 +88,26 @@ func TestAHolderWhoseTargetSwingsDoesNotStallThePublishes(t *testing.T) {
 	} {
 		t.Run(name, sw.play)
 	}
+}
+
+// configdCall runs up to rounds Plans back to back at now, as one call of
+// configd does (ledgerRounds), each applied and audited, until one has
+// nothing to write, and returns why each wrote what it did.
+func configdCall(t *testing.T, s *State, p Policy, target map[string]int64, now int64, rounds int) (why []string) {
+	t.Helper()
+	for range rounds {
+		ch, err := Plan(s, p, target, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.Empty() {
+			break
+		}
+		apply(s, ch)
+		if vs := Audit(s); len(vs) > 0 {
+			t.Fatalf("after %v: %v", ch.Why, vs)
+		}
+		why = append(why, ch.Why...)
+	}
+	return why
 }
