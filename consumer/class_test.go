@@ -89,21 +89,10 @@ func TestClassKeepsItsReserveUnderABatchFlood(t *testing.T) {
 	lim := newClassLimiter(t, quota, window, limiter.Class{Name: "critical", Reserve: reserve}, limiter.Class{Name: "batch"})
 	spy := &classSpy{inner: lim}
 	rec := newRecord(n)
-	c, err := consumer.New(consumer.Config{
+	consumeAll(t, consumer.Config{
 		Brokers: k.brokers, Topic: topic, GroupID: group,
 		Workers: 64, MaxInFlight: 128, Ordering: consumer.OrderNone, MaxWait: time.Millisecond,
-	}, spy, func(ctx context.Context, m kafka.Message) error {
-		rec.add(m)
-		return nil
-	}, consumer.WithReaderConfig(fastGroup), consumer.WithClass(consumer.ClassHeader("priority")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := started(t, c)
-	waitFor(t, rec.all, "every message handled")
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	}, spy, rec, consumer.WithReaderConfig(fastGroup), consumer.WithClass(consumer.ClassHeader("priority")))
 
 	spy.mu.Lock()
 	defer spy.mu.Unlock()
@@ -150,20 +139,9 @@ func TestClassUnknownIsServedAsDefault(t *testing.T) {
 		limiter.Class{Name: "critical", Reserve: 5}, limiter.Class{Name: "default"}, limiter.Class{Name: "batch"})
 	spy := &classSpy{inner: lim}
 	rec := newRecord(n)
-	c, err := consumer.New(consumer.Config{
+	c := consumeAll(t, consumer.Config{
 		Brokers: k.brokers, Topic: topic, GroupID: group, Workers: 4, MaxAttempts: 1,
-	}, spy, func(ctx context.Context, m kafka.Message) error {
-		rec.add(m)
-		return nil
-	}, consumer.WithReaderConfig(fastGroup), consumer.WithClass(consumer.ClassHeader("priority")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := started(t, c)
-	waitFor(t, rec.all, "every message handled")
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	}, spy, rec, consumer.WithReaderConfig(fastGroup), consumer.WithClass(consumer.ClassHeader("priority")))
 	per := n / len(names)
 	want := map[string]int64{"critical": int64(per), "batch": int64(per), "default": int64(n - 2*per)}
 	for _, cs := range lim.Stats().Classes {

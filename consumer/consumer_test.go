@@ -201,21 +201,10 @@ func TestHandlerRateNeverAboveQuota(t *testing.T) {
 
 	spy := &spyLimiter{inner: newLimiter(t, quota, window)}
 	rec := newRecord(n)
-	c, err := consumer.New(consumer.Config{
+	c := consumeAll(t, consumer.Config{
 		Brokers: k.brokers, Topic: topic, GroupID: group,
 		Workers: 8, MaxInFlight: 64, Ordering: consumer.OrderNone, MaxWait: time.Millisecond,
-	}, spy, func(ctx context.Context, m kafka.Message) error {
-		rec.add(m)
-		return nil
-	}, consumer.WithReaderConfig(fastGroup))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := started(t, c)
-	waitFor(t, rec.all, "every message handled")
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	}, spy, rec, consumer.WithReaderConfig(fastGroup))
 
 	spy.mu.Lock()
 	defer spy.mu.Unlock()

@@ -191,6 +191,25 @@ func started(t testing.TB, c *consumer.Consumer) (stop func() error) {
 	return stop
 }
 
+// consumeAll runs a consumer of cfg over lim whose handler records every
+// message in rec, until rec has all it wants, stops it and returns it.
+func consumeAll(t testing.TB, cfg consumer.Config, lim consumer.Limiter, rec *record, opts ...consumer.Option) *consumer.Consumer {
+	t.Helper()
+	c, err := consumer.New(cfg, lim, func(ctx context.Context, m kafka.Message) error {
+		rec.add(m)
+		return nil
+	}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := started(t, c)
+	waitFor(t, rec.all, "every message handled")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return c
+}
+
 // record counts handler calls per message value and closes all once every
 // one of want distinct values was seen.
 type record struct {
