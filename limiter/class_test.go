@@ -60,11 +60,7 @@ func TestClassOf(t *testing.T) {
 // leaves is critical's reserve, which critical then takes in full.
 func TestReserveKeptFromLowerClasses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := New(10, time.Second, WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
+		l := mustNew(t, 10, time.Second, WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch"}))
 		batch, critical := WithClass(t.Context(), "batch"), WithClass(t.Context(), "critical")
 		var got int
 		for l.Acquire(batch, 0) == nil {
@@ -92,11 +88,7 @@ func TestReserveKeptFromLowerClasses(t *testing.T) {
 // last batch waiter moves to the window after.
 func TestHigherClassWaiterGoesFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := New(2, time.Second, WithClasses(Class{Name: "critical"}, Class{Name: "batch"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
+		l := mustNew(t, 2, time.Second, WithClasses(Class{Name: "critical"}, Class{Name: "batch"}))
 		batch, critical := WithClass(t.Context(), "batch"), WithClass(t.Context(), "critical")
 		for l.Acquire(batch, 0) == nil {
 		}
@@ -201,11 +193,7 @@ func classHistory(t *testing.T, seed uint64) (ok bool) {
 				classes[i].Reserve = rng.Int64N(quota/2 + 1)
 			}
 		}
-		l, err := New(quota, window, WithClasses(classes...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
+		l := mustNew(t, quota, window, WithClasses(classes...))
 		ctxs := make([]context.Context, len(classes))
 		for i, c := range classes {
 			ctxs[i] = WithClass(t.Context(), c.Name)
@@ -330,11 +318,7 @@ func TestSetClassesRefusesBadLists(t *testing.T) {
 // and a class no longer listed hands what it took to the default class.
 func TestSetClassesKeepsWhatEachClassUsed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := New(10, time.Second, WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
+		l := mustNew(t, 10, time.Second, WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch"}))
 		batch, critical := WithClass(t.Context(), "batch"), WithClass(t.Context(), "critical")
 		for l.Acquire(batch, 0) == nil {
 		}
@@ -385,11 +369,7 @@ func TestSetClassesKeepsWhatEachClassUsed(t *testing.T) {
 // again the hot path takes over.
 func TestSetClassesFromNone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := New(10, time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
+		l := mustNew(t, 10, time.Second)
 		for range 3 {
 			if !l.TryAcquire() {
 				t.Fatal("TryAcquire refused below the quota")
@@ -430,11 +410,7 @@ func TestSetClassesFromNone(t *testing.T) {
 // default class's, placed again behind a class now higher.
 func TestSetClassesMovesWaiters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := New(1, time.Second, WithClasses(Class{Name: "a"}, Class{Name: "b"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
+		l := mustNew(t, 1, time.Second, WithClasses(Class{Name: "a"}, Class{Name: "b"}))
 		a, b := WithClass(t.Context(), "a"), WithClass(t.Context(), "b")
 		for l.Acquire(a, 0) == nil {
 		}
@@ -474,11 +450,7 @@ func TestSetClassesMovesWaiters(t *testing.T) {
 // window.
 func TestClassReserveOfQuota(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := New(10, time.Second, WithClasses(Class{Name: "critical", Reserve: 600, Of: 1000}, Class{Name: "batch"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
+		l := mustNew(t, 10, time.Second, WithClasses(Class{Name: "critical", Reserve: 600, Of: 1000}, Class{Name: "batch"}))
 		batch := WithClass(t.Context(), "batch")
 		count := func() (n int) {
 			for l.Acquire(batch, 0) == nil {
@@ -506,11 +478,7 @@ func TestClassReserveOfQuota(t *testing.T) {
 // gives its permits back to its own class, not to the highest.
 func TestReserveCancelCountsItsClass(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := New(10, time.Second, WithClasses(Class{Name: "critical", Reserve: 4}, Class{Name: "batch"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
+		l := mustNew(t, 10, time.Second, WithClasses(Class{Name: "critical", Reserve: 4}, Class{Name: "batch"}))
 		r, err := l.Reserve(2, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -564,11 +532,7 @@ func TestClassUsesOwnReserveWhenCoverBroken(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				l, err := New(100, time.Second, WithClasses(Class{Name: "critical"}, Class{Name: "batch"}))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer l.Close()
+				l := mustNew(t, 100, time.Second, WithClasses(Class{Name: "critical"}, Class{Name: "batch"}))
 				batch, critical := WithClass(t.Context(), "batch"), WithClass(t.Context(), "critical")
 				if err := tc.before(l, batch); err != nil {
 					t.Fatal(err)
@@ -600,11 +564,7 @@ func TestClassUsesOwnReserveWhenCoverBroken(t *testing.T) {
 // reserve in that window.
 func TestClassUsesOwnReservePaced(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := New(10, time.Second, WithPacing(true), WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
+		l := mustNew(t, 10, time.Second, WithPacing(true), WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch"}))
 		critical := WithClass(t.Context(), "critical")
 		start := time.Now()
 		time.Sleep(550 * time.Millisecond) // slots 0 to 4 are gone
