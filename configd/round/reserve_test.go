@@ -86,7 +86,7 @@ func (f *slackFleet) kept(from, to int) (sum int64, held []string) {
 	e, _ := f.s.Head.Current()
 	k := ledger.WindowOf(f.now, time.Second)
 	for i, rec := range f.live {
-		res, _ := f.s.Reserves(rec.Holder)
+		res, _ := f.s.Reserves(rec.Holder, f.now)
 		c := res["critical"]
 		if c > 0 {
 			held = append(held, fmt.Sprintf("%s:%d", rec.Holder, c))

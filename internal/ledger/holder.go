@@ -129,16 +129,34 @@ func (s *State) Target(holder string) (q int64, p Pub, ok bool) {
 }
 
 // Reserves returns what holder's newest grant of a publish, not a
-// top-up, reserves for each class (Grant.Reserve), in permits per window;
-// ok is false when it holds none. The newest is configd's last decision:
-// a holder keeps it from the moment it reads it, before that publish
+// top-up, of the newest era begun at now (ns, on its clock) reserves for
+// each class (Grant.Reserve), in permits per window of that era; ok is
+// false when it holds none. The newest is configd's last decision: a
+// holder keeps it from the moment it reads it, before that publish
 // begins, so a reserve that moves between holders moves at once, and a
 // holder never keeps one publish's part for one class and another's for
 // another. Where its quota in force is smaller, its limiter cuts the
-// reserves in proportion until a top-up brings it to the new quota.
-func (s *State) Reserves(holder string) (reserve map[string]int64, ok bool) {
-	g, _, ok := s.targetGrant(holder)
-	return g.Reserve, ok
+// reserves in proportion until a top-up brings it to the new quota. A
+// later era's grants count from that era's start: their permits are of
+// another window length.
+func (s *State) Reserves(holder string, now int64) (reserve map[string]int64, ok bool) {
+	era, begun := int64(0), false
+	for _, e := range s.Head.Eras {
+		if StartOf(e.Start, e.Window) <= now {
+			era, begun = e.Seq, true
+		}
+	}
+	var best Grant
+	for _, g := range s.Grants {
+		p, have := s.Pubs[g.Pub]
+		if !have || g.Holder != holder || p.TopUp || begun && p.Era > era {
+			continue
+		}
+		if !ok || g.Pub > best.Pub {
+			best, ok = g, true
+		}
+	}
+	return best.Reserve, ok
 }
 
 // LimiterClasses returns the limiter classes named, in order, each

@@ -116,11 +116,11 @@ func TestAHolderKeepsItsNewestReserve(t *testing.T) {
 	p.Reserves = map[string]map[string]int64{"a": {"high": 400}, "b": {"critical": 400}}
 	plan(t, s, p, map[string]int64{"a": 500, "b": 500}, 10) // publish 2: from window 15
 	for h, want := range map[string]map[string]int64{"a": {"high": 400}, "b": {"critical": 400}} {
-		if got, ok := s.Reserves(h); !ok || !maps.Equal(got, want) {
+		if got, ok := s.Reserves(h, StartOf(12, w)); !ok || !maps.Equal(got, want) {
 			t.Errorf("%s keeps %v (ok %v), want %v", h, got, ok, want)
 		}
 	}
-	if _, ok := s.Reserves("c"); ok {
+	if _, ok := s.Reserves("c", StartOf(12, w)); ok {
 		t.Errorf("a holder with no grant keeps a reserve")
 	}
 }

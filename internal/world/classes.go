@@ -62,7 +62,7 @@ func (m *member) applyClasses(st *ledger.State) {
 	if w.cfg.Critical == 0 {
 		return
 	}
-	reserve, _ := st.Reserves(m.holder)
+	reserve, _ := st.Reserves(m.holder, m.clock())
 	cs := ledger.LimiterClasses(classNames, reserve)
 	if w.cfg.Break == "own-part" {
 		cs = []limiter.Class{{Name: "critical", Reserve: w.reserve(w.limit), Of: w.limit}, {Name: "batch"}}
@@ -89,7 +89,7 @@ func (w *World) checkCritical(st *ledger.State, era ledger.Era, k int64) {
 			continue
 		}
 		want += m.critical
-		reserve, _ := st.Reserves(m.holder)
+		reserve, _ := st.Reserves(m.holder, m.clock())
 		held += min(reserve["critical"], st.Allowance(m.holder, era.Seq, k))
 	}
 	want = min(want, w.reserve(w.limit))

@@ -54,7 +54,7 @@ func TestTwoClassesThatSwapHoldersKeepTheirReserves(t *testing.T) {
 	for kk := k + 1; kk <= k+H; kk++ {
 		e, _ := s.Head.Current()
 		q := s.Allowance("b", e.Seq, kk)
-		kept, ok := s.Reserves("b")
+		kept, ok := s.Reserves("b", ledger.StartOf(kk, p.Window))
 		cs := memberClasses(cfg, grantReserve{reserve: kept, set: ok})
 		lim, err := limiter.New(q, time.Hour, limiter.WithClasses(cs...))
 		if err != nil {

@@ -240,7 +240,7 @@ func (f *Follower) tellReserve(st *ledger.State) {
 	if f.onReserve == nil {
 		return
 	}
-	kept, ok := st.Reserves(f.hold.Name())
+	kept, ok := st.Reserves(f.hold.Name(), f.lim.Now().UnixNano())
 	if f.told && ok == f.lastOK && maps.Equal(kept, f.last) {
 		return
 	}
