@@ -17,7 +17,9 @@ ledger when no NAME is given, as anyone can: in no window may the grants
 add up to more than the limit in force. It prints a line per limit (the
 provider's own, and each further limit's lane provider, NAME~N): the fullest
 window from the current one on, its index and start, what the grants add up
-to in it against the limit in force there, and ok or OVER. Then, under
+to in it against the limit in force there, and ok or OVER; for a budget
+(a window over 1h), taken from a counter and not granted, what was taken
+of it in the window under way. Then, under
 "problems:", every window over, past or to come, and every record under the
 ledger that does not decode, by key. A provider coordinated by the shares
 has no ledger: nothing to audit.
@@ -93,6 +95,10 @@ func printAudit(w io.Writer, views []auditView) {
 			fmt.Fprintf(tw, "%s\tcoordination %s: nothing to audit\n", v.Provider, v.Coordination)
 		}
 		for _, l := range v.Ledgers {
+			if b := l.Budget; b != nil {
+				fmt.Fprintf(tw, "%s\tbudget: %d of %d taken in the window from %s (taken, not granted: no ledger)\n", l.Provider, b.Taken, l.Limit, time.Unix(0, b.Start).UTC().Format(time.RFC3339))
+				continue
+			}
 			if l.Era == 0 {
 				fmt.Fprintf(tw, "%s\t-\t-\t0\t-\t%s: nothing granted yet\n", l.Provider, l.verdict())
 				continue

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -752,5 +753,60 @@ func TestLedgerRoundsWaitForTheTickOnReports(t *testing.T) {
 		case c.want >= 0 && (!ok || until.Sub(c.last.at) != c.want):
 			t.Errorf("%s: waits %v (%v), want %v", c.name, until.Sub(c.last.at), ok, c.want)
 		}
+	}
+}
+
+// TestLedgerProviderWithADailyBudget: a provider of 300 requests per
+// 100ms on the ledger with a budget of 40 a day beside it. The rate is
+// granted through the ledger; the budget is taken from its counter, as
+// on the shares. configd audit checks the rate's ledger and shows what
+// was taken of the budget.
+func TestLedgerProviderWithADailyBudget(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	server := "--server=" + r.url()
+	itCLI(t, "set", "api", "--limit", "300/"+itWindow.String(), "--limit", "40/24h", "--coordination", "ledger", server)
+
+	var groups []*cluster.Group
+	for _, id := range []string{"a", "b"} {
+		ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
+		g, err := cluster.JoinProvider(ctx, itClient(t, srv), "api", cluster.WithID(id), cluster.WithLeaseTTL(time.Second),
+			cluster.WithReportInterval(100*time.Millisecond), cluster.WithFallback(0, itWindow))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Close() })
+		groups = append(groups, g)
+	}
+	itWait(t, "the rate granted whole through the ledger", func() (bool, string) {
+		sum, why := quotas(groups[0].Members()[0], groups[1].Members()[0])
+		for _, g := range groups {
+			if g.Members()[0].Status().Source != schema.SourceLedger {
+				return false, why
+			}
+		}
+		return sum == 300, why
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), itTimeout)
+	defer cancel()
+	for i, g := range groups {
+		if _, err := g.Multi().Acquire(ctx, itTimeout, limiter.Cost(limiter.Requests, 3)); err != nil {
+			t.Fatalf("instance %d: acquire 3 under the budget: %v (budget lane %+v)", i, err, g.Members()[1].Status())
+		}
+	}
+	for i, g := range groups {
+		if st := g.Members()[1].Status(); st.Source != "budget" || st.Taken < 3 || st.Taken > 40 {
+			t.Errorf("instance %d's budget lane: source %q, taken %d; want the budget, 3 to 40 taken", i, st.Source, st.Taken)
+		}
+	}
+	if v := ledger.Audit(readLedger(t, cli, "api")); len(v) > 0 {
+		t.Errorf("the rate's ledger audits over: %v", v)
+	}
+	out := itCLI(t, "audit", "api", server)
+	if !regexp.MustCompile(`(?m)^api +\d+ .* 300 +ok$`).MatchString(out) || !regexp.MustCompile(`(?m)^api~1 +budget: ([6-9]|[1-3]\d|40) of 40 taken`).MatchString(out) {
+		t.Errorf("configd audit api printed\n%s\nwant the rate's ledger ok and what was taken of the budget", out)
 	}
 }

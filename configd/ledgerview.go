@@ -43,6 +43,11 @@ type ledgerView struct {
 	// nor for the instances, and configd writes nothing to the ledger
 	// while one is there.
 	Bad []malformedView `json:"bad,omitempty"`
+	// Budget is, for a budget (schema.IsBudget), its counter of the
+	// window under way, beside Limit: a budget is taken from its counter
+	// in transactions conditioned on it, not granted, so it has no ledger
+	// and nothing above is set.
+	Budget *schema.BudgetRecord `json:"budget,omitempty"`
 }
 
 // violationView is one ledger.Violation, and when its window starts
@@ -89,8 +94,9 @@ func (v ledgerView) says() string {
 }
 
 // audit reads the ledgers of provider name, its own and its lane
-// providers', retired lanes included: their grants stay until they end.
-// A provider coordinated by the shares has none.
+// providers', retired lanes included: their grants stay until they end;
+// for a budget, its counter. A provider coordinated by the shares has
+// none.
 func (s *store) audit(ctx context.Context, name string) (auditView, error) {
 	p, err := s.get(ctx, name)
 	if err != nil {
@@ -101,18 +107,34 @@ func (s *store) audit(ctx context.Context, name string) (auditView, error) {
 	if !c.Ledger() {
 		return out, nil
 	}
-	names := []string{name}
+	limits := []schema.ProviderConfig{c}
 	for _, l := range c.Lanes {
-		names = append(names, schema.LaneName(name, l.Lane))
+		if l.Retired && schema.IsBudget(l.Window.D()) {
+			continue // what was taken of it admits nothing more
+		}
+		limits = append(limits, l.Derive(c))
 	}
-	for _, n := range names {
-		v, err := s.readLedger(ctx, n)
+	for _, l := range limits {
+		v, err := s.limitView(ctx, l)
 		if err != nil {
 			return auditView{}, err
 		}
 		out.Ledgers = append(out.Ledgers, v)
 	}
 	return out, nil
+}
+
+// limitView reads the ledger of limit c (a provider or a lane provider),
+// or its counter when it is a budget.
+func (s *store) limitView(ctx context.Context, c schema.ProviderConfig) (ledgerView, error) {
+	if !c.Budget() {
+		return s.readLedger(ctx, c.Name)
+	}
+	r, bad, err := s.budgetCounter(ctx, c.Name, c.Window)
+	if err != nil {
+		return ledgerView{}, err
+	}
+	return ledgerView{Provider: c.Name, Limit: c.Limit, Bad: bad, Budget: &r}, nil
 }
 
 // readLedger reads the ledger of provider name (a lane provider's is its

@@ -507,28 +507,41 @@ func (s *store) status(ctx context.Context, name string) (statusView, error) {
 }
 
 // readBudget reads into out the counter of the window under way of the
-// budget lane out describes.
+// budget out.Config is.
 func (s *store) readBudget(ctx context.Context, out *statusView) error {
-	w := out.Config.Window.D()
-	now := s.clock().UnixNano()
-	key := s.keys.Budget(out.Provider, w, now-now%int64(w))
-	resp, err := s.cli.Get(ctx, key)
+	r, bad, err := s.budgetCounter(ctx, out.Provider, out.Config.Window)
 	if err != nil {
-		return etcdError(err)
+		return err
 	}
-	out.Budget = &schema.BudgetRecord{Version: schema.Version, Provider: out.Provider, Start: now - now%int64(w), Window: out.Config.Window}
+	out.Budget = &r
+	out.Malformed = append(out.Malformed, bad...)
+	return nil
+}
+
+// budgetCounter reads the counter of the window under way of budget lane
+// provider name, whose window is w: zero taken when none is written, and
+// the records under its key that do not decode or name another window.
+func (s *store) budgetCounter(ctx context.Context, name string, w schema.Duration) (schema.BudgetRecord, []malformedView, error) {
+	now := s.clock().UnixNano()
+	start := now - now%int64(w)
+	resp, err := s.cli.Get(ctx, s.keys.Budget(name, w.D(), start))
+	if err != nil {
+		return schema.BudgetRecord{}, nil, etcdError(err)
+	}
+	out := schema.BudgetRecord{Version: schema.Version, Provider: name, Start: start, Window: w}
+	var bad []malformedView
 	for _, kv := range resp.Kvs {
 		r, err := schema.DecodeBudgetRecord(kv.Value)
-		if err == nil && (r.Provider != out.Provider || r.Start != out.Budget.Start || r.Window != out.Config.Window) {
+		if err == nil && (r.Provider != name || r.Start != start || r.Window != w) {
 			err = fmt.Errorf("counter names provider %q, window %v from %d: %w", r.Provider, r.Window.D(), r.Start, schema.ErrInvalidBudget)
 		}
 		if err != nil {
-			out.Malformed = append(out.Malformed, s.malformed(string(kv.Key), kv.ModRevision, err))
+			bad = append(bad, s.malformed(string(kv.Key), kv.ModRevision, err))
 			continue
 		}
-		out.Budget = &r
+		out = r
 	}
-	return nil
+	return out, bad, nil
 }
 
 // statusOne is status for one provider, its lanes apart.
@@ -565,7 +578,7 @@ func (s *store) statusOne(ctx context.Context, name string) (statusView, error) 
 			return statusView{}, err
 		}
 	}
-	if c := out.Config; c != nil && c.Ledger() {
+	if c := out.Config; c != nil && c.Ledger() && !c.Budget() {
 		lv, err := s.readLedger(ctx, name)
 		if err != nil {
 			return statusView{}, err

@@ -21,11 +21,10 @@ var (
 	ErrInvalidLimitWindow = errors.New(`a limit's window must be a duration that divides 24h (e.g. "1s", "1m", "24h"): from 10ms to 1h for a provider's first limit, up to 24h for a further one`)
 	ErrInvalidMode        = errors.New(`mode must be "enforce" or "shadow"`)
 	ErrInvalidAlgorithm   = errors.New(`algorithm must be "even" or "fair"`)
-	// ErrInvalidCoordination and ErrLedgerBudget: the coordination
+	// ErrInvalidCoordination and ErrCoordinationFixed: the coordination
 	// field's errors.
 	ErrInvalidCoordination = errors.New(`coordination must be "shares" or "ledger" (empty: shares)`)
 	ErrCoordinationFixed   = errors.New("coordination is fixed when the provider is created: delete the provider and create it again to change it")
-	ErrLedgerBudget        = errors.New(`coordination "ledger" takes limits of windows up to 1h: a longer one is a budget, taken from a counter`)
 	ErrInvalidDimension    = errors.New(`dimension must be 1 to 32 lower-case letters, digits or '_', starting with a letter (e.g. "tokens"; empty: requests)`)
 	ErrInvalidFloor        = errors.New("floor must be an integer from 0 up to the limit")
 	ErrInvalidClockOffset  = errors.New("clock offset must be a duration within ±1h")

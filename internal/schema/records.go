@@ -1112,20 +1112,12 @@ func ParseLimitWindow(s string) (time.Duration, error) {
 	return w, nil
 }
 
-// validateCoordination checks Coordination, and that a ledger provider
-// has no budget: a budget is taken from a counter, not granted.
+// validateCoordination checks Coordination. A budget lane of either
+// coordination is taken from its counter (BudgetRecord), not granted.
 func (c ProviderConfig) validateCoordination() error {
 	switch c.Coordination {
-	case "", CoordinationShares:
+	case "", CoordinationShares, CoordinationLedger:
 		return nil
-	case CoordinationLedger:
-	default:
-		return invalid("coordination", string(c.Coordination), ErrInvalidCoordination)
 	}
-	for _, l := range c.Lanes {
-		if !l.Retired && l.Window.D() > MaxWindow {
-			return invalid("coordination", string(c.Coordination), ErrLedgerBudget)
-		}
-	}
-	return nil
+	return invalid("coordination", string(c.Coordination), ErrInvalidCoordination)
 }
