@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -145,5 +147,29 @@ func TestCriticalKeepsItsReserveAcrossTheFleet(t *testing.T) {
 		float64(critical)/float64(len(ks)), float64(batch)/float64(len(ks)), short, worst)
 	if short > 0 {
 		t.Errorf("critical was refused below its reserve in %d of %d windows", short, len(ks))
+	}
+}
+
+// TestAReserveCreatesTheProviderOnTheLedger: the --class of the docs'
+// example, with no --coordination, creates the provider on the ledger,
+// which alone keeps a reserve across the fleet; named, the shares stay;
+// a later write that names no coordination keeps the provider's.
+func TestAReserveCreatesTheProviderOnTheLedger(t *testing.T) {
+	srv := etcdtest.Start(t)
+	r := startReplica(t, srv, "r1")
+	cliOK(t, "set", "api", "--limit", "1000/1s", "--class", "critical=60%", "--class", "default", "--class", "batch", "--server", r.url())
+	if out := cliOK(t, "get", "api", "--server", r.url()); !regexp.MustCompile(`(?m)^coordination:\s+ledger$`).MatchString(out) {
+		t.Errorf("created with a reserve:\n%s\nwant coordination ledger", out)
+	}
+	if status, body := do(t, "PUT", r.url()+"/v1/providers/api", nil, `{"limit":900,"classes":[{"name":"critical","reserve":"50%"}]}`); status != 200 || !strings.Contains(body, `"coordination": "ledger"`) {
+		t.Errorf("PUT naming no coordination: %d %s, want the ledger kept", status, body)
+	}
+	cliOK(t, "set", "old", "--limit", "1000/1s", "--class", "critical=60%", "--class", "batch", "--coordination", "shares", "--server", r.url())
+	if out := cliOK(t, "get", "old", "--server", r.url()); regexp.MustCompile(`(?m)^coordination:`).MatchString(out) {
+		t.Errorf("created on the shares named:\n%s\nwant no coordination line (the shares)", out)
+	}
+	cliOK(t, "set", "plain", "--limit", "1000/1s", "--class", "critical", "--class", "batch", "--server", r.url())
+	if out := cliOK(t, "get", "plain", "--server", r.url()); regexp.MustCompile(`(?m)^coordination:`).MatchString(out) {
+		t.Errorf("created with classes and no reserve:\n%s\nwant the shares", out)
 	}
 }

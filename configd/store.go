@@ -331,6 +331,9 @@ func (s *store) write(ctx context.Context, name string, put *schema.ProviderConf
 		var newCfg *schema.ProviderConfig
 		if put != nil {
 			numbered, err := put.NumberLanes(old)
+			if old == nil {
+				numbered = numbered.Created()
+			}
 			if err == nil {
 				err = numbered.Validate() // what is stored decodes
 			}

@@ -211,6 +211,9 @@ func (c ProviderConfig) validateLanes() error {
 func (c ProviderConfig) NumberLanes(old *ProviderConfig) (ProviderConfig, error) {
 	var prev []Lane
 	if old != nil {
+		if c.Coordination == "" {
+			c.Coordination = old.Coordination
+		}
 		if old.Ledger() != c.Ledger() {
 			return c, invalid("coordination", string(c.Coordination), ErrCoordinationFixed)
 		}

@@ -161,15 +161,36 @@ func TestNumberLanesKeepsTheCoordination(t *testing.T) {
 	if _, err := c.NumberLanes(&old); err != nil {
 		t.Fatalf("a retune of a ledger provider: %v", err)
 	}
-	for _, to := range []Coordination{"", CoordinationShares} {
-		c.Coordination = to
-		if _, err := c.NumberLanes(&old); !errors.Is(err, ErrCoordinationFixed) {
-			t.Errorf("ledger to %q: %v, want ErrCoordinationFixed", to, err)
-		}
+	c.Coordination = CoordinationShares
+	if _, err := c.NumberLanes(&old); !errors.Is(err, ErrCoordinationFixed) {
+		t.Errorf("ledger to shares: %v, want ErrCoordinationFixed", err)
+	}
+	c.Coordination = ""
+	if n, err := c.NumberLanes(&old); err != nil || !n.Ledger() {
+		t.Errorf("a write that names no coordination: %v, coordination %q; want the ledger kept", err, n.Coordination)
 	}
 	old.Coordination = ""
 	c.Coordination = CoordinationShares
 	if _, err := c.NumberLanes(&old); err != nil {
 		t.Errorf("empty to shares, the same: %v", err)
+	}
+}
+
+func TestCreatedWithAReserveIsOnTheLedger(t *testing.T) {
+	c := ProviderConfig{Name: "p", Limit: 100, Window: Duration(time.Second)}.WithDefaults()
+	if got := c.Created(); got.Coordination != "" {
+		t.Errorf("no classes: coordination %q, want none named", got.Coordination)
+	}
+	c.Classes = []Class{{Name: "critical"}, {Name: "batch"}}
+	if got := c.Created(); got.Coordination != "" {
+		t.Errorf("classes with no reserve: coordination %q, want none named", got.Coordination)
+	}
+	c.Classes[0].Reserve = Reserve{Share: 6000}
+	if got := c.Created(); !got.Ledger() {
+		t.Errorf("a class with a reserve: coordination %q, want the ledger", got.Coordination)
+	}
+	c.Coordination = CoordinationShares
+	if got := c.Created(); got.Ledger() {
+		t.Error("the shares named: moved to the ledger")
 	}
 }

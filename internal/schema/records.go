@@ -153,13 +153,24 @@ type ProviderConfig struct {
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
 	// Coordination is how the limit reaches the instances: empty or
 	// CoordinationShares, or CoordinationLedger. It is fixed when the
-	// provider is created: the two keep different records, and neither
-	// counts the other's.
+	// provider is created (see Created): the two keep different records,
+	// and neither counts the other's. A later write that names none
+	// keeps it.
 	Coordination Coordination `json:"coordination,omitempty"`
 	// Classes are the provider's priority classes, highest first, each
 	// with its reserve of the limit (see Class). None: every call is
 	// alike. They are of the first limit: a lane provider has none.
 	Classes []Class `json:"classes,omitempty"`
+}
+
+// Created returns c as a provider is created from it: one that names no
+// coordination is coordinated by the ledger when a class has a reserve,
+// since only the ledger keeps a class's reserve across the fleet.
+func (c ProviderConfig) Created() ProviderConfig {
+	if c.Coordination == "" && slices.ContainsFunc(c.Classes, func(cl Class) bool { return !cl.Reserve.IsZero() }) {
+		c.Coordination = CoordinationLedger
+	}
+	return c
 }
 
 // Ledger reports whether the provider is coordinated by the ledger.
