@@ -64,12 +64,26 @@ func (h *Holder) Forget() {
 // state. The driver enforces the state, then calls Commit with the start
 // of the first window its limiter governs whole by then (Enforce's).
 func (h *Holder) Next(now int64, margin time.Duration) (*State, []Release) {
+	h.forgetEnded(now)
 	next := h.view.Clone()
 	rels := next.ToRelease(h.name, now, margin)
 	for _, r := range rels {
 		next.Apply(r)
 	}
 	return next, rels
+}
+
+// forgetEnded drops the publishes whose last window ended a window or
+// more before now: they let the holder admit nothing more, and configd
+// deletes them, which a follower need not watch it do. Their grants stay
+// until configd deletes them: a publish extended after it ended comes
+// back as one record, and its grants count again.
+func (h *Holder) forgetEnded(now int64) {
+	for seq, p := range h.view.Pubs {
+		if StartOf(p.B+2, p.Window) <= now {
+			delete(h.view.Pubs, seq)
+		}
+	}
 }
 
 // Commit keeps, of rels enforced by a limiter that governs whole the

@@ -363,3 +363,38 @@ func TestCommitKeepsNoReleaseOfAWindowUnderWay(t *testing.T) {
 		t.Errorf("window 10: a admitted %d and the ledger lets b hold %d: %d of %d", a, b, a+b, p.Limit)
 	}
 }
+
+// TestAHolderForgetsEndedPublishes: a follower does not watch configd
+// delete the publishes that ended, so the holder forgets them itself a
+// window after they end, and keeps its grants: a publish extended after
+// it ended is enforced again from the extension alone.
+func TestAHolderForgetsEndedPublishes(t *testing.T) {
+	const k Keys = "/l/"
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3}
+	a := NewHolder(k, "a")
+	c := plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 10)
+	store(t, k, NewState(), c, a)
+	pub := c.Pubs[0]
+	at := func(win int64) int64 { return StartOf(win, w) + int64(w)/2 }
+
+	if next, _ := a.Next(at(pub.B+1), 0); len(next.Pubs) != 1 || len(a.View().Pubs) != 1 {
+		t.Fatalf("in the window after publish %d ends: %d publishes kept, want it kept a window more", pub.Seq, len(a.View().Pubs))
+	}
+	next, _ := a.Next(at(pub.B+2), 0)
+	if _, kept := a.View().Grants[GrantKey{pub.Seq, "a"}]; len(next.Pubs) != 0 || len(a.View().Pubs) != 0 || !kept {
+		t.Fatalf("a window later: %d publishes kept, a's grant kept %v; want the publish forgotten and the grant kept", len(a.View().Pubs), kept)
+	}
+	pub.B += 10
+	b, err := Encode(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Observe(k.Pub(pub.Seq), b); err != nil {
+		t.Fatal(err)
+	}
+	next, _ = a.Next(at(pub.B-1), 0)
+	if pieces, _ := next.Schedule("a", at(pub.B-1)); len(pieces) == 0 || pieces[0].Quota != 60 {
+		t.Errorf("publish %d extended after it was forgotten: schedule %v, want a's 60 again", pub.Seq, pieces)
+	}
+}

@@ -52,9 +52,10 @@ type op struct {
 
 // watch is one watcher of a prefix: what etcd sent it, not yet delivered.
 type watch struct {
-	prefix  string
-	pending []event
-	closed  bool
+	prefix    string
+	noDeletes bool // etcd's WithFilterDelete
+	pending   []event
+	closed    bool
 }
 
 func newEtcd(maxOps int) *etcd {
@@ -114,7 +115,7 @@ func (e *etcd) apply(o op) {
 		e.applied(o.key, o.value)
 	}
 	for _, w := range e.watches {
-		if !w.closed && strings.HasPrefix(o.key, w.prefix) {
+		if !w.closed && strings.HasPrefix(o.key, w.prefix) && (o.value != nil || !w.noDeletes) {
 			w.pending = append(w.pending, event{e.rev, o.key, o.value})
 		}
 	}
@@ -131,9 +132,10 @@ func (e *etcd) get(prefix string) ([]string, map[string]kv, int64) {
 	return slices.Sorted(maps.Keys(out)), out, e.rev
 }
 
-// watch starts a watcher of prefix from the current revision on.
-func (e *etcd) watch(prefix string) *watch {
-	w := &watch{prefix: prefix}
+// watch starts a watcher of prefix from the current revision on, of
+// puts alone when noDeletes.
+func (e *etcd) watch(prefix string, noDeletes bool) *watch {
+	w := &watch{prefix: prefix, noDeletes: noDeletes}
 	e.watches = append(e.watches, w)
 	return w
 }

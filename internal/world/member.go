@@ -77,7 +77,8 @@ func (m *member) start() {
 	m.lim, m.classes, m.critTaken = lim, nil, 0
 	m.hold = ledger.NewHolder(w.keys, m.holder)
 	m.lease = w.etcd.grant(w.now + int64(leaseTTL))
-	m.watches = []*watch{w.etcd.watch(w.keys.Pubs()), w.etcd.watch(w.keys.Grants(m.holder))}
+	// As store.Follower watches: no deletions of publishes.
+	m.watches = []*watch{w.etcd.watch(w.keys.Pubs(), true), w.etcd.watch(w.keys.Grants(m.holder), false)}
 	m.due = []bool{false, false}
 	for _, prefix := range []string{w.keys.Pubs(), w.keys.Grants(m.holder)} {
 		keys, kvs, _ := w.etcd.get(prefix)

@@ -134,7 +134,10 @@ func (f *Follower) follow(ctx context.Context) error {
 	}
 	f.sync(ctx)
 	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithRev(rev + 1)}
-	pubs := f.cli.Watch(wctx, f.keys.Pubs(), opts...)
+	// configd deletes a publish only once it has ended: the holder
+	// forgets it by itself, and etcd sends one event less per publish
+	// to every member.
+	pubs := f.cli.Watch(wctx, f.keys.Pubs(), append(opts, clientv3.WithFilterDelete())...)
 	own := f.cli.Watch(wctx, f.keys.Grants(f.hold.Name()), opts...)
 	t := time.NewTicker(f.tick())
 	defer t.Stop()
