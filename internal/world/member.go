@@ -36,9 +36,14 @@ type member struct {
 	// serves.
 	critical, critTaken, critWindow int64
 	classes                         []limiter.Class
-	started                         int64 // true time its incarnation began
-	sending                         bool
-	ticks                           int
+	// viewReserve is what the grants m enforces keep for critical, as of
+	// its last commit, and cw its limiter's current window as the class
+	// check sees it (checkClassWindow).
+	viewReserve int64
+	cw          *classWindow
+	started     int64 // true time its incarnation began
+	sending     bool
+	ticks       int
 }
 
 // leaseTTL is how long a member's lease outlives its last keep-alive.
@@ -75,6 +80,7 @@ func (m *member) start() {
 	}
 	lim.SetClockUncertainty(time.Duration(w.cfg.SkewBound))
 	m.lim, m.classes, m.critTaken = lim, nil, 0
+	m.viewReserve, m.cw = 0, nil
 	m.hold = ledger.NewHolder(w.keys, m.holder)
 	m.lease = w.etcd.grant(w.now + int64(leaseTTL))
 	// As store.Follower watches: no deletions of publishes.
@@ -217,8 +223,10 @@ func (m *member) sync() {
 // sends the releases that were enforced before their windows began.
 func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 	w := m.w
+	m.observeClasses()
 	kept := m.hold.Commit(next, rels, m.enforceFrom(next, now))
 	m.applyClasses(next)
+	m.observeClasses()
 	for _, r := range rels {
 		if slices.Contains(kept, r) {
 			w.tracef("%s releases publish %d to %d from window %d", m.holder, r.Pub, r.Limit, r.From)

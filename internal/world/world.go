@@ -22,11 +22,17 @@
 //     checks);
 //   - liveness: once the faults end, within Config.Settle windows the
 //     grants of the current window add up to the limit;
-//   - with priority classes (Config.Critical), at the same time: the
-//     members that want critical keep for it, of their grants, its
-//     reserve or what they want of it (round.Target's split, the grants'
-//     reserves, ledger.State.Reserves), and in the next window they are
-//     admitted that much.
+//   - with priority classes (Config.Critical), in every window of every
+//     member's limiter, faults included: a member refused critical in a
+//     window whose quota and reserve held from its start was admitted
+//     there at least the reserve its grants keep for critical
+//     (ledger.State.Reserves), cut to its quota; summed over the members,
+//     the fleet admits critical the reserve its grants keep for the
+//     members whose critical demand reached it (checkClassWindow);
+//   - with priority classes, at the same time as liveness: the members
+//     that want critical keep for it, of their grants, its reserve or
+//     what they want of it (round.Target's split, the grants' reserves),
+//     and in the next window they are admitted that much.
 package world
 
 import (
@@ -67,9 +73,11 @@ type Config struct {
 	// "unconditioned" (configd writes without the head's condition),
 	// "unenforced" (members write releases without enforcing them),
 	// "twice-ceiling" (configd plans an adaptive provider with twice its
-	// ceiling) or "own-part" (with Critical, each member keeps for
+	// ceiling), "own-part" (with Critical, each member keeps for
 	// critical the part of its own quota that the reserve is of the
-	// limit, not what its grants keep).
+	// limit, not what its grants keep) or "drop-reserve" (with Critical,
+	// members keep no reserve for critical in the second quarter of
+	// Faults, and keep their grants' again after it).
 	Break string
 	// ApplyLag, when set, is how long a member takes between computing its
 	// schedule and releases (ToRelease, Schedule) and applying them to its
@@ -100,9 +108,11 @@ type Config struct {
 	// Critical, when set, gives the provider two classes: critical,
 	// reserving this many hundredths of a percent of the limit, then
 	// batch. Every member wants batch, and half of them some critical
-	// too, which they ask for after batch in every tick; the liveness
-	// check also checks that the members that want critical keep, and
-	// are admitted, its reserve or what they want of it.
+	// too, which they ask for after batch in every tick. Every window in
+	// which a member is refused critical is checked against the reserve
+	// its grants keep (checkClassWindow); the liveness check also checks
+	// that the members that want critical keep, and are admitted, its
+	// reserve or what they want of it.
 	Critical int64
 }
 
@@ -128,9 +138,13 @@ type Result struct {
 	Live     bool    // the liveness check ran (see Config.LiveAhead)
 	// Refused is the calls an adaptive history's provider answered with a
 	// pushback, and Moves how often configd moved the effective limit.
-	Refused    int64
-	Moves      int
-	Violations []string // broken invariants; empty when the history passed
+	Refused int64
+	Moves   int
+	// ClassWindows is how many windows of a member's limiter the class
+	// check checked (Config.Critical): a call of critical refused in a
+	// window whose quota and reserve held from its start.
+	ClassWindows int
+	Violations   []string // broken invariants; empty when the history passed
 }
 
 // epoch is where virtual time starts: a day boundary, so every window

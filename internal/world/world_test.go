@@ -42,7 +42,7 @@ func TestHistories(t *testing.T) {
 		first = rand.Uint64() >> 1
 	}
 	t.Logf("seeds %d to %d (replay one: go test -run '^TestHistories$' ./internal/world -world.n=1 -world.seed=SEED -v)", first, first+uint64(n)-1)
-	var windows, writes int
+	var windows, writes, classWindows int
 	var worst float64
 	for i := range n {
 		seed := first + uint64(i)
@@ -66,12 +66,13 @@ func TestHistories(t *testing.T) {
 		r := Run(cfg)
 		windows += r.Windows
 		writes += r.Writes
+		classWindows += r.ClassWindows
 		worst = max(worst, r.Worst)
 		if len(r.Violations) > 0 {
 			t.Fatalf("%v\nreplay: go test -run '^TestHistories$' ./internal/world -world.n=1 -world.seed=%d -v", r, r.Seed)
 		}
 	}
-	t.Logf("%d histories: %d windows checked, %d writes, none over; the fullest window at %.1f%% of its bound", n, windows, writes, 100*worst)
+	t.Logf("%d histories: %d windows checked, %d writes, none over; the fullest window at %.1f%% of its bound; %d members' windows that refused critical checked against their grants' reserve", n, windows, writes, 100*worst, classWindows)
 }
 
 // TestReplay: one seed gives one history, adaptive or not.
@@ -135,13 +136,13 @@ func flagSet(name string) (set bool) {
 // TestOraclesCatchABrokenProtocol: the oracles find a history over the
 // limit when one rule is broken, within a few random seeds.
 func TestOraclesCatchABrokenProtocol(t *testing.T) {
-	for _, rule := range []string{"unconditioned", "unenforced", "twice-ceiling", "own-part"} {
+	for _, rule := range []string{"unconditioned", "unenforced", "twice-ceiling", "own-part", "drop-reserve"} {
 		t.Run(rule, func(t *testing.T) {
 			for seed := uint64(1); seed <= 200; seed++ {
 				// "twice-ceiling": configd plans an adaptive provider with
 				// twice its ceiling.
 				cfg := Config{Seed: seed, Loss: 0.05, Refuse: 0.03, Break: rule, Adaptive: rule == "twice-ceiling"}
-				if rule == "own-part" {
+				if rule == "own-part" || rule == "drop-reserve" {
 					cfg.Critical = 3000
 				}
 				r := Run(cfg)
