@@ -578,3 +578,50 @@ func TestClassUsesOwnReservePaced(t *testing.T) {
 		}
 	})
 }
+
+// TestPacedWaitersAheadLeaveNoHoles: in a paced window ahead, batch's
+// waiters hold slots 0 to 3 and critical's waiters, asking after them,
+// are placed ahead one by one, batch's placed again behind each. The
+// slots batch gives up stay usable: critical is admitted its reserve of
+// 6 in that window and batch the 4 left, all 10 in the window. When a
+// displaced waiter's slots were left behind as used, critical had 4 and
+// batch none there, and batch waited two windows more.
+func TestPacedWaitersAheadLeaveNoHoles(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := mustNew(t, 10, time.Second, WithPacing(true), WithClasses(Class{Name: "critical", Reserve: 6}, Class{Name: "batch", Reserve: 2}))
+		batch, critical := WithClass(t.Context(), "batch"), WithClass(t.Context(), "critical")
+		start := time.Now()
+		// Nothing now, 10 from the next window on: every waiter waits for it.
+		if err := l.SetQuota(0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetQuota(10, start.Add(time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		in := map[string]int{} // admitted in the window from 1s to 2s
+		for i := range 10 {
+			name, ctx := "batch", batch
+			if i >= 4 {
+				name, ctx = "critical", critical
+			}
+			wg.Go(func() {
+				if err := l.Acquire(ctx, 5*time.Second); err != nil {
+					t.Errorf("%s: %v", name, err)
+					return
+				}
+				if d := time.Since(start); d >= time.Second && d < 2*time.Second {
+					mu.Lock()
+					in[name]++
+					mu.Unlock()
+				}
+			})
+			synctest.Wait() // placed before the next one asks
+		}
+		wg.Wait()
+		if in["critical"] != 6 || in["batch"] != 4 {
+			t.Errorf("admitted in the window they waited for: %v, want critical 6 (its reserve) and batch 4", in)
+		}
+	})
+}

@@ -273,7 +273,7 @@ func (l *Limiter) bookWindowLocked(start int64) *bookWindow {
 
 // bookLocked records r as placed at p; its permits are already charged.
 func (l *Limiter) bookLocked(r *Reservation, p placement) {
-	r.win, r.due, r.state = p.win.start, p.due, resPending
+	r.win, r.slot, r.due, r.state = p.win.start, p.slot, p.due, resPending
 	l.bookWindowLocked(p.win.start).res[r] = struct{}{}
 	if !r.counted {
 		r.counted = true
@@ -301,6 +301,16 @@ func (l *Limiter) releaseLocked(r *Reservation) {
 		bw.charged -= r.n
 		if bw.used != nil {
 			bw.used[cls] -= r.n
+		}
+		if r.slot+r.n >= bw.next {
+			// The slots from the end of those still held on are free
+			// again: a paced window places after next, and a waiter of a
+			// higher class placed ahead of lower ones (unplaceBelowLocked)
+			// must not leave their slots behind as taken.
+			bw.next = 0
+			for o := range bw.res {
+				bw.next = max(bw.next, o.slot+o.n)
+			}
 		}
 		l.scanFrom = min(l.scanFrom, r.win)
 	}

@@ -46,6 +46,7 @@ type Reservation struct {
 	// Guarded by l.mu.
 	deadline int64
 	win      int64 // start of the window it is charged to
+	slot     int64 // its first slot there
 	due      int64 // corrected ns; math.MaxInt64 while waiting for quota
 	state    int
 	err      error
