@@ -73,14 +73,21 @@ func (h *Holder) Next(now int64, margin time.Duration) (*State, []Release) {
 	return next, rels
 }
 
-// forgetEnded drops the publishes whose last window ended a window or
-// more before now: they let the holder admit nothing more, and configd
-// deletes them, which a follower need not watch it do. Their grants stay
-// until configd deletes them: a publish extended after it ended comes
-// back as one record, and its grants count again.
+// forgetEnded drops the publishes that grant the holder nothing and
+// whose last window ended a window or more before now: configd deletes
+// them, which a follower need not watch it do. A publish that grants it
+// something stays until configd deletes the grant, which it watches: a
+// clock that stepped ahead must not make it forget room it still holds.
+// A publish extended after it was forgotten comes back as one record.
 func (h *Holder) forgetEnded(now int64) {
+	mine := map[int64]bool{}
+	for key := range h.view.Grants {
+		if key.Holder == h.name {
+			mine[key.Pub] = true
+		}
+	}
 	for seq, p := range h.view.Pubs {
-		if StartOf(p.B+2, p.Window) <= now {
+		if !mine[seq] && StartOf(p.B+2, p.Window) <= now {
 			delete(h.view.Pubs, seq)
 		}
 	}

@@ -365,9 +365,10 @@ func TestCommitKeepsNoReleaseOfAWindowUnderWay(t *testing.T) {
 }
 
 // TestAHolderForgetsEndedPublishes: a follower does not watch configd
-// delete the publishes that ended, so the holder forgets them itself a
-// window after they end, and keeps its grants: a publish extended after
-// it ended is enforced again from the extension alone.
+// delete the publishes that ended, so the holder forgets one itself a
+// window after it ends, once configd has deleted the holder's grant in
+// it (which the follower watches): while the grant is there, a publish
+// extended late is enforced again from the extension alone.
 func TestAHolderForgetsEndedPublishes(t *testing.T) {
 	const k Keys = "/l/"
 	s := NewState()
@@ -378,23 +379,66 @@ func TestAHolderForgetsEndedPublishes(t *testing.T) {
 	pub := c.Pubs[0]
 	at := func(win int64) int64 { return StartOf(win, w) + int64(w)/2 }
 
-	if next, _ := a.Next(at(pub.B+1), 0); len(next.Pubs) != 1 || len(a.View().Pubs) != 1 {
-		t.Fatalf("in the window after publish %d ends: %d publishes kept, want it kept a window more", pub.Seq, len(a.View().Pubs))
+	if next, _ := a.Next(at(pub.B+5), 0); len(next.Pubs) != 1 {
+		t.Fatalf("publish %d ended, a's grant in it still stored: %d publishes kept, want it kept", pub.Seq, len(next.Pubs))
 	}
-	next, _ := a.Next(at(pub.B+2), 0)
-	if _, kept := a.View().Grants[GrantKey{pub.Seq, "a"}]; len(next.Pubs) != 0 || len(a.View().Pubs) != 0 || !kept {
-		t.Fatalf("a window later: %d publishes kept, a's grant kept %v; want the publish forgotten and the grant kept", len(a.View().Pubs), kept)
-	}
-	pub.B += 10
-	b, err := Encode(pub)
+	late := pub
+	late.B += 10
+	b, err := Encode(late)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Observe(k.Pub(pub.Seq), b); err != nil {
 		t.Fatal(err)
 	}
-	next, _ = a.Next(at(pub.B-1), 0)
-	if pieces, _ := next.Schedule("a", at(pub.B-1)); len(pieces) == 0 || pieces[0].Quota != 60 {
-		t.Errorf("publish %d extended after it was forgotten: schedule %v, want a's 60 again", pub.Seq, pieces)
+	next, _ := a.Next(at(late.B-1), 0)
+	if pieces, _ := next.Schedule("a", at(late.B-1)); len(pieces) == 0 || pieces[0].Quota != 60 {
+		t.Errorf("publish %d extended after it ended: schedule %v, want a's 60 again", pub.Seq, pieces)
+	}
+	if err := a.Observe(k.Grant("a", pub.Seq), nil); err != nil {
+		t.Fatal(err)
+	}
+	if next, _ := a.Next(at(late.B+1), 0); len(next.Pubs) != 1 {
+		t.Errorf("in the window after publish %d ends: %d publishes kept, want it kept a window more", pub.Seq, len(next.Pubs))
+	}
+	if next, _ := a.Next(at(late.B+2), 0); len(next.Pubs) != 0 || len(a.View().Pubs) != 0 {
+		t.Errorf("a window later, a's grant deleted: %d publishes kept, want none", len(a.View().Pubs))
+	}
+}
+
+// TestAClockStepAheadDoesNotForgetARunningPublish: a member's corrected
+// clock steps ahead past the end of its open publish for one sync (a
+// wrong measurement, a wall clock stepped and set back) and comes back.
+// The holder keeps a publish that grants it something, so it enforces
+// its grant again at once: with deletions filtered, nothing but the next
+// extension would bring a forgotten publish back.
+func TestAClockStepAheadDoesNotForgetARunningPublish(t *testing.T) {
+	const k Keys = "/l/"
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 10, Keep: 3}
+	a := NewHolder(k, "a")
+	c := plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 10)
+	apply(s, c)
+	store(t, k, NewState(), c, a)
+	pub := c.Pubs[0]
+	at := func(win int64) int64 { return StartOf(win, w) + int64(w)/2 }
+
+	a.Next(at(pub.B+5), 0) // one sync on a clock stepped ahead
+	for k := int64(11); k <= pub.B; k++ {
+		// configd, on the true clock, has nothing to write until the
+		// open publish comes within its lead.
+		if ch := plan(t, s, p, map[string]int64{"a": 60, "b": 40}, k); !ch.Empty() {
+			store(t, Keys("/l/"), NewState(), ch, a)
+			apply(s, ch)
+			break
+		}
+		next, _ := a.Next(at(k), 0)
+		pieces, _ := next.Schedule("a", at(k))
+		if got := s.Allowance("a", pub.Era, k); got != 60 {
+			t.Fatalf("window %d: the ledger grants a %d, want 60", k, got)
+		}
+		if len(pieces) == 0 || pieces[0].Quota != 60 {
+			t.Errorf("window %d, clock back: a enforces %v while the ledger grants it 60 (publish %d runs to %d)", k, pieces, pub.Seq, pub.B)
+		}
 	}
 }
