@@ -254,10 +254,8 @@ func (c Config) Validate() error {
 // ledger.
 const EmbeddedMaxTxnOps = 2048
 
-// maxTxnOps bounds --etcd-max-txn-ops: that many grants of holders with
-// names of 128 bytes stay under etcd's default --max-request-bytes of
-// 1.5 MiB.
-const maxTxnOps = 4096
+// maxTxnOps bounds --etcd-max-txn-ops: the most the ledger plans.
+const maxTxnOps = ledger.MaxOps
 
 // txnOps returns the operations one of configd's transactions may make.
 func (c Config) txnOps() int {

@@ -6,6 +6,11 @@ import "slices"
 // transaction (--max-txn-ops).
 const DefaultMaxOps = 128
 
+// MaxOps is the most operations of one transaction Plan works with:
+// that many grants of holders with names of 128 bytes stay under etcd's
+// default --max-request-bytes of 1.5 MiB.
+const MaxOps = 4096
+
 // Op is one write of a Change: a put of Value at Key, or a delete of Key
 // when Value is nil.
 type Op struct {

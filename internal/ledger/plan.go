@@ -77,8 +77,8 @@ func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error
 	if p.Limit < 0 || p.Horizon < 1 || p.Horizon > MaxHorizon || p.Keep < 0 || p.Keep > MaxHorizon {
 		return Change{}, fmt.Errorf("%w: policy with limit %d, horizon %d, keep %d: want a limit ≥ 0 and a horizon from 1 to %d windows", ErrInvalid, p.Limit, p.Horizon, p.Keep, MaxHorizon)
 	}
-	if p.MaxOps != 0 && p.MaxOps < MinOps {
-		return Change{}, fmt.Errorf("%w: policy with at most %d operations a transaction: want 0 (%d) or at least %d", ErrInvalid, p.MaxOps, DefaultMaxOps, MinOps)
+	if p.MaxOps != 0 && (p.MaxOps < MinOps || p.MaxOps > MaxOps) {
+		return Change{}, fmt.Errorf("%w: policy with at most %d operations a transaction: want 0 (%d) or from %d to %d", ErrInvalid, p.MaxOps, DefaultMaxOps, MinOps, MaxOps)
 	}
 	if k := WindowOf(now, p.Window); !inRange(k+p.Horizon, p.Window) || !inRange(k-p.Keep-1, p.Window) {
 		return Change{}, fmt.Errorf("%w: time %d is out of the range of %v windows", ErrInvalid, now, p.Window)

@@ -188,8 +188,10 @@ func TestAPublishLargerThanATransactionIsWrittenAhead(t *testing.T) {
 			t.Errorf("grant of %s in publish %d, never written, is still there", key.Holder, key.Pub)
 		}
 	}
-	if _, err := Plan(s, Policy{Limit: 100, Window: w, Horizon: 4, MaxOps: MinOps - 1}, target(10), StartOf(10, w)); !errors.Is(err, ErrInvalid) {
-		t.Errorf("a policy of %d operations a transaction: %v, want ErrInvalid", MinOps-1, err)
+	for _, n := range []int{MinOps - 1, MaxOps + 1} {
+		if _, err := Plan(s, Policy{Limit: 100, Window: w, Horizon: 4, MaxOps: n}, target(10), StartOf(10, w)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("a policy of %d operations a transaction: %v, want ErrInvalid", n, err)
+		}
 	}
 }
 
