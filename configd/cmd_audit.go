@@ -96,8 +96,10 @@ func printAudit(w io.Writer, views []auditView) {
 		}
 		for _, l := range v.Ledgers {
 			if b := l.Budget; b != nil {
-				fmt.Fprintf(tw, "%s\tbudget: %d of %d taken in the window from %s (taken, not granted: no ledger)\n", l.Provider, b.Taken, l.Limit, time.Unix(0, b.Start).UTC().Format(time.RFC3339))
-				continue
+				fmt.Fprintf(tw, "%s\tbudget: %d of %d taken in the window from %s (taken, not granted)\n", l.Provider, b.Taken, b.Limit, b.Start.Format(time.RFC3339))
+				if l.Era == 0 {
+					continue // no grant of an earlier limit of its name
+				}
 			}
 			if l.Era == 0 {
 				fmt.Fprintf(tw, "%s\t-\t-\t0\t-\t%s: nothing granted yet\n", l.Provider, l.verdict())

@@ -29,8 +29,9 @@ var ErrRecordsLeft = errors.New("configd: the provider's records from before it 
 //
 // A ledger provider needs no share records left: configd keeps them while
 // an instance they name may enforce them, and deletes them after. A shares
-// provider needs every grant of a ledger left to have ended: then the
-// ledger goes with the write, conditioned on its head.
+// provider, and a budget of a ledger provider, need every grant of a
+// ledger left to have ended: then the ledger goes with the write,
+// conditioned on its head.
 func (s *store) coordinationChecks(ctx context.Context, old *schema.ProviderConfig, cfg schema.ProviderConfig) ([]clientv3.Cmp, []clientv3.Op, error) {
 	var names []schema.ProviderConfig
 	if old == nil {
@@ -51,9 +52,16 @@ func (s *store) coordinationChecks(ctx context.Context, old *schema.ProviderConf
 				return nil, nil, err
 			}
 			conds = append(conds, cs...)
-			continue
+			if !c.Budget() {
+				continue
+			}
 		}
-		cs, o, err := s.ledgerEnded(ctx, c.Name, c.ClockBound())
+		// A budget, taken from its counter, and the shares count no
+		// grant: the name's ledger must have ended.
+		cs, o, err := s.ledgerEnded(ctx, c.Name, func(w time.Duration) time.Duration {
+			c.Window = schema.Duration(w) // the bound the grants' holders kept
+			return c.ClockBound()
+		})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -90,10 +98,10 @@ func (s *store) noShares(ctx context.Context, n string) ([]clientv3.Cmp, error) 
 }
 
 // ledgerEnded returns, for provider n's ledger, the condition on its head
-// and the deletion of its records once every grant in it has ended (bound
-// past its last window, for the instances' clocks), or ErrRecordsLeft
-// saying until when one runs.
-func (s *store) ledgerEnded(ctx context.Context, n string, bound time.Duration) ([]clientv3.Cmp, []clientv3.Op, error) {
+// and the deletion of its records once every grant in it has ended (twice
+// the clock bound of its windows' length past its last window, for the
+// instances' clocks), or ErrRecordsLeft saying until when one runs.
+func (s *store) ledgerEnded(ctx context.Context, n string, bound func(window time.Duration) time.Duration) ([]clientv3.Cmp, []clientv3.Op, error) {
 	keys := ledger.Keys(s.keys.Ledger(n))
 	st, headMod, _, bad, err := ledgerstore.Read(ctx, s.cli, keys)
 	if err != nil {
@@ -108,13 +116,13 @@ func (s *store) ledgerEnded(ctx context.Context, n string, bound time.Duration) 
 	var end time.Time
 	for _, e := range st.Head.Eras {
 		if k, ok := st.End(e.Seq); ok {
-			if t := time.Unix(0, ledger.StartOf(k+1, e.Window)).Add(2 * bound); t.After(end) {
+			if t := time.Unix(0, ledger.StartOf(k+1, e.Window)).Add(2 * bound(e.Window)); t.After(end) {
 				end = t
 			}
 		}
 	}
 	if now := s.clock(); now.Before(end) {
-		return nil, nil, fmt.Errorf("%w: %q's ledger grants room until %s; create it with the shares after then, or with the ledger now", ErrRecordsLeft, n, end.UTC().Format(time.RFC3339Nano))
+		return nil, nil, fmt.Errorf("%w: %q's ledger grants room until %s; create it with the shares, or give it a budget, after then; or a limit of up to %v with the ledger now", ErrRecordsLeft, n, end.UTC().Format(time.RFC3339Nano), time.Duration(schema.MaxWindow))
 	}
 	cond := clientv3.Compare(clientv3.ModRevision(keys.Head()), "=", headMod)
 	return []clientv3.Cmp{cond}, []clientv3.Op{clientv3.OpDelete(string(keys), clientv3.WithPrefix())}, nil

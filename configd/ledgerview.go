@@ -43,11 +43,18 @@ type ledgerView struct {
 	// nor for the instances, and configd writes nothing to the ledger
 	// while one is there.
 	Bad []malformedView `json:"bad,omitempty"`
-	// Budget is, for a budget (schema.IsBudget), its counter of the
-	// window under way, beside Limit: a budget is taken from its counter
-	// in transactions conditioned on it, not granted, so it has no ledger
-	// and nothing above is set.
-	Budget *schema.BudgetRecord `json:"budget,omitempty"`
+	// Budget is, for a budget (schema.IsBudget), what was taken of it in
+	// the window under way: a budget is taken from its counter in
+	// transactions conditioned on it, not granted, so its ledger is
+	// empty unless an earlier limit of its name left grants.
+	Budget *budgetView `json:"budget,omitempty"`
+}
+
+// budgetView is a budget's counter of the window under way.
+type budgetView struct {
+	Start time.Time `json:"start"`
+	Taken int64     `json:"taken"`
+	Limit int64     `json:"limit"`
 }
 
 // violationView is one ledger.Violation, and when its window starts
@@ -125,16 +132,19 @@ func (s *store) audit(ctx context.Context, name string) (auditView, error) {
 }
 
 // limitView reads the ledger of limit c (a provider or a lane provider),
-// or its counter when it is a budget.
+// and its counter when it is a budget.
 func (s *store) limitView(ctx context.Context, c schema.ProviderConfig) (ledgerView, error) {
-	if !c.Budget() {
-		return s.readLedger(ctx, c.Name)
+	v, err := s.readLedger(ctx, c.Name)
+	if err != nil || !c.Budget() {
+		return v, err
 	}
 	r, bad, err := s.budgetCounter(ctx, c.Name, c.Window)
 	if err != nil {
 		return ledgerView{}, err
 	}
-	return ledgerView{Provider: c.Name, Limit: c.Limit, Bad: bad, Budget: &r}, nil
+	v.Bad = append(v.Bad, bad...)
+	v.Budget = &budgetView{Start: time.Unix(0, r.Start).UTC(), Taken: r.Taken, Limit: c.Limit}
+	return v, nil
 }
 
 // readLedger reads the ledger of provider name (a lane provider's is its

@@ -84,8 +84,8 @@ func (m *Member) standIn(ctx context.Context) error {
 		return nil // configd leads, or there is nothing to grant
 	}
 	cfg, err := schema.DecodeProviderConfig(cfgs[0].Value)
-	if err != nil || !cfg.Ledger() {
-		return nil
+	if err != nil || !cfg.Ledger() || cfg.Budget() {
+		return nil // a budget is taken from its counter, never granted
 	}
 	live, first := liveHolders(resp.Responses[2].GetResponseRange().Kvs)
 	if first != m.id {
