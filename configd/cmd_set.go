@@ -472,6 +472,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var old *schema.ProviderConfig
 	cfg := schema.ProviderConfig{Name: name}.WithDefaults()
 	cur, err := b.get(ctx, name)
+	created := errors.Is(err, ErrNotFound)
 	switch {
 	case err == nil:
 		old, cfg = &cur.Config, cur.Config
@@ -494,6 +495,9 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if *dryRun {
+		if created {
+			cfg = cfg.Created() // as the store creates it
+		}
 		fmt.Fprintf(stdout, "%s: dry run, nothing written: %s\n", name, describeChange(old, &cfg))
 		return nil
 	}

@@ -331,7 +331,9 @@ func (s *store) write(ctx context.Context, name string, put *schema.ProviderConf
 		var newCfg *schema.ProviderConfig
 		if put != nil {
 			numbered, err := put.NumberLanes(old)
-			if old == nil {
+			if len(resp.Kvs) == 0 {
+				// A new provider; a malformed one being repaired keeps
+				// the coordination its records have.
 				numbered = numbered.Created()
 			}
 			if err == nil {
