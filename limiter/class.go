@@ -26,9 +26,9 @@ type Class struct {
 type classKey struct{}
 
 // WithClass returns a copy of ctx that names the priority class of the
-// calls made with it: Acquire and AcquireN of a Limiter configured with
-// WithClasses serve them as that class. A Limiter without classes ignores
-// it.
+// calls made with it: Acquire, AcquireN, TryAcquireContext and
+// ReserveContext of a Limiter or a Multi configured with WithClasses serve
+// them as that class. A Limiter without classes ignores it.
 func WithClass(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, classKey{}, name)
 }
@@ -66,15 +66,19 @@ func ClassOf(ctx context.Context) (string, bool) {
 //
 // A call names its class with WithClass; one that names none, or a class
 // not listed, is of the class "default" if listed, else of the last.
-// TryAcquire and Reserve, which take no context, are of that class too.
+// TryAcquire and Reserve, which take no context, are of that class too;
+// TryAcquireContext, TryAcquireNContext and ReserveContext read the class
+// from their context.
+//
+// Given to NewMulti, the classes are every limit's, each limit keeping
+// its reserves of its own quota (see Multi).
 //
 // A Limiter with classes decides every call under its lock: the lock-free
 // hot path serves limiters without classes only. Names must be 1 to 32
 // lower-case letters, digits, '_' or '-', starting with a letter, and
 // unique; at most MaxClasses; reserves from 0 to MaxQuota, and at most Of
-// when Of is set. New returns an error wrapping ErrInvalid otherwise, and
-// so does NewMulti for any classes: a Multi does not serve them yet.
-// SetClasses changes them later.
+// when Of is set. New and NewMulti return an error wrapping ErrInvalid
+// otherwise. SetClasses changes them later.
 func WithClasses(cs ...Class) Option {
 	return optionFunc(func(cfg *config) { cfg.classes = append([]Class(nil), cs...) })
 }
@@ -245,18 +249,24 @@ func (c *classes) limit(q int64, used []int64, cls int) int64 {
 // they asked, as after any change of limits: one that no longer fits its
 // wait fails with ErrTimeout.
 //
-// It returns an error wrapping ErrInvalid for a list WithClasses refuses
-// or for a limit of a Multi, ErrClosed after Close; then nothing changes.
+// On a limit of a Multi (Multi.Limiter) it sets that limit's classes
+// alone, as a coordinator that keeps that limit does (cluster.JoinGroup);
+// the Multi's waiters placed again are moved whole, as after any change of
+// one limit. Multi.SetClasses sets every limit's.
+//
+// It returns an error wrapping ErrInvalid for a list WithClasses refuses,
+// ErrClosed after Close; then nothing changes.
 func (l *Limiter) SetClasses(cs ...Class) error {
 	if err := validateClasses(cs); err != nil {
 		return err
 	}
-	if l.group != nil {
-		return fmt.Errorf("%w: a Multi does not serve priority classes", ErrInvalid)
-	}
-	cs = append([]Class(nil), cs...)
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lockChange()
+	defer l.unlockChange()
+	return l.setClassesLocked(append([]Class(nil), cs...))
+}
+
+// setClassesLocked is SetClasses of a valid list, under lockChange.
+func (l *Limiter) setClassesLocked(cs []Class) error {
 	if l.closed {
 		return ErrClosed
 	}
@@ -329,15 +339,36 @@ func (c *classes) names() []string {
 // set's default class (for a name set does not list, or a reservation
 // made without classes); -1 when set is nil.
 func (l *Limiter) classOfLocked(r *Reservation, set *classes) int {
+	return remapClass(r.set, r.class, set)
+}
+
+// remapClass returns the index in to of class i of from: i when both are
+// one set, else the class of the same name, or to's default class (for a
+// name to does not list, or from nil: no classes); -1 when to is nil.
+func remapClass(from *classes, i int, to *classes) int {
 	switch {
-	case set == nil:
+	case to == nil:
 		return -1
-	case r.set == set:
-		return r.class
-	case r.set == nil:
-		return set.def
+	case from == to:
+		return i
+	case from == nil:
+		return to.def
 	}
-	return set.index(r.set.list[r.class].Name)
+	return to.index(from.list[i].Name)
+}
+
+// useClassLocked counts d more permits (fewer when negative) as taken by
+// class i of set: in the current window's use if open, else in what its
+// closed windows took. It does nothing without classes.
+func (l *Limiter) useClassLocked(set *classes, i int, open bool, d int64) {
+	cls := remapClass(set, i, l.classes)
+	switch {
+	case cls < 0:
+	case open:
+		l.curUsed[cls] += d
+	default:
+		l.classCounts[cls].closed += d
+	}
 }
 
 // classCount is what Stats counts of one class beyond the current

@@ -26,8 +26,8 @@ func TestWithClassesRefusesBadLists(t *testing.T) {
 			t.Errorf("New(WithClasses(%v)) = %v, want ErrInvalid", cs, err)
 		}
 	}
-	if _, err := NewMulti([]Limit{{Quota: 10, Window: time.Second}}, WithClasses(Class{Name: "a"})); !errors.Is(err, ErrInvalid) {
-		t.Errorf("NewMulti(WithClasses) = %v, want ErrInvalid", err)
+	if _, err := NewMulti([]Limit{{Quota: 10, Window: time.Second}}, WithClasses(Class{Name: "a"}, Class{Name: "a"})); !errors.Is(err, ErrInvalid) {
+		t.Errorf("NewMulti(WithClasses(a, a)) = %v, want ErrInvalid", err)
 	}
 	if _, err := New(10, time.Second, WithClasses(many[:MaxClasses]...)); err != nil {
 		t.Errorf("New(WithClasses(%d classes)) = %v", MaxClasses, err)
@@ -304,8 +304,11 @@ func TestSetClassesRefusesBadLists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Limiter(0).SetClasses(Class{Name: "a"}); !errors.Is(err, ErrInvalid) {
-		t.Errorf("SetClasses on a Multi's limit = %v, want ErrInvalid", err)
+	if err := m.Limiter(0).SetClasses(Class{Name: "A"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("SetClasses(A) on a Multi's limit = %v, want ErrInvalid", err)
+	}
+	if err := m.SetClasses(Class{Name: "a", Reserve: -1}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Multi.SetClasses(a=-1) = %v, want ErrInvalid", err)
 	}
 	l.Close()
 	if err := l.SetClasses(); !errors.Is(err, ErrClosed) {

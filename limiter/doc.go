@@ -60,8 +60,11 @@
 // changes them at run time, keeping what each class took of the window
 // under way; a reserve given with Of is a part of each window's quota, so
 // that it follows the quota (cluster.Member gives each instance the
-// provider's classes so). Stats counts admissions and refusals per class.
-// A Limiter without classes pays nothing for them.
+// provider's classes so). TryAcquireContext and ReserveContext name a
+// class as Acquire does; TryAcquire and Reserve are of the default class.
+// A Multi serves classes too, each limit keeping its reserves of its own
+// quota, all-or-nothing as ever. Stats counts admissions and refusals per
+// class. A Limiter or Multi without classes pays nothing for them.
 //
 // Time comes from the system clock, or from a Clock given to WithClock.
 // Tests of waits run under testing/synctest, whose fake time the system

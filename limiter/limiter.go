@@ -193,7 +193,22 @@ func (l *Limiter) TryAcquireN(n int64) bool {
 	if l.fast(n) {
 		return true
 	}
-	return l.tryAcquireSlow(n)
+	return l.tryAcquireSlow(context.Background(), n)
+}
+
+// TryAcquireContext is TryAcquireNContext of one permit.
+func (l *Limiter) TryAcquireContext(ctx context.Context) bool {
+	return l.TryAcquireNContext(ctx, 1)
+}
+
+// TryAcquireNContext is TryAcquireN of the priority class ctx names
+// (WithClass). It never waits: ctx is read for its class alone, not for
+// its deadline or cancellation.
+func (l *Limiter) TryAcquireNContext(ctx context.Context, n int64) bool {
+	if l.fast(n) {
+		return true
+	}
+	return l.tryAcquireSlow(ctx, n)
 }
 
 // fast is the hot path: a permit from the current window, lock-free.
@@ -249,38 +264,41 @@ func pacedTake(s uint64, n, now, start, w, q int64) (next uint64, skipped int64,
 	return s&^remMask | uint64(q-due-1), due + 1 - k - n, true
 }
 
-func (l *Limiter) tryAcquireSlow(n int64) bool {
+func (l *Limiter) tryAcquireSlow(ctx context.Context, n int64) bool {
 	if n < 1 || n > MaxQuota {
 		return false
 	}
-	_, _, ok := l.trySlow(n, true)
+	_, _, ok, _, _ := l.trySlow(ctx, n, true)
 	return ok
 }
 
 // trySlow is TryAcquireN's slow path: it rolls the window on and takes n
-// permits if they are valid now, or counts the refusal. charged says
-// whether it took permits, and seq names their window (see fastAt): shadow
-// mode admits without taking any when none are free, if shadow allows it
-// (a Multi's acquisition from limits not all in shadow does not).
-func (l *Limiter) trySlow(n int64, shadow bool) (seq uint64, charged, ok bool) {
+// permits of the class ctx names if they are valid now, or counts the
+// refusal. charged says whether it took permits, and seq names their
+// window (see fastAt); set and cls are the classes in force and the
+// call's class in them. Shadow mode admits without taking any when none
+// are free, if shadow allows it (a Multi's acquisition from limits not
+// all in shadow does not).
+func (l *Limiter) trySlow(ctx context.Context, n int64, shadow bool) (seq uint64, charged, ok bool, set *classes, cls int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return 0, false, false
+		return 0, false, false, nil, 0
 	}
 	now := l.now()
 	l.advanceLocked(now)
-	if l.takeLocked(n, now, l.classes.defaultClass()) {
-		return seqOf(l.seq), true, true
+	set, cls = l.classes, l.classes.of(ctx)
+	if l.takeLocked(n, now, cls) {
+		return seqOf(l.seq), true, true, set, cls
 	}
 	if shadow && l.shadow.Load() {
 		l.counts.shadow(shadowRejected, n)
-		l.countClassLocked(l.classes.defaultClass(), 0, 0, n)
-		return 0, false, true
+		l.countClassLocked(cls, 0, 0, n)
+		return 0, false, true, set, cls
 	}
 	l.counts.rejected += n
-	l.countClassLocked(l.classes.defaultClass(), n, 0, 0)
-	return 0, false, false
+	l.countClassLocked(cls, n, 0, 0)
+	return 0, false, false, set, cls
 }
 
 // advanceLocked brings the state word up to time now: rolls it over to the
@@ -481,4 +499,13 @@ func (l *Limiter) countEnded(ctx context.Context, n int64, err error) {
 // Reservation is valid at once.
 func (l *Limiter) Reserve(n int64, maxWait time.Duration) (*Reservation, error) {
 	return l.reserve(context.Background(), n, maxWait, false)
+}
+
+// ReserveContext is Reserve of the priority class ctx names (WithClass).
+// It returns at once, as Reserve does: ctx's deadline, like maxWait,
+// bounds when the permits may become valid, and a ctx already done gives
+// an error matching ErrCanceled and ctx.Err(), but the Reservation
+// outlives ctx: only Cancel gives its permits back.
+func (l *Limiter) ReserveContext(ctx context.Context, n int64, maxWait time.Duration) (*Reservation, error) {
+	return l.reserve(ctx, n, maxWait, false)
 }

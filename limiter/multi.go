@@ -68,6 +68,24 @@ func Cost(dim string, n int64) Amount { return Amount{Dimension: dim, N: n} }
 // charged too much. When every limit has room now, TryAcquire and Acquire
 // take no lock and make no allocation.
 //
+// A Multi serves priority classes as a Limiter does (WithClasses): each
+// limit keeps its classes' reserves of its own quota, and an acquisition
+// of a class is admitted only where every limit it takes from, after it,
+// still covers what the other classes have not used of their reserves
+// there; it takes from none otherwise. A class's reserve is thus kept
+// from lower classes in every limit that lists it, and a limit without
+// classes keeps none. NewMulti's WithClasses and SetClasses give every
+// limit the same classes, Limiter(i).SetClasses one limit its own (a
+// cluster.Group gives its provider's first limit the provider's). A call
+// names its class with WithClass: Acquire reads it from its context, and
+// so do TryAcquireContext and ReserveContext; TryAcquire and Reserve are
+// of the default class. Each limit finds the class by name among its own,
+// a name it does not list being its default class. A waiter of a higher
+// class is placed ahead of waiters of lower classes not yet valid, in
+// every limit at once, the first limit both take from that has classes
+// deciding which is higher. With classes, every acquisition is decided
+// under the limits' locks.
+//
 // A Multi is safe for concurrent use. Use NewMulti to create one.
 type Multi struct {
 	lims   []*Limiter
@@ -75,6 +93,8 @@ type Multi struct {
 	dim    []int    // limit i counts dimension names[dim[i]]
 	names  []string // the distinct dimensions, in order of first use
 	req    int      // index of Requests in names; -1: no limit counts requests
+
+	nextSeq uint64 // MultiReservation order; guarded by every limit's mu
 }
 
 // NewMulti returns a Multi enforcing limits, 1 to MaxLimits of them. A
@@ -97,9 +117,6 @@ func NewMulti(limits []Limit, opts ...Option) (*Multi, error) {
 		l, err := New(lm.Quota, lm.Window, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("limit %v: %w", lm, err)
-		}
-		if l.classes != nil {
-			return nil, fmt.Errorf("%w: a Multi does not serve priority classes (WithClasses)", ErrInvalid)
 		}
 		if len(m.lims) > 0 {
 			l.shareClock(m.lims[0])
@@ -211,6 +228,8 @@ type Grant struct {
 	n       [MaxLimits]int64  // permits charged to each limit
 	seq     [MaxLimits]uint64 // the window each was charged to (see fastAt)
 	charged [MaxLimits]bool   // false: none taken (shadow mode admitted it)
+	class   [MaxLimits]uint8  // the class each was charged to, in set
+	set     [MaxLimits]*classes
 	res     *MultiReservation // the reservation it came from, if any: Settle and its Cancel give back once
 	_       [0]func()         // not comparable
 }
@@ -240,6 +259,17 @@ func (g *Grant) Cost(dim string) int64 {
 // in the Stats of the first limit, in order, that had no room. An invalid
 // cost is refused. In shadow mode it reports true.
 func (m *Multi) TryAcquire(cost ...Amount) (Grant, bool) {
+	return m.tryAcquire(context.Background(), cost)
+}
+
+// TryAcquireContext is TryAcquire of the priority class ctx names
+// (WithClass). It never waits: ctx is read for its class alone, not for
+// its deadline or cancellation.
+func (m *Multi) TryAcquireContext(ctx context.Context, cost ...Amount) (Grant, bool) {
+	return m.tryAcquire(ctx, cost)
+}
+
+func (m *Multi) tryAcquire(ctx context.Context, cost []Amount) (Grant, bool) {
 	var g Grant
 	if m.costs(cost, &g.n) != nil {
 		return Grant{}, false
@@ -261,7 +291,10 @@ func (m *Multi) TryAcquire(cost ...Amount) (Grant, bool) {
 					shadow = 1
 				}
 			}
-			seq, charged, ok = l.trySlow(n, shadow == 1)
+			var set *classes
+			var cls int
+			seq, charged, ok, set, cls = l.trySlow(ctx, n, shadow == 1)
+			g.set[i], g.class[i] = set, uint8(cls)
 		}
 		if !ok {
 			m.giveBack(&g, i)
@@ -293,7 +326,7 @@ func (m *Multi) allShadow(ns [MaxLimits]int64) bool {
 func (m *Multi) giveBack(g *Grant, k int) {
 	for i := range k {
 		if g.charged[i] {
-			m.lims[i].settle(g.seq[i], g.at, g.n[i], 0, false)
+			m.lims[i].settle(g.seq[i], g.at, g.n[i], 0, false, g.set[i], int(g.class[i]))
 			g.charged[i] = false
 		}
 	}
@@ -364,11 +397,43 @@ func (m *Multi) AcquireN(ctx context.Context, n int64, maxWait time.Duration) er
 // for an invalid cost and ErrClosed after Close. In shadow mode the
 // reservation is valid at once.
 func (m *Multi) Reserve(maxWait time.Duration, cost ...Amount) (*MultiReservation, error) {
+	return m.ReserveContext(context.Background(), maxWait, cost...)
+}
+
+// ReserveContext is Reserve of the priority class ctx names (WithClass).
+// It returns at once, as Reserve does: ctx's deadline, like maxWait,
+// bounds when the permits may become valid, and a ctx already done gives
+// an error matching ErrCanceled and ctx.Err(), but the reservation
+// outlives ctx: only Cancel gives its permits back.
+func (m *Multi) ReserveContext(ctx context.Context, maxWait time.Duration, cost ...Amount) (*MultiReservation, error) {
 	var ns [MaxLimits]int64
 	if err := m.costs(cost, &ns); err != nil {
 		return nil, err
 	}
-	return m.reserve(context.Background(), ns, maxWait, true)
+	return m.reserve(ctx, ns, maxWait, true)
+}
+
+// SetClasses gives every limit the priority classes cs, as
+// Limiter.SetClasses does for one, all at once: none makes the Multi one
+// without classes again. It returns an error wrapping ErrInvalid for a
+// list WithClasses refuses, ErrClosed when a limit is closed; then
+// nothing changes.
+func (m *Multi) SetClasses(cs ...Class) error {
+	if err := validateClasses(cs); err != nil {
+		return err
+	}
+	cs = append([]Class(nil), cs...)
+	m.lock()
+	defer m.unlock()
+	for _, l := range m.lims {
+		if l.closed {
+			return ErrClosed
+		}
+	}
+	for _, l := range m.lims {
+		l.setClassesLocked(cs)
+	}
+	return nil
 }
 
 // lock takes every limit's mutex, in order: the only place more than one
@@ -554,18 +619,18 @@ func (g *Grant) Settle(actual ...Amount) error {
 		if !seen[d] || !g.charged[i] || per[d] == g.n[i] {
 			continue
 		}
-		l.settle(g.seq[i], g.at, g.n[i], per[d], true)
+		l.settle(g.seq[i], g.at, g.n[i], per[d], true, g.set[i], int(g.class[i]))
 		g.n[i] = per[d]
 	}
 	g.m = nil
 	return nil
 }
 
-// settle changes permits charged at corrected time at to the window seq
-// from charged to actual (see Grant.Settle). A refund at once after a
-// partial take (giveBack) counts as never taken: it does not count as
-// Settled.
-func (l *Limiter) settle(seq uint64, at, charged, actual int64, settled bool) {
+// settle changes permits charged at corrected time at to the window seq,
+// by class cls of set, from charged to actual (see Grant.Settle). A refund
+// at once after a partial take (giveBack) counts as never taken: it does
+// not count as Settled.
+func (l *Limiter) settle(seq uint64, at, charged, actual int64, settled bool, set *classes, cls int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
@@ -584,6 +649,7 @@ func (l *Limiter) settle(seq uint64, at, charged, actual int64, settled bool) {
 	w := l.cur.end - l.cur.start
 	open := !l.closed && l.cur.end != math.MinInt64 && seq == seqOf(l.seq) && at < l.cur.end && at >= l.cur.start-w
 	d := actual - charged
+	l.useClassLocked(set, cls, open, d)
 	switch {
 	case d < 0 && open:
 		l.addRemainingLocked(-d)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -24,6 +25,7 @@ import (
 type MultiReservation struct {
 	m      *Multi
 	ns     [MaxLimits]int64
+	seq    uint64 // order of making, in its Multi
 	holder bool
 	// The deadline less the clock offset when it was made: it stands for
 	// an instant of real time, so it moves with the offset, as a
@@ -64,8 +66,14 @@ func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.D
 		}
 		l.advanceLocked(now)
 	}
-	r := &MultiReservation{m: m, ns: ns, holder: holder, wake: make(chan struct{}, 1)}
-	if m.takeAllLocked(r, now) {
+	// Each limit finds the class among its own classes.
+	var cls [MaxLimits]int
+	for i, l := range m.lims {
+		cls[i] = l.classes.of(ctx)
+	}
+	m.nextSeq++
+	r := &MultiReservation{m: m, ns: ns, seq: m.nextSeq, holder: holder, wake: make(chan struct{}, 1)}
+	if m.takeAllLocked(r, now, &cls) {
 		return r, nil
 	}
 	deadline := addClamped(now, max(maxWait, 0))
@@ -74,16 +82,19 @@ func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.D
 	}
 	r.realDeadline = addClamped(deadline, -time.Duration(m.lims[0].offset.Load()))
 	if m.allShadow(ns) {
-		m.shadowLocked(r, now)
+		m.shadowLocked(r, now, &cls)
 		return r, nil
 	}
 	for i, l := range m.lims {
 		if ns[i] > 0 {
 			r.rs[i] = l.newReservation(ns[i], now, deadline, holder)
 			r.rs[i].wake, r.rs[i].multi = r.wake, r
+			r.rs[i].class, r.rs[i].set = cls[i], l.classes
 		}
 	}
+	bumped := m.unplaceBelowLocked(r, now)
 	k, err := m.placeAllLocked(r, now, math.MinInt64)
+	m.replaceAllLocked(bumped, now)
 	switch {
 	case err == nil:
 		return r, nil
@@ -91,8 +102,11 @@ func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.D
 		m.waitForQuotaLocked(r, k)
 		return r, nil
 	}
-	for i := range m.lims {
-		m.lims[i].counts.timedOut += ns[i]
+	for i, l := range m.lims {
+		l.counts.timedOut += ns[i]
+		if ns[i] > 0 {
+			l.countClassLocked(cls[i], ns[i], 0, 0)
+		}
 	}
 	if err == ErrNoQuota {
 		return nil, fmt.Errorf("%w: %w: limit %v: %s", ErrTimeout, ErrNoQuota, m.limits[k], m.lims[k].noQuotaLocked(ns[k], "is"))
@@ -118,14 +132,16 @@ func (m *Multi) describe(ns [MaxLimits]int64) string {
 	return s
 }
 
-// takeAllLocked takes r's permits from every limit's current window if
-// each has them valid now, and marks r granted; otherwise it takes none.
-func (m *Multi) takeAllLocked(r *MultiReservation, now int64) bool {
+// takeAllLocked takes r's permits, of class cls[i] in limit i, from every
+// limit's current window if each has them valid now, and marks r granted;
+// otherwise it takes none.
+func (m *Multi) takeAllLocked(r *MultiReservation, now int64, cls *[MaxLimits]int) bool {
 	for i, l := range m.lims {
-		if r.ns[i] > 0 && !l.takeLocked(r.ns[i], now, 0) {
+		if r.ns[i] > 0 && !l.takeLocked(r.ns[i], now, cls[i]) {
 			for j := range i {
 				if r.ns[j] > 0 {
 					m.lims[j].addRemainingLocked(r.ns[j])
+					m.lims[j].useClassLocked(m.lims[j].classes, cls[j], true, -r.ns[j])
 				}
 			}
 			return false
@@ -134,6 +150,7 @@ func (m *Multi) takeAllLocked(r *MultiReservation, now int64) bool {
 	for i, l := range m.lims {
 		if r.ns[i] > 0 {
 			r.grant.seq[i], r.grant.charged[i] = seqOf(l.seq), true
+			r.grant.set[i], r.grant.class[i] = l.classes, uint8(cls[i])
 		}
 	}
 	r.grant.m, r.grant.at, r.grant.n, r.grant.res = m, now, r.ns, r
@@ -143,17 +160,19 @@ func (m *Multi) takeAllLocked(r *MultiReservation, now int64) bool {
 
 // shadowLocked admits r at once in shadow mode, counting in each limit
 // what enforcing would have done with its part.
-func (m *Multi) shadowLocked(r *MultiReservation, now int64) {
+func (m *Multi) shadowLocked(r *MultiReservation, now int64, cls *[MaxLimits]int) {
 	for i, l := range m.lims {
 		if r.ns[i] == 0 {
 			continue
 		}
 		kind := shadowRejected
-		if _, err := l.placeLocked(r.ns[i], now, r.deadlineLocked(), math.MinInt64, nil, 0); err == nil {
+		if _, err := l.placeLocked(r.ns[i], now, r.deadlineLocked(), math.MinInt64, nil, cls[i]); err == nil {
 			kind = shadowDelayed
 		}
 		l.counts.shadow(kind, r.ns[i])
+		l.countClassLocked(cls[i], 0, 0, r.ns[i])
 		r.shadow[i] = kind
+		r.grant.set[i], r.grant.class[i] = l.classes, uint8(cls[i])
 	}
 	r.grant.m, r.grant.at, r.grant.n, r.grant.res = m, now, r.ns, r
 	r.due, r.state = now, resDone
@@ -179,7 +198,7 @@ func (m *Multi) placeAllLocked(r *MultiReservation, now, minDue int64) (k int, e
 			if r.ns[i] == 0 {
 				continue
 			}
-			p, err := l.placeLocked(r.ns[i], now, deadline, t, nil, 0)
+			p, err := l.placeLocked(r.ns[i], now, deadline, t, nil, max(0, l.classOfLocked(r.rs[i], l.classes)))
 			if err != nil {
 				return i, err
 			}
@@ -197,7 +216,9 @@ func (m *Multi) placeAllLocked(r *MultiReservation, now, minDue int64) (k int, e
 			if r.ns[i] == 0 {
 				continue
 			}
-			p, err := l.placeLocked(r.ns[i], now, deadline, t, r.rs[i], 0)
+			rr := r.rs[i]
+			rr.class, rr.set = max(0, l.classOfLocked(rr, l.classes)), l.classes
+			p, err := l.placeLocked(r.ns[i], now, deadline, t, rr, rr.class)
 			if err == nil {
 				r.placed[i] = true
 			}
@@ -241,6 +262,107 @@ func (m *Multi) unplaceAllLocked(r *MultiReservation) {
 		}
 		rr.state = resPending
 		r.placed[i] = false
+	}
+}
+
+// unplaceBelowLocked takes every MultiReservation of a class lower than
+// r's, placed and not yet valid, out of its windows in every limit, as
+// Limiter.unplaceBelowLocked does for a Limiter's waiters, and returns
+// them in the order they are placed again (replaceAllLocked), highest
+// class first, then in the order they were made: r is about to be placed
+// ahead of them. The first limit both take from that has
+// classes decides which class is lower. It returns nil when no limit r
+// takes from has classes.
+func (m *Multi) unplaceBelowLocked(r *MultiReservation, now int64) []*MultiReservation {
+	var out []*MultiReservation
+	for i, l := range m.lims {
+		if r.ns[i] == 0 || l.classes == nil {
+			continue
+		}
+		for _, bw := range l.book {
+			for rr := range bw.res {
+				if o := rr.multi; o != nil && o != r && !slices.Contains(out, o) && m.movableLocked(o, now) && m.lowerLocked(o, r) {
+					out = append(out, o)
+				}
+			}
+		}
+	}
+	for _, o := range out {
+		m.unplaceAllLocked(o)
+	}
+	// An insertion sort: out is short, and the order is pairwise.
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && m.aheadLocked(out[j], out[j-1]); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+// aheadLocked reports whether a is placed again before b: of a higher
+// class, or of the same and made earlier.
+func (m *Multi) aheadLocked(a, b *MultiReservation) bool {
+	switch {
+	case m.lowerLocked(b, a):
+		return true
+	case m.lowerLocked(a, b):
+		return false
+	}
+	return a.seq < b.seq
+}
+
+// movableLocked reports whether r is pending with every part placed, none
+// waiting for quota, and not yet valid at now: one a higher class may
+// move later.
+func (m *Multi) movableLocked(r *MultiReservation, now int64) bool {
+	if r.state != resPending || r.due == math.MaxInt64 {
+		return false
+	}
+	valid := true
+	for i, rr := range r.rs {
+		if rr == nil {
+			continue
+		}
+		if !r.placed[i] || rr.state != resPending || rr.due == math.MaxInt64 {
+			return false
+		}
+		valid = valid && rr.validLocked(now)
+	}
+	return !valid
+}
+
+// lowerLocked reports whether o is of a lower class than r in the first
+// limit both take from that has classes.
+func (m *Multi) lowerLocked(o, r *MultiReservation) bool {
+	for i, l := range m.lims {
+		if o.rs[i] != nil && r.rs[i] != nil && l.classes != nil {
+			return l.classOfLocked(o.rs[i], l.classes) > l.classOfLocked(r.rs[i], l.classes)
+		}
+	}
+	return false
+}
+
+// replaceAllLocked places again, in order, the reservations
+// unplaceBelowLocked returned, as Limiter.replaceLocked does: a holder's
+// never earlier than the time it was given; one that fits no more by its
+// deadline fails with ErrTimeout. Each waiter is woken to follow.
+func (m *Multi) replaceAllLocked(rs []*MultiReservation, now int64) {
+	for _, o := range rs {
+		minDue := int64(math.MinInt64)
+		if o.holder {
+			minDue = o.due
+		}
+		k, err := m.placeAllLocked(o, now, minDue)
+		switch {
+		case err == nil:
+		case !o.holder && m.lims[k].waitsForQuotaLocked(err, now, o.deadlineLocked()):
+			m.waitForQuotaLocked(o, k)
+		case err == ErrNoQuota:
+			m.failLocked(o, fmt.Errorf("%w: %w", ErrTimeout, ErrNoQuota))
+		default:
+			m.failLocked(o, ErrTimeout)
+		}
+		o.poke()
 	}
 }
 
@@ -357,12 +479,15 @@ func (m *Multi) failLocked(r *MultiReservation, err error) {
 			continue
 		}
 		if rr.state != resFailed { // a part that failed was counted by its limit
+			cls := l.classOfLocked(rr, l.classes)
 			if r.placed[i] {
 				rr.cancelLocked()
 				l.counts.canceled -= rr.n
+				l.countClassLocked(cls, 0, -rr.n, 0)
 			}
 			if errors.Is(err, ErrTimeout) {
 				l.counts.timedOut += rr.n
+				l.countClassLocked(cls, rr.n, 0, 0)
 			}
 		}
 		rr.state, rr.err = resFailed, err
@@ -383,6 +508,7 @@ func (m *Multi) grantLocked(r *MultiReservation, now int64) {
 		if rr.win == l.cur.start {
 			r.grant.seq[i] = seqOf(l.seq)
 		}
+		r.grant.set[i], r.grant.class[i] = rr.set, uint8(rr.class)
 	}
 	r.grant.m, r.grant.at, r.grant.n, r.grant.res = m, now, r.ns, r
 	r.state = resDone
@@ -477,30 +603,35 @@ func (r *MultiReservation) cancelLocked() {
 		for i, l := range r.m.lims {
 			switch {
 			case r.grant.charged[i]:
-				l.releaseTakenLocked(r.grant.seq[i], r.grant.at, r.ns[i])
+				l.releaseTakenLocked(r.grant.seq[i], r.grant.at, r.ns[i], r.grant.set[i], int(r.grant.class[i]))
 			case r.shadow[i] != shadowNone:
 				l.counts.shadow(r.shadow[i], -r.ns[i])
 				l.counts.canceled += r.ns[i]
+				cls := remapClass(r.grant.set[i], int(r.grant.class[i]), l.classes)
+				l.countClassLocked(cls, 0, r.ns[i], -r.ns[i])
 			}
 		}
 	}
 	r.state = resCanceled
 }
 
-// releaseTakenLocked gives back n permits taken at once at time at from
-// window seq, as Cancel does for a reservation.
-func (l *Limiter) releaseTakenLocked(seq uint64, at, n int64) {
+// releaseTakenLocked gives back n permits of class cls of set taken at
+// once at time at from window seq, as Cancel does for a reservation.
+func (l *Limiter) releaseTakenLocked(seq uint64, at, n int64, set *classes, cls int) {
 	now := l.now()
 	if !l.closed {
 		l.advanceLocked(now)
 	}
 	w := l.cur.end - l.cur.start
-	if l.cur.end != math.MinInt64 && seq == seqOf(l.seq) && at < l.cur.end && at >= l.cur.start-w {
+	open := l.cur.end != math.MinInt64 && seq == seqOf(l.seq) && at < l.cur.end && at >= l.cur.start-w
+	if open {
 		l.addRemainingLocked(n)
 	} else {
 		l.counts.closedConsumed -= n
 	}
+	l.useClassLocked(set, cls, open, -n)
 	l.counts.canceled += n
+	l.countClassLocked(remapClass(set, cls, l.classes), 0, n, 0)
 }
 
 // Wait sleeps until the permits are valid and returns the Grant, following

@@ -379,7 +379,8 @@ func (r *Reservation) validLocked(now int64) bool {
 // not yet valid at now out of its window, as unplaceLocked does, and
 // returns them in the order they are placed again: a waiter of class cls
 // is about to be placed ahead of them. It returns nil without classes.
-// Parts of a Multi are never among them: a Multi serves no classes.
+// Parts of a Multi are never among them: the Multi moves them whole
+// (Multi.unplaceBelowLocked).
 func (l *Limiter) unplaceBelowLocked(cls int, now int64) []*Reservation {
 	if l.classes == nil || cls == len(l.curUsed)-1 {
 		return nil
