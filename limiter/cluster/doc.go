@@ -72,7 +72,11 @@
 // set any. The instance record reports the demand of each class
 // (ClassDemand), smoothed as the total's, and what each class was admitted
 // since the instance started (ClassAdmitted), a running total as the
-// total's. A budget's Member and a Group apply no classes.
+// total's. A Group's Members do the same for each limit of its Multi:
+// under JoinProvider, the provider's classes are its first limit's (a
+// lane provider lists none), so the first limit keeps each class's reserve,
+// of the config or of the ledger's grant, and the others keep none. A
+// budget's Member applies no classes.
 //
 // Fail-static has a horizon, so that it never overlaps with the share
 // being handed to others: every lease renewal sets the limiter's expiry
