@@ -26,8 +26,8 @@ import (
 // flood of lower classes keeps busy for a higher class's message to reach
 // the limiter while they wait.
 //
-// WithCost and WithClass do not go together (New refuses them): a
-// limiter.Multi does not serve priority classes.
+// With WithCost, the class is that of the limiter.Multi's acquisition,
+// which keeps each class's reserve in every limit that lists classes.
 func WithClass(class func(kafka.Message) string) Option {
 	return optionFunc(func(o *options) { o.class = class })
 }

@@ -2,7 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -181,20 +180,21 @@ func TestClassHeader(t *testing.T) {
 	}
 }
 
-// TestClassNotWithCost: New refuses WithClass with WithCost, whose
-// limiter.Multi serves no classes, rather than drop the classes silently.
-func TestClassNotWithCost(t *testing.T) {
-	m, err := limiter.NewMulti([]limiter.Limit{{Quota: 10, Window: time.Second}})
+// TestClassWithCost: WithClass goes with WithCost, whose limiter.Multi
+// serves the message's class: New accepts them together
+// (TestCostPermitsOfTheMessagesClass takes the permits).
+func TestClassWithCost(t *testing.T) {
+	m, err := limiter.NewMulti([]limiter.Limit{{Quota: 10, Window: time.Second}},
+		limiter.WithClasses(limiter.Class{Name: "critical", Reserve: 6}, limiter.Class{Name: "batch"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	_, err = consumer.New(consumer.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t", GroupID: "g"},
+	c, err := consumer.New(consumer.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t", GroupID: "g"},
 		m, func(context.Context, kafka.Message) error { return nil },
 		consumer.WithCost(func(kafka.Message) []limiter.Amount { return nil }),
 		consumer.WithClass(consumer.ClassHeader("priority")))
-	var ce *consumer.ConfigError
-	if !errors.As(err, &ce) || ce.Field != "WithClass" {
-		t.Errorf("New(WithCost, WithClass) = %v, want a *ConfigError for WithClass", err)
+	if err != nil || c == nil {
+		t.Fatalf("New(WithCost, WithClass) = %v", err)
 	}
 }

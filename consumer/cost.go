@@ -70,14 +70,14 @@ func newPermits(lim Limiter, cost func(kafka.Message) []limiter.Amount, class fu
 			return limiter.Grant{}, lim.AcquireN(ctx, 1, maxWait)
 		}, nil
 	}
-	if class != nil {
-		return nil, &ConfigError{Field: "WithClass", Value: "a class function", Rule: "not with WithCost: a limiter.Multi does not serve priority classes"}
-	}
 	cl, ok := lim.(CostLimiter)
 	if !ok {
 		return nil, &ConfigError{Field: "lim", Value: fmt.Sprintf("%T", lim), Rule: "WithCost needs a CostLimiter, such as *limiter.Multi"}
 	}
 	return func(ctx context.Context, msg kafka.Message, maxWait time.Duration) (limiter.Grant, error) {
+		if name := classOf(class, msg); name != "" {
+			ctx = limiter.WithClass(ctx, name)
+		}
 		return cl.Acquire(ctx, maxWait, cost(msg)...)
 	}, nil
 }

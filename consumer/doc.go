@@ -55,7 +55,7 @@
 // for permits, not the fetch: a message still waits its turn in its
 // partition or key (Config.Ordering) and for a free worker, so give
 // Config.Workers room beyond what a flood of lower classes keeps busy.
-// WithCost does not take classes (a limiter.Multi serves none).
+// With WithCost, the class is that of the limiter.Multi's acquisition.
 //
 // # Flow and guarantees
 //
