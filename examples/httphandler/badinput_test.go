@@ -105,8 +105,8 @@ func TestBadFlagCombinations(t *testing.T) {
 		{[]string{"-transit", "5ms", "-etcd-endpoints", "http://127.0.0.1:2379", "-ntp-servers", "127.0.0.1:123"}, "not given with -ntp-servers"},
 		{[]string{"-class", "Critical"}, "class name must be 1 to 32 lower-case letters"},
 		{[]string{"-class", "critical=101%"}, "reserve"},
-		{[]string{"-class", "critical=60%", "-etcd-endpoints", "http://127.0.0.1:2379"}, "-class is a local limiter's"},
-		{[]string{"-class", "critical=60%", "-tokens-limit", "100"}, "-class is a local limiter's"},
+		{[]string{"-class", "critical=60%", "-etcd-endpoints", "http://127.0.0.1:2379"}, "-class is the local requests limiter's"},
+		{[]string{"-class", "critical=60%", "-tokens-limit", "100"}, "-class is the local requests limiter's"},
 	} {
 		_, err := parseFlags(tc.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

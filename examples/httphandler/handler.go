@@ -32,8 +32,9 @@ const (
 // lower class cannot take what the limiter keeps for a higher one. A
 // request without it, or naming a class the limiter does not list, is of
 // the limiter's default class; one that is no class name at all is
-// answered 400. Classes are served with one limit; a Multi (a tokens
-// limit) serves none, and takes every request alike.
+// answered 400. With a tokens limit (a Multi), each limit keeps the
+// reserves of its own classes: a joined provider's are its first
+// limit's.
 const ClassHeader = "X-Sluice-Class"
 
 // tokens is the dimension of the tokens limit.

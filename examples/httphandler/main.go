@@ -153,7 +153,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	case c.join.TokensProvider != "" && len(c.join.Endpoints) == 0:
 		return c, errors.New("-tokens-provider needs -etcd-endpoints (a local tokens limit is -tokens-limit)")
 	case len(c.join.Classes) > 0 && (len(c.join.Endpoints) > 0 || c.join.TokensLimit > 0):
-		return c, errors.New("-class is a local limiter's: a joined provider's classes are its config's (configd set --class), and a tokens limit serves none")
+		return c, errors.New("-class is the local requests limiter's: a joined provider's classes are its config's (configd set --class), and -tokens-limit takes none here")
 	case len(c.join.NTPServers) > 0 && len(c.join.Endpoints) == 0:
 		return c, errors.New("-ntp-servers needs -etcd-endpoints")
 	case c.transit < 0 || (c.transit > 0 && len(c.join.NTPServers) > 0):
