@@ -372,11 +372,12 @@ type Request struct {
 	Cost []limiter.Amount
 	// MaxWait is the longest the caller waits (Acquire, Reserve).
 	MaxWait time.Duration
-	// Class names the call's priority class ("": none): Acquire waits as
-	// that class (limiter.WithClass). A class the provider does not list
-	// is its default class. A limiter.Multi, which every provider is,
-	// serves no classes yet, and TryAcquire and Reserve take no context
-	// in the library: until both change, every call is of one class.
+	// Class names the call's priority class ("": none), which Acquire,
+	// TryAcquire and Reserve serve as limiter.Multi does a call that
+	// names it with limiter.WithClass: a provider's classes are those of
+	// its config (cluster.JoinProvider), each limit keeping its classes'
+	// reserves. A class the provider does not list is its default class,
+	// as in the library.
 	Class string
 }
 
@@ -419,7 +420,7 @@ func (a *Agent) TryAcquire(ctx context.Context, req Request) (Granted, error) {
 		t.count(opTryAcquire, err)
 		return Granted{}, err
 	}
-	g, ok := p.multi.TryAcquire(req.Cost...)
+	g, ok := p.multi.TryAcquireContext(classContext(req.Class), req.Cost...)
 	if !ok {
 		err := fmt.Errorf("%w: no room now in every limit of %s", limiter.ErrTimeout, p.name)
 		t.count(opTryAcquire, err)
@@ -439,7 +440,9 @@ func (a *Agent) Reserve(ctx context.Context, req Request) (Granted, error) {
 		t.count(opReserve, err)
 		return Granted{}, err
 	}
-	r, err := p.multi.Reserve(req.MaxWait, req.Cost...)
+	// The reservation outlives the request: only its class is the
+	// caller's, not its context's deadline or cancellation.
+	r, err := p.multi.ReserveContext(classContext(req.Class), req.MaxWait, req.Cost...)
 	if err != nil {
 		t.count(opReserve, err)
 		return Granted{}, err
@@ -447,6 +450,15 @@ func (a *Agent) Reserve(ctx context.Context, req Request) (Granted, error) {
 	t.count(opReserve, nil)
 	d := r.Delay()
 	return a.grants.add(p, t, costOf(p, req.Cost), limiter.Grant{}, r, d), nil
+}
+
+// classContext is a context that names class, if any, for the calls
+// that do not wait (limiter.Multi.TryAcquireContext, ReserveContext).
+func classContext(class string) context.Context {
+	if class == "" {
+		return context.Background()
+	}
+	return limiter.WithClass(context.Background(), class)
 }
 
 // begin checks req and finds its provider and caller tally.

@@ -41,8 +41,8 @@ type AcquireRequest struct {
 	// lower-case letters, digits, '_' or '-', starting with a letter, or
 	// empty for none; anything else is refused with BAD_REQUEST. A class
 	// the provider does not list is its default class, as in the library.
-	// The agent's providers are limiter.Multi, which serves no classes
-	// yet: until it does, every call is of one class.
+	// Each limit of the provider keeps its classes' reserves from lower
+	// classes (the provider's classes are its first limit's).
 	Class         string `protobuf:"bytes,5,opt,name=class,proto3" json:"class,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -146,3 +146,43 @@ def test_class_is_sent_and_checked(sock: str) -> None:
     with pytest.raises(TypeError):
         Limiter("fixed", class_=b"critical", socket=sock)  # type: ignore[arg-type]
     assert fixed_remaining(sock) == before
+
+
+def test_class_keeps_its_reserve(cluster, sock: str) -> None:  # type: ignore[no-untyped-def]
+    """A provider of 10 requests a second that keeps 60% for critical,
+    set through configd and joined by the agent on first use: in one
+    window, batch is refused at the reserve by try_acquire, acquire and
+    reserve alike, and critical is admitted from it. A try counts from a
+    fresh window, where batch takes exactly the 4 beyond the reserve (an
+    agent that served no classes lets it take 10); one that began in a
+    window already used, or that a boundary cut, is tried again."""
+    from conftest import until, wait_share
+    cluster.configd("set", "llm-tiered", "--limit", "10/1s", "--class", "critical=60%", "--class", "batch")
+    batch = Limiter("llm-tiered", caller="py-batch", class_="batch", socket=sock)
+    critical = Limiter("llm-tiered", caller="py-critical", class_="critical", socket=sock)
+    try:
+        batch.try_acquire()  # joins the provider
+    except SluiceError:
+        pass
+    wait_share(sock, "llm-tiered")
+
+    def one_window() -> bool:
+        taken = 0
+        while batch.try_acquire() is not None:
+            taken += 1
+        if taken != 4:
+            return False  # not a fresh window: batch takes 4 of one, 6 are critical's
+        for call in (lambda: batch.acquire(max_wait=0), lambda: batch.reserve(max_wait=0)):
+            try:
+                call()
+                return False
+            except Timeout:
+                pass
+        try:
+            critical.acquire(max_wait=0)
+            critical.reserve(max_wait=0)
+        except Timeout:
+            return False
+        return critical.try_acquire() is not None
+
+    until(one_window, "a window where batch is refused at critical's reserve and critical admitted")
