@@ -18,6 +18,15 @@
 // (cluster.WithClockMonitor) measuring that clock against an SNTP responder
 // that tells true time, so the correction cancels the skew.
 //
+// Each run is made on the provider's coordination named by -coordination:
+// the shares (the default: configd publishes a share record per instance),
+// the ledger (the provider is created with --coordination ledger: configd
+// writes grants of room in numbered windows, and `configd audit` checks
+// them at the end of the run), or both, each run on the shares and then on
+// the ledger, with the ledger's utilization over the shares' in the
+// summary. On the ledger there are no share generations to print: -detail
+// prints the calls by instance only.
+//
 // The program starts an embedded etcd in this process, builds the configd
 // binary and the instance program (bench/accuracy/instance) with `go
 // build`, runs `configd serve` and each instance as separate processes, and
@@ -32,6 +41,7 @@
 //	go run ./bench/accuracy -duration 20s    # a quick check
 //	go run ./bench/accuracy -runs fair,even -limit 1000
 //	go run ./bench/accuracy -runs skew,skew-ntp -skewed 1 -skewed-duty 500ms -duration 20s
+//	go run ./bench/accuracy -coordination both -runs fair,even
 //
 // The last one makes the skewed instance's load come in bursts (the last
 // 500 ms of every 2 s) that start inside a window and cross a boundary: the
@@ -87,6 +97,7 @@ type config struct {
 	factor      float64
 	weights     []float64
 	runs        []runSpec
+	coords      []string // "shares", "ledger": each run on each, in this order
 	skew        time.Duration
 	skewed      int // 1-based instance number
 	duty        time.Duration
@@ -102,24 +113,42 @@ type config struct {
 	configdArgs string
 }
 
-// runSpec is one run: an algorithm, and how the skewed instance's clock is
-// handled.
+// runSpec is one run: an algorithm, how the skewed instance's clock is
+// handled, and the provider's coordination.
 type runSpec struct {
 	name      string
 	algorithm string
 	clock     string // "": no skew; "offset": skewed, uncorrected; "ntp": skewed, corrected
+	coord     string // "shares" or "ledger"
 }
 
+// ledger reports whether the run's provider is coordinated by the ledger.
+func (r runSpec) ledger() bool { return r.coord == coordLedger }
+
+// provider names the run's provider: one per run and coordination, since
+// a provider's coordination is fixed when it is created.
+func (r runSpec) provider() string {
+	if r.ledger() {
+		return "acc-" + r.name + "-ledger"
+	}
+	return "acc-" + r.name
+}
+
+const (
+	coordShares = "shares"
+	coordLedger = "ledger"
+)
+
 var knownRuns = []runSpec{
-	{"fair", "fair", ""},
-	{"even", "even", ""},
-	{"skew", "fair", "offset"},
-	{"skew-ntp", "fair", "ntp"},
+	{name: "fair", algorithm: "fair"},
+	{name: "even", algorithm: "even"},
+	{name: "skew", algorithm: "fair", clock: "offset"},
+	{name: "skew-ntp", algorithm: "fair", clock: "ntp"},
 }
 
 func main() {
 	var c config
-	weights, runs := "50,16,13,9,6,3,2,1", "fair,even,skew,skew-ntp"
+	weights, runs, coord := "50,16,13,9,6,3,2,1", "fair,even,skew,skew-ntp", coordShares
 	flag.Int64Var(&c.limit, "limit", 2000, "the provider's limit, permits per window")
 	flag.DurationVar(&c.window, "window", time.Second, "the provider's window")
 	flag.DurationVar(&c.duration, "duration", 60*time.Second, "load time of each run (the load shifts halfway)")
@@ -138,10 +167,11 @@ func main() {
 	flag.DurationVar(&c.ntpInterval, "ntp-interval", 2*time.Second, "the skewed instance's clock monitor interval (skew-ntp)")
 	flag.BoolVar(&c.pacing, "pacing", false, "set the provider's pacing (spread each window's permits across it)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the temp dir (etcd data, binaries, configd and instance logs)")
-	flag.BoolVar(&c.detail, "detail", false, "also print each window's calls by instance, and every shares generation of the run")
+	flag.BoolVar(&c.detail, "detail", false, "also print each window's calls by instance, and every shares generation of the run (none on the ledger)")
 	flag.StringVar(&c.configdArgs, "configd-args", "", "extra flags for configd serve, space-separated")
+	flag.StringVar(&coord, "coordination", coord, "the providers' coordination: shares, ledger, or both (each run on the shares, then on the ledger)")
 	flag.Parse()
-	if err := parse(&c, weights, runs); err != nil {
+	if err := parse(&c, weights, runs, coord); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/accuracy:", err)
 		os.Exit(2)
 	}
@@ -151,10 +181,18 @@ func main() {
 	}
 }
 
-func parse(c *config, weights, runs string) error {
+func parse(c *config, weights, runs, coord string) error {
 	var err error
 	if c.weights, err = harness.Weights(weights, 2); err != nil {
 		return err
+	}
+	switch coord {
+	case coordShares, coordLedger:
+		c.coords = []string{coord}
+	case "both":
+		c.coords = []string{coordShares, coordLedger}
+	default:
+		return fmt.Errorf("-coordination %q: want shares, ledger or both", coord)
 	}
 	for _, s := range strings.Split(runs, ",") {
 		i := slices.IndexFunc(knownRuns, func(r runSpec) bool { return r.name == strings.TrimSpace(s) })
@@ -236,15 +274,20 @@ func run(c config) error {
 		c.limit/int64(len(c.weights)), maxMinFair(c.limit, perWindow(c, before)))
 
 	var results []result
-	for i, spec := range c.runs {
-		r, err := oneRun(c, spec, i+1, bins[1], endpoint, cli, cd, st, ntp, tmp)
-		if err != nil {
-			return fmt.Errorf("run %s: %w", spec.name, err)
+	for _, spec := range c.runs {
+		for _, coord := range c.coords {
+			spec.coord = coord
+			r, err := oneRun(c, spec, len(results)+1, bins[1], endpoint, cli, cd, st, ntp, tmp)
+			if err != nil {
+				return fmt.Errorf("run %s on the %s: %w", spec.name, coord, err)
+			}
+			results = append(results, r)
 		}
-		results = append(results, r)
 	}
 	printSummary(c, results)
 	fmt.Printf("\netcd during the runs (its own metrics, embedded here): %s\n", harness.EtcdHealth())
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Printf("load average after the run: %s", load)
 	fmt.Printf("total run time %v\n", time.Since(started).Round(time.Second))
 	return nil
 }
@@ -254,8 +297,8 @@ func printHeader(c config) {
 	fmt.Println(harness.Facts())
 	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Printf("load average before the run: %s", load)
-	fmt.Printf("limit %d per %v, %d instances, offered %.3g× the limit, duration %v per run (shift at %v), warm-up %v, maxWait %v, lease TTL %v, report interval %v, pacing %t\n\n",
-		c.limit, c.window, len(c.weights), c.factor, c.duration, c.duration/c.window/2*c.window, c.warmup, c.maxWait, c.leaseTTL, c.report, c.pacing)
+	fmt.Printf("limit %d per %v, %d instances, offered %.3g× the limit, duration %v per run (shift at %v), warm-up %v, maxWait %v, lease TTL %v, report interval %v, pacing %t, coordination %s\n\n",
+		c.limit, c.window, len(c.weights), c.factor, c.duration, c.duration/c.window/2*c.window, c.warmup, c.maxWait, c.leaseTTL, c.report, c.pacing, strings.Join(c.coords, " then "))
 }
 
 // result is one run's figures.
@@ -270,6 +313,7 @@ type result struct {
 	recovery      string
 	writes, reqs  float64 // etcd record writes and all requests, per instance per second
 	cpu           string
+	audit         string // `configd audit`'s verdict (ledger runs)
 }
 
 // proc is one instance process and what it reported.
@@ -380,14 +424,11 @@ func (p *proc) stop() time.Duration {
 
 func oneRun(c config, spec runSpec, num int, bin, endpoint string, cli *clientv3.Client, cd *harness.Configd, st *stub, ntp *ntptest.Server, tmp string) (result, error) {
 	res := result{spec: spec}
-	prov := "acc-" + spec.name
+	prov := spec.provider()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w := harness.NewWatcher(ctx, cli, prov)
-	setArgs := []string{"set", prov, "--limit", strconv.FormatInt(c.limit, 10), "--window", c.window.String(), "--algorithm", spec.algorithm}
-	if c.pacing {
-		setArgs = append(setArgs, "--pacing")
-	}
+	setArgs := c.setArgs(spec)
 	if _, err := cd.Run(setArgs...); err != nil {
 		return res, err
 	}
@@ -402,7 +443,7 @@ func oneRun(c config, spec runSpec, num int, bin, endpoint string, cli *clientv3
 	if spec.clock != "" && c.duty > 0 {
 		skewNote += fmt.Sprintf("; inst-%d offers its load only in the last %v of every %v", c.skewed, c.duty, c.dutyPeriod)
 	}
-	fmt.Printf("── Run %d: %s — `configd %s`; %s\n", num, spec.name, strings.Join(setArgs, " "), skewNote)
+	fmt.Printf("── Run %d: %s on the %s — `configd %s`; %s\n", num, spec.name, spec.coord, strings.Join(setArgs, " "), skewNote)
 
 	n := len(c.weights)
 	procs := make([]*proc, n)
@@ -429,15 +470,13 @@ func oneRun(c config, spec runSpec, num int, bin, endpoint string, cli *clientv3
 				args = append(args, "-clock-skew", c.skew.String(), "-ntp", ntp.Addr(), "-ntp-interval", c.ntpInterval.String())
 			}
 		}
-		p, err := startProc(bin, i+1, args, filepath.Join(tmp, fmt.Sprintf("%s-inst-%d.log", spec.name, i+1)))
+		p, err := startProc(bin, i+1, args, filepath.Join(tmp, fmt.Sprintf("%s-inst-%d.log", strings.TrimPrefix(spec.provider(), "acc-"), i+1)))
 		if err != nil {
 			return res, err
 		}
 		procs[i] = p
 	}
-	sh, err := settle(w, procs, 30*time.Second, func(sh schema.Shares) bool {
-		return sh.Instances == n && sh.Total == c.limit
-	})
+	held, err := waitHeld(c, spec, w, procs, 30*time.Second)
 	if err != nil {
 		return res, fmt.Errorf("instances joining: %w", err)
 	}
@@ -455,8 +494,8 @@ func oneRun(c config, spec runSpec, num int, bin, endpoint string, cli *clientv3
 		p.send(fmt.Sprintf("load %d %d", after[i], shift))
 		p.send(fmt.Sprintf("load 0 %d", end))
 	}
-	fmt.Printf("%d instances joined (generation %d in force); load from %s, shift at +%v, end at +%v\n",
-		n, sh.Generation, time.Unix(0, start).UTC().Format("15:04:05.000"), time.Duration(shift-start), time.Duration(end-start))
+	fmt.Printf("%d instances joined (%s); load from %s, shift at +%v, end at +%v\n",
+		n, held, time.Unix(0, start).UTC().Format("15:04:05.000"), time.Duration(shift-start), time.Duration(end-start))
 	statsBefore, err := statsAll(procs)
 	if err != nil {
 		return res, err
@@ -475,6 +514,10 @@ func oneRun(c config, spec runSpec, num int, bin, endpoint string, cli *clientv3
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 	cdCPU := procCPU(cd.Cmd.Process.Pid) - cd0
 	status, _ := cd.Run("status", prov)
+	var audit []byte
+	if spec.ledger() {
+		res.audit, audit = runAudit(cd, prov)
+	}
 	for i, p := range procs {
 		cpu += p.stop()
 		procs[i] = nil
@@ -606,13 +649,19 @@ func oneRun(c config, spec runSpec, num int, bin, endpoint string, cli *clientv3
 			other, callErr, overload, p["share"], p["clock_offset"], p["clock_known"], writes[i], reqs[i])
 	}
 	tw.Flush()
-	if c.detail {
-		printDetail(perInst, granted, w.All(), start, end, W)
-	} else {
+	switch {
+	case c.detail:
+		printDetail(perInst, granted, w.All(), start, end, W, spec.ledger())
+	case spec.ledger():
+		fmt.Printf("no shares generations on the ledger: configd writes grants under %s, which `configd audit` checks\n", schema.DefaultKeys().Ledger(prov))
+	default:
 		printShares(w.All(), start, shift, end, W)
 	}
 	fmt.Println(res.cpu)
 	fmt.Printf("`configd status %s` at the end:\n%s\n", prov, indent(string(status)))
+	if spec.ledger() {
+		fmt.Printf("`configd audit %s` at the end: %s\n%s\n", prov, res.audit, indent(string(audit)))
+	}
 	return res, nil
 }
 
@@ -651,11 +700,15 @@ func printShares(all []schema.Shares, start, shift, end, W int64) {
 }
 
 // printDetail prints each window's calls by instance, and every shares
-// generation published during the run.
-func printDetail(perInst [][]int64, granted []int64, all []schema.Shares, start, end, W int64) {
+// generation published during the run (none on the ledger).
+func printDetail(perInst [][]int64, granted []int64, all []schema.Shares, start, end, W int64, ledger bool) {
 	fmt.Println("calls per window by instance (stub receive time), and all calls by grant time:")
 	for k, row := range perInst {
 		fmt.Printf("  %3d: %v  granted %d\n", k, row[1:], granted[k])
+	}
+	if ledger {
+		fmt.Println("no shares generations on the ledger (its grants are not printed; `configd audit` checks them)")
+		return
 	}
 	fmt.Println("shares generations published during the run (inst-1 … inst-N):")
 	for _, sh := range all {
@@ -713,20 +766,134 @@ func printWindows(v []int64, limit, goal, shift int64) {
 func printSummary(c config, rs []result) {
 	fmt.Printf("══ Summary: limit %d per %v, %d instance processes, offered %.3g× the limit (one instance 50%%), shifted at the half; windows of the stub's receive time\n",
 		c.limit, c.window, len(c.weights), c.factor)
+	coords := !slices.Equal(c.coords, []string{coordShares}) // then a column for the coordination, one for the audit
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "run\talgorithm\tclock\tmost calls in a window\tvs limit\twindows over\tutilization after %v\tbefore shift\tafter shift\trecovery (≥ %.0f%%)\tetcd writes/s/instance\tetcd requests/s/instance\t\n", c.warmup, 100*c.goal)
+	printRow(tw, coords, "coordination", "audit", "run", "algorithm", "clock", "most calls in a window", "vs limit", "windows over",
+		fmt.Sprintf("utilization after %v", c.warmup), "before shift", "after shift", fmt.Sprintf("recovery (≥ %.0f%%)", 100*c.goal),
+		"etcd writes/s/instance", "etcd requests/s/instance")
 	for _, r := range rs {
-		clock := "true"
-		switch r.spec.clock {
-		case "offset":
-			clock = fmt.Sprintf("inst-%d %s, no NTP", c.skewed, signed(c.skew))
-		case "ntp":
-			clock = fmt.Sprintf("inst-%d %s, NTP", c.skewed, signed(c.skew))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.2f%%\t%d / %d\t%.2f%%\t%.2f%%\t%.2f%%\t%s\t%.2f\t%.2f\t\n", r.spec.name, r.spec.algorithm, clock,
-			r.maxCalls, 100*float64(r.maxCalls)/float64(c.limit), r.over, len(r.windows), 100*r.util, 100*r.pre, 100*r.po, r.recovery, r.writes, r.reqs)
+		printRow(tw, coords, r.spec.coord, cmp.Or(r.audit, "-"), r.spec.name, r.spec.algorithm, clockNote(c, r.spec),
+			strconv.FormatInt(r.maxCalls, 10), fmt.Sprintf("%.2f%%", 100*float64(r.maxCalls)/float64(c.limit)), fmt.Sprintf("%d / %d", r.over, len(r.windows)),
+			fmt.Sprintf("%.2f%%", 100*r.util), fmt.Sprintf("%.2f%%", 100*r.pre), fmt.Sprintf("%.2f%%", 100*r.po), r.recovery,
+			fmt.Sprintf("%.2f", r.writes), fmt.Sprintf("%.2f", r.reqs))
 	}
 	tw.Flush()
+	printRatio(rs)
+}
+
+// printRow prints a row of the summary: cols, and with coords the
+// coordination after the first column and the audit at the end.
+func printRow(w io.Writer, coords bool, coord, audit string, cols ...string) {
+	if coords {
+		cols = append(slices.Insert(cols, 1, coord), audit)
+	}
+	fmt.Fprintln(w, strings.Join(cols, "\t")+"\t")
+}
+
+// clockNote says how spec's skewed instance's clock runs.
+func clockNote(c config, spec runSpec) string {
+	switch spec.clock {
+	case "offset":
+		return fmt.Sprintf("inst-%d %s, no NTP", c.skewed, signed(c.skew))
+	case "ntp":
+		return fmt.Sprintf("inst-%d %s, NTP", c.skewed, signed(c.skew))
+	}
+	return "true"
+}
+
+// printRatio prints, for each run made on the shares and then on the
+// ledger, the ledger's utilization over the shares'.
+func printRatio(rs []result) {
+	var parts []string
+	for i, r := range rs {
+		if !r.spec.ledger() || i == 0 || rs[i-1].spec.name != r.spec.name {
+			continue
+		}
+		s := rs[i-1]
+		parts = append(parts, fmt.Sprintf("%s %.3f (%.2f%% / %.2f%%)", r.spec.name, r.util/s.util, 100*r.util, 100*s.util))
+	}
+	if len(parts) > 0 {
+		fmt.Printf("utilization after the warm-up, ledger / shares: %s\n", strings.Join(parts, "; "))
+	}
+}
+
+// setArgs is the configd command that creates spec's provider.
+func (c config) setArgs(spec runSpec) []string {
+	args := []string{"set", spec.provider(), "--limit", strconv.FormatInt(c.limit, 10), "--window", c.window.String(), "--algorithm", spec.algorithm}
+	if c.pacing {
+		args = append(args, "--pacing")
+	}
+	if spec.ledger() {
+		args = append(args, "--coordination", coordLedger)
+	}
+	return args
+}
+
+// waitHeld waits until the instances hold the limit between them, and
+// says how they do.
+func waitHeld(c config, spec runSpec, w *harness.Watcher, procs []*proc, timeout time.Duration) (string, error) {
+	if spec.ledger() {
+		return settleLedger(procs, c.limit, timeout)
+	}
+	sh, err := settle(w, procs, timeout, func(sh schema.Shares) bool {
+		return sh.Instances == len(procs) && sh.Total == c.limit
+	})
+	return fmt.Sprintf("generation %d in force", sh.Generation), err
+}
+
+// settleLedger waits until every instance follows the ledger with at
+// least an even share in force (what the split gives instances that want
+// nothing yet) and the quotas add up to limit. The instances' stats are
+// the event source: a Member refreshes its status every report interval,
+// and announces no grant.
+func settleLedger(procs []*proc, limit int64, timeout time.Duration) (string, error) {
+	t0 := time.Now()
+	deadline := t0.Add(timeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		stats, err := statsAll(procs)
+		if err != nil {
+			return "", err
+		}
+		held, sum, least, ok := ledgerHeld(stats)
+		if ok && sum == limit && least >= limit/int64(len(procs)) {
+			return fmt.Sprintf("on the ledger after %v: quotas in force %s, sum %d", time.Since(t0).Round(time.Millisecond), held, sum), nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no even share or more each, adding up to %d, in force on the ledger within %v: %s", limit, timeout, held)
+		}
+		<-tick.C
+	}
+}
+
+// ledgerHeld returns the instances' quotas in force as SOURCE/QUOTA (only
+// the quota where the source is the ledger), their sum and least, and
+// whether every instance follows the ledger.
+func ledgerHeld(stats []map[string]string) (held string, sum, least int64, all bool) {
+	all, least = true, math.MaxInt64
+	parts := make([]string, len(stats))
+	for i, kv := range stats {
+		q := num64(kv["share"])
+		parts[i] = kv["share"]
+		if kv["source"] != schema.SourceLedger {
+			parts[i] = kv["source"] + "/" + kv["share"]
+			all = false
+		}
+		sum, least = sum+q, min(least, q)
+	}
+	return strings.Join(parts, " "), sum, least, all
+}
+
+// runAudit runs `configd audit prov` and returns its verdict (ok when
+// every window's grants are within the limit and every record decodes)
+// and its output.
+func runAudit(cd *harness.Configd, prov string) (string, []byte) {
+	out, err := cd.Run("audit", prov)
+	if err != nil {
+		return "FAILED", out
+	}
+	return "ok", out
 }
 
 // settle waits for shares satisfying cond, applied by every instance and
