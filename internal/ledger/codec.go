@@ -113,6 +113,17 @@ func (k Keys) Decode(s *State, key string, value []byte) error {
 	return fmt.Errorf("%w: key %q: unknown kind %q (want head, pub, grant or release)", ErrInvalid, key, kind)
 }
 
+// grantOf returns the grant that key, a grant's key under k, stores.
+func (k Keys) grantOf(key string) (GrantKey, bool) {
+	tail, ok := strings.CutPrefix(key, string(k)+"grant/")
+	if !ok {
+		return GrantKey{}, false
+	}
+	holder, seqS, ok := strings.Cut(tail, "/")
+	seq, err := parseSeq(seqS)
+	return GrantKey{seq, holder}, ok && err == nil
+}
+
 // decodeRelease stores or deletes one release step.
 func (k Keys) decodeRelease(s *State, key, tail string, value []byte) error {
 	parts := strings.Split(tail, "/")

@@ -44,9 +44,22 @@ func (h *Holder) Name() string { return h.name }
 func (h *Holder) View() *State { return h.view }
 
 // Observe stores the record read at key (nil value: deleted). A
-// malformed record changes nothing and is refused.
+// malformed record changes nothing and is refused. A grant deleted takes
+// its releases with it, as configd deletes them together: a follower
+// does not watch releases, and they would stay in its view for good.
 func (h *Holder) Observe(key string, value []byte) error {
-	return h.keys.Decode(h.view, key, value)
+	if err := h.keys.Decode(h.view, key, value); err != nil {
+		return err
+	}
+	if gk, ok := h.keys.grantOf(key); ok && value == nil {
+		delete(h.view.Releases, gk)
+		for r := range h.unsent {
+			if r.Pub == gk.Pub && r.Holder == gk.Holder {
+				delete(h.unsent, r)
+			}
+		}
+	}
+	return nil
 }
 
 // Forget drops what the holder has read, before it reads the ledger
