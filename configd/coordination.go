@@ -98,9 +98,10 @@ func (s *store) noShares(ctx context.Context, n string) ([]clientv3.Cmp, error) 
 }
 
 // ledgerEnded returns, for provider n's ledger, the condition on its head
-// and the deletion of its records once every grant in it has ended (twice
-// the clock bound of its windows' length past its last window, for the
-// instances' clocks), or ErrRecordsLeft saying until when one runs.
+// and the deletion of its records once every grant in it has ended: twice
+// the instances' clock bound past its last window, the larger of the one
+// its era records (Era.Bound) and bound's for its windows' length. Or
+// ErrRecordsLeft saying until when one runs.
 func (s *store) ledgerEnded(ctx context.Context, n string, bound func(window time.Duration) time.Duration) ([]clientv3.Cmp, []clientv3.Op, error) {
 	keys := ledger.Keys(s.keys.Ledger(n))
 	st, headMod, _, bad, err := ledgerstore.Read(ctx, s.cli, keys)
@@ -116,7 +117,7 @@ func (s *store) ledgerEnded(ctx context.Context, n string, bound func(window tim
 	var end time.Time
 	for _, e := range st.Head.Eras {
 		if k, ok := st.End(e.Seq); ok {
-			if t := time.Unix(0, ledger.StartOf(k+1, e.Window)).Add(2 * bound(e.Window)); t.After(end) {
+			if t := time.Unix(0, ledger.StartOf(k+1, e.Window)).Add(2 * max(e.Bound, bound(e.Window))); t.After(end) {
 				end = t
 			}
 		}

@@ -43,6 +43,7 @@ func Policy(cfg schema.ProviderConfig) ledger.Policy {
 		Horizon: Horizon(cfg),
 		Keep:    Keep,
 		Slack:   cfg.Limit / 50,
+		Bound:   cfg.ClockBound(),
 	}
 	for i, r := range cfg.Reserves(cfg.Limit) {
 		if p.ClassReserves == nil {

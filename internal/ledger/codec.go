@@ -217,6 +217,9 @@ func validate(v any) error {
 			if err := validWindow(e.Window); err != nil {
 				return err
 			}
+			if e.Bound < 0 {
+				return bad("era %d: a clock bound of %v: want ≥ 0", e.Seq, e.Bound)
+			}
 			if !inRange(e.Start, e.Window) || !inRange(e.Floor, e.Window) {
 				return bad("era %d starts at window %d, floor %d: out of the range of %v windows", e.Seq, e.Start, e.Floor, e.Window)
 			}

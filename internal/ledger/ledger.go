@@ -50,6 +50,10 @@ type Era struct {
 	Start  int64         `json:"start"`
 	Floor  int64         `json:"floor"`  // no grant is written below it; publishes ended before it may go
 	Limits []Step        `json:"limits"` // sorted by From; before the first, 0
+	// Bound is the most a holder's clock was allowed to be off while it
+	// enforced the era's grants (Policy.Bound): on true time a grant
+	// may be used until Bound past its last window.
+	Bound time.Duration `json:"bound,omitempty"`
 }
 
 // Limit returns the era's limit in force for window k.

@@ -29,6 +29,7 @@ type Policy struct {
 	Horizon int64         // windows granted past the current one: the fail-static budget
 	Lead    int64         // extend once fewer windows than this remain granted ahead (0: Horizon/2)
 	Keep    int64         // windows behind the current one kept before a publish may go (≥ 1)
+	Bound   time.Duration // the most a holder's clock may be off: kept in the era (Era.Bound)
 	Slack   int64         // a changed target within Slack of a holder's quota needs no new publish
 	MaxOps  int           // the most operations of one transaction: etcd's --max-txn-ops (0: DefaultMaxOps)
 	// Reserves is, per holder, the part of its quota each priority class
@@ -74,7 +75,7 @@ func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error
 	if err := validWindow(p.Window); err != nil {
 		return Change{}, err
 	}
-	if p.Limit < 0 || p.Horizon < 1 || p.Horizon > MaxHorizon || p.Keep < 0 || p.Keep > MaxHorizon {
+	if p.Limit < 0 || p.Horizon < 1 || p.Horizon > MaxHorizon || p.Keep < 0 || p.Keep > MaxHorizon || p.Bound < 0 {
 		return Change{}, fmt.Errorf("%w: policy with limit %d, horizon %d, keep %d: want a limit ≥ 0 and a horizon from 1 to %d windows", ErrInvalid, p.Limit, p.Horizon, p.Keep, MaxHorizon)
 	}
 	if p.MaxOps != 0 && (p.MaxOps < MinOps || p.MaxOps > MaxOps) {
@@ -113,7 +114,7 @@ func Plan(s *State, p Policy, target map[string]int64, now int64) (Change, error
 // record uses need not be kept.
 func sameHead(a, b Head) bool {
 	return a.Staged == b.Staged && slices.EqualFunc(a.Eras, b.Eras, func(x, y Era) bool {
-		return x.Seq == y.Seq && x.Window == y.Window && x.Start == y.Start && x.Floor == y.Floor && slices.Equal(x.Limits, y.Limits)
+		return x.Seq == y.Seq && x.Window == y.Window && x.Start == y.Start && x.Floor == y.Floor && x.Bound == y.Bound && slices.Equal(x.Limits, y.Limits)
 	})
 }
 
@@ -155,12 +156,17 @@ func (pl *planner) era() {
 			seq = e.Seq + 1
 		}
 		pl.t.Head.Eras = append(pl.t.Head.Eras, Era{Seq: seq, Window: pl.p.Window, Start: start, Floor: pl.k,
-			Limits: []Step{{From: start, Limit: pl.p.Limit}}})
+			Limits: []Step{{From: start, Limit: pl.p.Limit}}, Bound: pl.p.Bound})
 		// Grants written ahead count their first window in the old
 		// length: never adopted by a publish of the new one.
 		pl.t.Head.Staged = 0
 		pl.c.Why = append(pl.c.Why, fmt.Sprintf("era %d: windows of %v from window %d", seq, pl.p.Window, start))
 		return
+	}
+	if cur := pl.cur(); pl.p.Bound > cur.Bound {
+		// Holders that read the old bound may still keep it: only raise.
+		cur.Bound = pl.p.Bound
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("era %d: clocks off by up to %v", cur.Seq, cur.Bound))
 	}
 	if len(pl.t.Head.Eras) < 2 {
 		return

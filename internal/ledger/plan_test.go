@@ -286,3 +286,19 @@ func TestAPlanThatChangesNothingWritesNothing(t *testing.T) {
 		t.Errorf("an empty round does not say why it wrote nothing")
 	}
 }
+
+// TestAnEraKeepsTheLargestClockBound: the era records the most a holder's
+// clock may be off (Policy.Bound), raised by a larger one and never
+// lowered: holders that read the old bound may still keep it.
+func TestAnEraKeepsTheLargestClockBound(t *testing.T) {
+	s := NewState()
+	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 2, Bound: time.Second}
+	plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 10)
+	for _, b := range []time.Duration{3 * time.Second, time.Second} {
+		p.Bound = b
+		plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 10)
+		if e, _ := s.Head.Current(); e.Bound != 3*time.Second {
+			t.Errorf("after a policy of bound %v: the era keeps %v, want 3s", b, e.Bound)
+		}
+	}
+}
