@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"runtime"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -25,10 +26,19 @@ const ErrorDomain = "sluice.agent"
 // TOKEN"); one over the Unix socket is let in by the socket's permissions.
 // Serve runs one; this is for serving it elsewhere.
 func (a *Agent) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
-	opts = append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.interceptor)}, opts...)
+	opts = append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.interceptor), streamWorkers()}, opts...)
 	s := grpc.NewServer(opts...)
 	agentpb.RegisterAgentServer(s, grpcAgent{a: a})
 	return s
+}
+
+// streamWorkers runs calls on goroutines kept between calls, one per
+// core. grpc-go otherwise starts a goroutine per call, whose small stack
+// is grown and copied again on every call. A call that waits holds its
+// worker, but no call queues behind it: when every worker is busy,
+// grpc-go starts a goroutine for the call as it does without workers.
+func streamWorkers() grpc.ServerOption {
+	return grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))
 }
 
 // interceptor checks the token over TCP and ends the call's wait when
