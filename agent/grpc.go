@@ -26,8 +26,8 @@ const ErrorDomain = "sluice.agent"
 // TOKEN"); one over the Unix socket is let in by the socket's permissions.
 // Serve runs one; this is for serving it elsewhere.
 func (a *Agent) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
-	opts = append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.interceptor), streamWorkers()}, opts...)
-	s := grpc.NewServer(opts...)
+	base := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.interceptor), streamWorkers()}, staticWindows()...)
+	s := grpc.NewServer(append(base, opts...)...)
 	agentpb.RegisterAgentServer(s, grpcAgent{a: a})
 	return s
 }
@@ -39,6 +39,18 @@ func (a *Agent) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 // grpc-go starts a goroutine for the call as it does without workers.
 func streamWorkers() grpc.ServerOption {
 	return grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))
+}
+
+// staticWindows fixes the flow-control windows at 1 MiB, thousands of
+// requests of the API's size, so that flow control does not hold a call
+// back. grpc-go's default, dynamic windows, measures the connection's
+// bandwidth with a PING after data arrives whenever none is out: with
+// one call at a time on a connection, that is every call, and each such
+// PING comes after a WINDOW_UPDATE and asks the client for an answer;
+// frames and wake-ups that a request of a few dozen bytes does not need.
+func staticWindows() []grpc.ServerOption {
+	const window = 1 << 20
+	return []grpc.ServerOption{grpc.StaticStreamWindowSize(window), grpc.StaticConnWindowSize(window)}
 }
 
 // interceptor checks the token over TCP and ends the call's wait when
