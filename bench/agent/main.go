@@ -6,7 +6,9 @@
 //     clock reads);
 //   - agent-http and agent-grpc: POST /v1/acquire and the gRPC Acquire
 //     over the agent's Unix sockets, from 1 and from 16 client processes
-//     (this binary re-executed), each call timed on its own;
+//     (this binary re-executed), each call timed on its own; gRPC from
+//     two clients, one of blocking system calls as the HTTP one (see
+//     blockingGRPC) and grpc-go's;
 //   - redis-lua: the token bucket of bench/redis, one EVALSHA per call
 //     over loopback TCP, from 1 and 16 client processes, when a
 //     redis-server is on PATH (else skipped, saying so);
@@ -213,8 +215,9 @@ func run(args []string, out io.Writer) error {
 		rows = append(rows, row{name: "in-process Acquire", procs: n, r: r, dur: d})
 	}
 	type benchCase struct {
-		name, mode, target string
-		pid                int // the server's
+		name, only   string // only: the -cases name that selects it
+		mode, target string
+		pid          int // the server's
 	}
 	var cases []benchCase
 	if c.cases["floor"] {
@@ -232,11 +235,13 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		// The floor's clients are the HTTP case's: "http" mode.
-		cases = append(cases, benchCase{"floor: no-op server, Unix socket", "http", sock, fl.cmd.Process.Pid})
+		cases = append(cases, benchCase{"floor: no-op server, Unix socket", "floor", "http", sock, fl.cmd.Process.Pid})
 	}
+	grpcSock := filepath.Join(dir, "a-grpc.sock")
 	cases = append(cases, []benchCase{
-		{"agent HTTP, Unix socket", "http", socks[0], agentPID},
-		{"agent gRPC, Unix socket", "grpc", filepath.Join(dir, "a-grpc.sock"), agentPID},
+		{"agent HTTP, Unix socket", "http", "http", socks[0], agentPID},
+		{"agent gRPC, Unix socket, blocking client", "grpc", "grpc-block", grpcSock, agentPID},
+		{"agent gRPC, Unix socket, grpc-go client", "grpc", "grpc", grpcSock, agentPID},
 	}...)
 	if !c.cases["redis"] {
 		// not asked for
@@ -244,10 +249,10 @@ func run(args []string, out io.Writer) error {
 		fmt.Fprintf(out, "redis-lua: skipped: %v\n", err)
 	} else {
 		defer rs.stop()
-		cases = append(cases, benchCase{"Redis Lua token bucket, TCP", "redis", rs.addr, rs.cmd.Process.Pid})
+		cases = append(cases, benchCase{"Redis Lua token bucket, TCP", "redis", "redis", rs.addr, rs.cmd.Process.Pid})
 	}
 	for _, cs := range cases {
-		if !c.cases[cs.mode] && !strings.HasPrefix(cs.name, "floor") {
+		if !c.cases[cs.only] {
 			continue
 		}
 		for _, n := range c.procs {
@@ -487,6 +492,12 @@ func dialer(mode, target string) (func() error, func(), error) {
 			}
 			return nil
 		}, func() { conn.Close() }, nil
+	case "grpc-block":
+		c, err := dialBlockingGRPC(target, &agentpb.AcquireRequest{Provider: "bench", Caller: "bench"})
+		if err != nil {
+			return nil, nil, err
+		}
+		return c.call, c.close, nil
 	case "grpc":
 		conn, err := grpc.NewClient("unix://"+target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
