@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -312,5 +313,49 @@ func TestClassField(t *testing.T) {
 	}
 	if r := s.limit(t, "api", 0).Remaining; r != 1000-taken {
 		t.Errorf("remaining %d, want %d: a refused class took permits", r, 1000-taken)
+	}
+}
+
+// TestGRPCWaitsQueueNoCall: calls waiting for a permit, more of them than
+// the server has stream workers, hold no other call back, and each ends
+// when its caller leaves.
+func TestGRPCWaitsQueueNoCall(t *testing.T) {
+	// The next window has room for every wait, this one for none.
+	n := runtime.GOMAXPROCS(0) + 2
+	s := serve(t, conf(llm, local("slow", limiter.Limit{Quota: int64(n), Window: time.Hour})))
+	c := grpcClient(t, "unix://"+filepath.Join(s.dir, "g.sock"))
+	if _, err := c.Acquire(context.Background(), &agentpb.AcquireRequest{Provider: "slow", Cost: map[string]int64{limiter.Requests: int64(n)}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := c.Acquire(ctx, &agentpb.AcquireRequest{Provider: "slow", MaxWaitMs: float64(time.Hour / time.Millisecond)})
+			errs <- err
+		}()
+	}
+	for s.limit(t, "slow", 0).Waiting < n {
+		time.Sleep(time.Millisecond) // polling the waits' start
+	}
+	other, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	if _, err := c.Acquire(other, &agentpb.AcquireRequest{Provider: "llm"}); err != nil {
+		t.Errorf("an acquisition beside %d waits: %v", n, err)
+	}
+	cancel()
+	for range n {
+		if err := <-errs; status.Code(err) != codes.Canceled {
+			t.Errorf("a wait whose caller left: %v, want Canceled", err)
+		}
+	}
+	// The agent learns of a caller leaving from its RST_STREAM, after the
+	// client has returned.
+	for deadline := time.Now().Add(10 * time.Second); s.limit(t, "slow", 0).Waiting > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d still waiting 10 s after their callers left", s.limit(t, "slow", 0).Waiting)
+		}
+		time.Sleep(time.Millisecond) // polling the waits' end
 	}
 }
