@@ -157,7 +157,7 @@ def test_class_keeps_its_reserve(cluster, sock: str) -> None:  # type: ignore[no
     agent that served no classes lets it take 10); one that began in a
     window already used, or that a boundary cut, is tried again."""
     from conftest import until, wait_share
-    cluster.configd("set", "llm-tiered", "--limit", "10/1s", "--class", "critical=60%", "--class", "batch")
+    cluster.configd("set", "llm-tiered", "--limit", "10/1s", "--class", "critical=60%", "--class", "batch", "--coordination", "shares")
     batch = Limiter("llm-tiered", caller="py-batch", class_="batch", socket=sock)
     critical = Limiter("llm-tiered", caller="py-critical", class_="critical", socket=sock)
     try:
