@@ -32,7 +32,7 @@ func Audit(s *State) []Violation {
 	}
 	vs = append(vs, auditPubWindows(s)...)
 	var stray []Grant
-	for _, g := range s.Grants {
+	for g := range s.Counted() {
 		p, ok := s.Pubs[g.Pub]
 		if !ok {
 			continue // no span: admits nothing

@@ -241,6 +241,9 @@ func validate(v any) error {
 		if r.Seq < 1 || r.B < r.A || !inRange(r.A, r.Window) || !inRange(r.B, r.Window) {
 			return bad("publish %d covers windows %d..%d of %v: want seq ≥ 1, a ≤ b, both within ±%d", r.Seq, r.A, r.B, r.Window, maxWindow(r.Window))
 		}
+		if r.Each < 0 || r.Of < 0 || (r.Each > 0) != (r.Of > 0) || r.Each > 0 && (!r.TopUp || r.Of >= r.Seq) {
+			return bad("publish %d tops up %d each of publish %d's holders: want both 0, or a top-up giving each > 0 of an earlier publish", r.Seq, r.Each, r.Of)
+		}
 	case *Grant:
 		return validate(*r)
 	case Grant:

@@ -45,21 +45,32 @@ func (h *Holder) View() *State { return h.view }
 
 // Observe stores the record read at key (nil value: deleted). A
 // malformed record changes nothing and is refused. A grant deleted takes
-// its releases with it, as configd deletes them together: a follower
+// its releases with it, as configd deletes them together, and those of
+// its parts of top-ups (Pub.Each), which then cap nothing: a follower
 // does not watch releases, and they would stay in its view for good.
 func (h *Holder) Observe(key string, value []byte) error {
 	if err := h.keys.Decode(h.view, key, value); err != nil {
 		return err
 	}
 	if gk, ok := h.keys.grantOf(key); ok && value == nil {
-		delete(h.view.Releases, gk)
-		for r := range h.unsent {
-			if r.Pub == gk.Pub && r.Holder == gk.Holder {
-				delete(h.unsent, r)
+		h.dropReleases(gk)
+		for _, p := range h.view.Pubs {
+			if p.Each > 0 && p.Of == gk.Pub {
+				h.dropReleases(GrantKey{p.Seq, gk.Holder}) // its part of that top-up went with it
 			}
 		}
 	}
 	return nil
+}
+
+// dropReleases forgets the releases of the grant key, sent or not.
+func (h *Holder) dropReleases(gk GrantKey) {
+	delete(h.view.Releases, gk)
+	for r := range h.unsent {
+		if r.Pub == gk.Pub && r.Holder == gk.Holder {
+			delete(h.unsent, r)
+		}
+	}
 }
 
 // Forget drops what the holder has read, before it reads the ledger
@@ -89,14 +100,15 @@ func (h *Holder) Next(now int64, margin time.Duration) (*State, []Release) {
 // forgetEnded drops the publishes that grant the holder nothing and
 // whose last window ended a window or more before now: configd deletes
 // them, which a follower need not watch it do. A publish that grants it
-// something stays until configd deletes the grant, which it watches: a
-// clock that stepped ahead must not make it forget room it still holds.
+// something, by a grant of its own or as a top-up of a publish it holds
+// a grant in, stays until configd deletes that grant, which it watches:
+// a clock that stepped ahead must not make it forget room it still holds.
 // A publish extended after it was forgotten comes back as one record.
 func (h *Holder) forgetEnded(now int64) {
 	mine := map[int64]bool{}
-	for key := range h.view.Grants {
-		if key.Holder == h.name {
-			mine[key.Pub] = true
+	for g := range h.view.Counted() {
+		if g.Holder == h.name {
+			mine[g.Pub] = true
 		}
 	}
 	for seq, p := range h.view.Pubs {

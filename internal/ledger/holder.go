@@ -89,7 +89,7 @@ func (s *State) laterStart(holder string, later []holderEra) int64 {
 // publishes.
 func (s *State) holderEras(holder string) []holderEra {
 	m := map[int64]int64{}
-	for _, g := range s.Grants {
+	for g := range s.Counted() {
 		if p, ok := s.Pubs[g.Pub]; ok && g.Holder == holder {
 			m[p.Era] = p.Seq
 		}
@@ -105,7 +105,8 @@ func (s *State) holderEras(holder string) []holderEra {
 // allowance may change.
 func (s *State) holderEdges(holder string, era int64) []int64 {
 	var ks []int64
-	for key, g := range s.Grants {
+	for g := range s.Counted() {
+		key := GrantKey{g.Pub, g.Holder}
 		a, b, ok := s.Span(g)
 		if !ok || g.Holder != holder || s.Pubs[g.Pub].Era != era || a > b {
 			continue
@@ -199,7 +200,7 @@ func (s *State) ToRelease(holder string, now int64, margin time.Duration) []Rele
 	}
 	var out []Release
 	var same []Grant
-	for _, g := range s.sortedGrants() {
+	for _, g := range slices.SortedFunc(s.Counted(), compareGrants) {
 		p, ok := s.Pubs[g.Pub]
 		if !ok || g.Holder != holder || g.Pub == top.Seq {
 			continue

@@ -13,7 +13,9 @@
 // from..b of its publish, where b is the publish's end. A publish's end
 // only grows (Extend): one small record extends every grant of a publish,
 // so keeping grants alive costs one write per publish, not one per
-// instance. A release is the holder's own record that it admits at most q
+// instance; one top-up record (Pub.Each) raises every holder of a
+// publish alike, and counts as a grant to each (State.Counted). A
+// release is the holder's own record that it admits at most q
 // from window k on; releases only lower. Every write that adds room
 // (a grant, an extension, a raised limit, a new era) is conditioned on the
 // head's revision, so it is decided from exactly what etcd holds: a lost
@@ -29,6 +31,8 @@ package ledger
 import (
 	"cmp"
 	"errors"
+	"iter"
+	"maps"
 	"slices"
 	"time"
 )
@@ -106,6 +110,11 @@ type Pub struct {
 	A      int64         `json:"a"`
 	B      int64         `json:"b"`
 	TopUp  bool          `json:"top_up,omitempty"` // its grants add to others toward the target; never extended
+	// Each, on a top-up, grants Each per window in A..B to every holder
+	// of a grant in publish Of, as if each had a grant of its own: one
+	// record tops up a publish's holders alike (State.Counted).
+	Each int64 `json:"each,omitempty"`
+	Of   int64 `json:"of,omitempty"`
 }
 
 // Grant lets Holder admit up to Quota per window in windows From..B of
@@ -246,10 +255,40 @@ func (s *State) Effective(g Grant, k int64) int64 {
 	return max(q, 0)
 }
 
+// Counted yields every grant s counts, holders and audit alike: each
+// grant stored, and each holder's part of a top-up of a publish's
+// holders (Pub.Each): Each from the top-up's first window, to every
+// holder of a grant stored in publish Of. A holder's part exists exactly
+// while its grant of Of is stored, so configd counts it for as long as
+// the holder may admit it.
+func (s *State) Counted() iter.Seq[Grant] {
+	return func(yield func(Grant) bool) {
+		var each map[int64][]Pub
+		for _, p := range s.Pubs {
+			if p.Each > 0 {
+				if each == nil {
+					each = map[int64][]Pub{}
+				}
+				each[p.Of] = append(each[p.Of], p)
+			}
+		}
+		for _, g := range s.Grants {
+			if !yield(g) {
+				return
+			}
+			for _, t := range each[g.Pub] {
+				if !yield(Grant{Pub: t.Seq, Holder: g.Holder, Quota: t.Each, From: t.A}) {
+					return
+				}
+			}
+		}
+	}
+}
+
 // Sum returns what all grants of era e add up to in window k.
 func (s *State) Sum(era, k int64) int64 {
 	var t int64
-	for _, g := range s.Grants {
+	for g := range s.Counted() {
 		if p, ok := s.Pubs[g.Pub]; ok && p.Era == era {
 			t += s.Effective(g, k)
 		}
@@ -260,7 +299,7 @@ func (s *State) Sum(era, k int64) int64 {
 // Allowance returns what holder may admit in window k of era.
 func (s *State) Allowance(holder string, era, k int64) int64 {
 	var t int64
-	for _, g := range s.Grants {
+	for g := range s.Counted() {
 		if p, ok := s.Pubs[g.Pub]; ok && p.Era == era && g.Holder == holder {
 			t += s.Effective(g, k)
 		}
@@ -281,7 +320,7 @@ func (s *State) ReleaseCount() int64 {
 // Allowance, for every holder with one, in one pass over the grants.
 func (s *State) Allowances(era, k int64) map[string]int64 {
 	m := map[string]int64{}
-	for _, g := range s.Grants {
+	for g := range s.Counted() {
 		if p, ok := s.Pubs[g.Pub]; ok && p.Era == era {
 			if q := s.Effective(g, k); q != 0 {
 				m[g.Holder] += q
@@ -296,7 +335,8 @@ func (s *State) Allowances(era, k int64) map[string]int64 {
 func (s *State) Profile(era int64) []Step {
 	type delta struct{ k, d int64 }
 	var ds []delta
-	for key, g := range s.Grants {
+	for g := range s.Counted() {
+		key := GrantKey{g.Pub, g.Holder}
 		a, b, ok := s.Span(g)
 		if !ok || s.Pubs[g.Pub].Era != era || a > b {
 			continue
@@ -339,7 +379,8 @@ func (s *State) Profile(era int64) []Step {
 // effective quota may change: starts, ends + 1 and release steps.
 func (s *State) edges(era int64) []int64 {
 	var ks []int64
-	for key, g := range s.Grants {
+	for g := range s.Counted() {
+		key := GrantKey{g.Pub, g.Holder}
 		a, b, ok := s.Span(g)
 		if !ok || s.Pubs[g.Pub].Era != era || a > b {
 			continue
@@ -372,14 +413,10 @@ func (s *State) End(era int64) (int64, bool) {
 	return 0, false
 }
 
-// sortedGrants returns s's grants in a fixed order: by publish, holder.
+// sortedGrants returns s's stored grants in a fixed order: by publish,
+// holder.
 func (s *State) sortedGrants() []Grant {
-	gs := make([]Grant, 0, len(s.Grants))
-	for _, g := range s.Grants {
-		gs = append(gs, g)
-	}
-	slices.SortFunc(gs, compareGrants)
-	return gs
+	return slices.SortedFunc(maps.Values(s.Grants), compareGrants)
 }
 
 // compareGrants orders grants by publish, then holder.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/bits"
 	"slices"
 	"strings"
@@ -239,7 +240,7 @@ func (pl *planner) foldLimits() {
 		return
 	}
 	cut := pl.lo()
-	for _, g := range pl.t.Grants {
+	for g := range pl.t.Counted() {
 		if a, b, ok := pl.t.Span(g); ok && a <= b && pl.t.Pubs[g.Pub].Era == e.Seq {
 			cut = min(cut, a)
 		}
@@ -746,14 +747,30 @@ func (pl *planner) lack(k int64) map[string]int64 {
 	return fill(need, e.Limit(k)-pl.t.Sum(e.Seq, k))
 }
 
-// topUpPiece writes a top-up publish of give over windows a..b, to as
-// many holders as the change has room for: the next round tops up the
-// others from what is left.
+// topUpPiece writes the top-ups of give over windows a..b: one record
+// for what every holder of the publish in force there is given alike
+// (alike), and a grant each for the rest, to as many holders as the
+// change has room for: the next round tops up the others from what is
+// left. A rest smaller than a holder's part of the slack is not worth a
+// record of its own and waits for the next publish.
 func (pl *planner) topUpPiece(a, b int64, give map[string]int64) {
-	if pl.left < 2 {
+	e := pl.cur()
+	if of, each, ok := pl.alike(a, b, give); ok && pl.left >= 1 {
+		tp := Pub{Seq: pl.nextSeq(), Era: e.Seq, Window: e.Window, A: a, B: b, TopUp: true, Each: each, Of: of.Seq}
+		pl.t.Pubs[tp.Seq] = tp
+		pl.c.Pubs = append(pl.c.Pubs, tp)
+		pl.left--
+		give = maps.Clone(give)
+		for h := range pl.holds(of.Seq) {
+			give[h] -= each
+		}
+		pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: publish %d's holders topped up by %d each in windows %d..%d", tp.Seq, of.Seq, each, a, b))
+	}
+	least := max(1, pl.p.Slack/int64(max(1, len(pl.target))))
+	maps.DeleteFunc(give, func(_ string, q int64) bool { return q < least })
+	if pl.left < 2 || len(give) == 0 {
 		return
 	}
-	e := pl.cur()
 	tp := Pub{Seq: pl.nextSeq(), Era: e.Seq, Window: e.Window, A: a, B: b, TopUp: true}
 	pl.t.Pubs[tp.Seq] = tp
 	pl.c.Pubs = append(pl.c.Pubs, tp)
@@ -766,6 +783,31 @@ func (pl *planner) topUpPiece(a, b int64, give map[string]int64) {
 	}
 	pl.grant(gs)
 	pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: %d holders topped up in windows %d..%d", tp.Seq, len(gs), a, b))
+}
+
+// alike returns the publish in force through windows a..b, the last
+// that is not a top-up, and what give gives each of its holders at
+// least, when that is more than 0 and it has more than one holder: a
+// top-up of all its holders alike is then one record (Pub.Each). It ends
+// no later than that publish, so it is collected with it or before.
+func (pl *planner) alike(a, b int64, give map[string]int64) (of Pub, each int64, ok bool) {
+	for _, p := range pl.t.Pubs {
+		if p.Era == pl.cur().Seq && !p.TopUp && p.A <= a && b <= p.B && (!ok || p.Seq > of.Seq) {
+			of, ok = p, true
+		}
+	}
+	if !ok {
+		return Pub{}, 0, false
+	}
+	hs := pl.holds(of.Seq)
+	if len(hs) < 2 {
+		return Pub{}, 0, false
+	}
+	each = math.MaxInt64
+	for h := range hs {
+		each = min(each, give[h])
+	}
+	return of, each, each > 0
 }
 
 // fill divides room among needs max-min fairly, in holder order for the

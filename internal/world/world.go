@@ -144,7 +144,10 @@ type Result struct {
 	// check checked (Config.Critical): a call of critical refused in a
 	// window whose quota and reserve held from its start.
 	ClassWindows int
-	Violations   []string // broken invariants; empty when the history passed
+	// TopUpsOfAll is how many top-ups of all a publish's holders
+	// (ledger.Pub.Each) configd wrote.
+	TopUpsOfAll int
+	Violations  []string // broken invariants; empty when the history passed
 }
 
 // epoch is where virtual time starts: a day boundary, so every window
@@ -170,17 +173,18 @@ type World struct {
 	admitted  map[time.Duration]map[int64]int64
 	// critical is what critical was admitted by window of the length in
 	// force, each member's on its own clock (Config.Critical).
-	critical map[int64]int64
-	eras     map[int64][]ledger.Era // every version of each era any head held
-	res      Result
-	stopAt   int64         // when the liveness check ran: the history ends
-	ledger   *ledger.State // etcd's ledger records, decoded as they change
-	longest  time.Duration
-	settle   time.Duration   // the liveness check's wait after the faults
-	calm     bool            // the faults ended: no lost, refused or slow messages, no pauses
-	lengths  []time.Duration // the window lengths admissions are counted in
-	ahead    time.Duration   // the most a script set a replica's clock ahead
-	prov     *provider       // Config.Adaptive: the provider the members call
+	critical  map[int64]int64
+	eras      map[int64][]ledger.Era // every version of each era any head held
+	toppedAll map[int64]bool         // the top-ups of all holders seen (Result.TopUpsOfAll)
+	res       Result
+	stopAt    int64         // when the liveness check ran: the history ends
+	ledger    *ledger.State // etcd's ledger records, decoded as they change
+	longest   time.Duration
+	settle    time.Duration   // the liveness check's wait after the faults
+	calm      bool            // the faults ended: no lost, refused or slow messages, no pauses
+	lengths   []time.Duration // the window lengths admissions are counted in
+	ahead     time.Duration   // the most a script set a replica's clock ahead
+	prov      *provider       // Config.Adaptive: the provider the members call
 }
 
 // Run plays the history of cfg and returns what it showed.
@@ -188,7 +192,7 @@ func Run(cfg Config) Result {
 	cfg.defaults()
 	w := &World{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		now: epoch, etcd: newEtcd(cfg.MaxOps), keys: "L/", limit: cfg.Limit, window: cfg.Window,
-		admitted: map[time.Duration]map[int64]int64{}, eras: map[int64][]ledger.Era{},
+		admitted: map[time.Duration]map[int64]int64{}, eras: map[int64][]ledger.Era{}, toppedAll: map[int64]bool{},
 		critical: map[int64]int64{}}
 	w.res.Seed = cfg.Seed
 	w.ledger = ledger.NewState()
@@ -317,6 +321,12 @@ func (w *World) afterWrite() {
 		st, _ := w.read()
 		for _, v := range ledger.Audit(st) {
 			w.fail("ledger invariant at revision %d: %v", w.etcd.rev, v)
+		}
+		for seq, p := range st.Pubs {
+			if p.Each > 0 && !w.toppedAll[seq] {
+				w.toppedAll[seq] = true
+				w.res.TopUpsOfAll++
+			}
 		}
 		for _, e := range st.Head.Eras {
 			vs := w.eras[e.Seq]

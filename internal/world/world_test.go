@@ -42,7 +42,7 @@ func TestHistories(t *testing.T) {
 		first = rand.Uint64() >> 1
 	}
 	t.Logf("seeds %d to %d (replay one: go test -run '^TestHistories$' ./internal/world -world.n=1 -world.seed=SEED -v)", first, first+uint64(n)-1)
-	var windows, writes, classWindows int
+	var windows, writes, classWindows, topUps int
 	var worst float64
 	for i := range n {
 		seed := first + uint64(i)
@@ -67,12 +67,16 @@ func TestHistories(t *testing.T) {
 		windows += r.Windows
 		writes += r.Writes
 		classWindows += r.ClassWindows
+		topUps += r.TopUpsOfAll
 		worst = max(worst, r.Worst)
 		if len(r.Violations) > 0 {
 			t.Fatalf("%v\nreplay: go test -run '^TestHistories$' ./internal/world -world.n=1 -world.seed=%d -v", r, r.Seed)
 		}
 	}
-	t.Logf("%d histories: %d windows checked, %d writes, none over; the fullest window at %.1f%% of its bound; %d members' windows that refused critical checked against their grants' reserve", n, windows, writes, 100*worst, classWindows)
+	t.Logf("%d histories: %d windows checked, %d writes, none over; the fullest window at %.1f%% of its bound; %d members' windows that refused critical checked against their grants' reserve; %d top-ups of all a publish's holders", n, windows, writes, 100*worst, classWindows, topUps)
+	if n >= 50 && topUps == 0 {
+		t.Errorf("%d histories wrote no top-up of all a publish's holders: the world does not reach them", n)
+	}
 }
 
 // TestReplay: one seed gives one history, adaptive or not.
