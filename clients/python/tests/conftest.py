@@ -9,6 +9,7 @@ bin/), or are built here with go."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Optional
+import urllib.request
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -125,6 +127,12 @@ class Cluster:
         if out.returncode != 0:
             raise RuntimeError(f"configd {args}: {out.stderr}")
         return out.stdout
+
+    def instances(self, provider: str) -> Dict[str, Any]:
+        """configd's view of provider's instances: each one's record as it
+        last wrote it (GET /v1/providers/NAME/instances)."""
+        with urllib.request.urlopen(f"{self.admin}/v1/providers/{provider}/instances", timeout=10) as r:
+            return json.load(r)  # type: ignore[no-any-return]
 
     def agent(self, name: str, *extra: str) -> str:
         """Starts an agent; returns its HTTP socket. With --listen, its

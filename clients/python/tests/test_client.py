@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+import math
 import multiprocessing
+import threading
+import time
+from typing import Counter, List, Tuple
 
 import pytest
 
@@ -186,3 +191,87 @@ def test_class_keeps_its_reserve(cluster, sock: str) -> None:  # type: ignore[no
         return critical.try_acquire() is not None
 
     until(one_window, "a window where batch is refused at critical's reserve and critical admitted")
+
+
+def test_class_keeps_its_reserve_on_the_ledger(cluster, sock: str) -> None:  # type: ignore[no-untyped-def]
+    """A ledger provider of 10 requests a second that keeps 60% for
+    critical, through the agent: three batch callers flood it while one
+    critical caller asks all the time. configd gives critical's reserve to
+    the agent once the agent's record reports critical's demand
+    (round.Target), so in every window that starts a window or more after
+    configd has that demand (one round is a quarter of a window), critical
+    is admitted its 6 and batch the rest, never more than 10 in all.
+
+    (test_class_keeps_its_reserve cannot run on the ledger: there critical
+    asks only in a window where batch took exactly 4, and with no demand
+    of critical reported its reserve is lent to batch, which takes all 10.)
+
+    Each answer is counted in the aligned window of the system clock (the
+    ledger's windows are aligned to Unix time) that holds its call; one
+    whose call straddles an edge may be of either window. So a window is
+    held to what its counts show for certain: a critical caller refused in
+    it had its reserve among the admissions that may be of it; those
+    certainly of it add up to at most the limit; and those that may be of
+    it to the limit, since batch always asks for the rest."""
+    from conftest import until, wait_share
+    name, limit, reserve = "llm-ledger-tiered", 10, 6
+    cluster.configd("set", name, "--limit", f"{limit}/1s", "--class", "critical=60%", "--class", "batch", "--coordination", "ledger")
+    try:
+        Limiter(name, socket=sock).try_acquire()  # joins the provider
+    except SluiceError:
+        pass
+    wait_share(sock, name)
+
+    calls: List[Tuple[str, float, float, bool]] = []  # class, when the call began and was answered (time.time()), admitted
+    failures: List[Exception] = []
+    stop = threading.Event()
+
+    def flood(class_: str) -> None:
+        lim = Limiter(name, caller="py-ledger-" + class_, class_=class_, socket=sock)
+        try:
+            while not stop.is_set():
+                began = time.time()
+                admitted = lim.try_acquire() is not None
+                calls.append((class_, began, time.time(), admitted))
+                if not admitted:
+                    time.sleep(0.001)  # still hundreds of asks a window, and cores left for the agent
+        except Exception as e:  # raised by the test below, not lost with the thread
+            failures.append(e)
+        finally:
+            lim.close()
+
+    threads = [threading.Thread(target=flood, args=(c,), daemon=True) for c in ("batch", "batch", "batch", "critical")]
+    for t in threads:
+        t.start()
+    try:
+        def critical_demand() -> int:
+            return sum(i["record"].get("class_demand", {}).get("critical", 0) for i in cluster.instances(name)["instances"])
+
+        until(lambda: critical_demand() >= reserve or bool(failures), "configd has critical's demand in the agent's record")
+        seen = time.time()
+        first, n = math.ceil(seen + 1), 8  # windows of 1 s that start a whole window after the demand was seen
+        until(lambda: bool(failures) or calls[-1][1] >= first + n, f"the callers asking past {n} more windows")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    assert not failures, failures
+
+    certain: Counter[Tuple[int, str, bool]] = collections.Counter()  # window, class, admitted: calls within the window
+    maybe: Counter[Tuple[int, str, bool]] = collections.Counter()  # and those that straddle one of its edges
+    for class_, began, answered, admitted in calls:
+        for k in range(math.floor(began), math.floor(answered) + 1):
+            maybe[k, class_, admitted] += 1
+        if math.floor(began) == math.floor(answered):
+            certain[math.floor(began), class_, admitted] += 1
+    tested = 0
+    for k in range(first, first + n):
+        got = {c: (certain[k, c, True], maybe[k, c, True], certain[k, c, False]) for c in ("critical", "batch")}
+        what = f"window {k} ({k - seen:+.2f} s from the demand seen), admitted certainly, maybe, and refused: {got}"
+        print(what)
+        assert got["critical"][0] + got["batch"][0] <= limit, what + f": over the limit {limit}"
+        assert got["critical"][1] + got["batch"][1] >= limit, what + ": batch did not take the rest"
+        if got["critical"][2] > 0:
+            tested += 1
+            assert got["critical"][1] >= reserve, what + f": critical refused below its reserve {reserve}"
+    assert tested >= n // 2, f"critical was refused in only {tested} of {n} windows: its demand did not last"
