@@ -273,6 +273,20 @@ func TestBadInputChangesNothing(t *testing.T) {
 			t.Errorf("%s %.80s: %d %s %q, want %d %s and a message", c.path, c.body, a.Status, a.Error, a.Message, c.status, c.reason)
 		}
 	}
+	// A body declared beyond MaxBody is refused at once, not waited for
+	// until the read times out.
+	c, err := net.Dial("unix", filepath.Join(s.dir, "a.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/acquire HTTP/1.1\r\nHost: agent\r\nContent-Length: 99999999999\r\n\r\n{}")
+	c.SetReadDeadline(time.Now().Add(s.cfg.HeaderTimeout / 2))
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+		t.Errorf("a declared body of 99999999999 bytes: %v; want 413 at once", err)
+	} else if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 413 || !bytes.Contains(b, []byte(ReasonTooLarge)) {
+		t.Errorf("a declared body of 99999999999 bytes: %d %s; want 413 %s", resp.StatusCode, b, ReasonTooLarge)
+	}
+	c.Close()
 	resp, err := s.client.Get("http://agent/v1/acquire")
 	if err != nil {
 		t.Fatal(err)

@@ -206,6 +206,13 @@ func (a *Agent) serveOp(w http.ResponseWriter, r *http.Request) {
 	// server's ReadHeaderTimeout covers only the head, and its
 	// ReadTimeout would also end the wait that follows (net/http's read
 	// for the peer's close would time out and cancel the request).
+	// A body declared larger than MaxBody is refused before it is read:
+	// waiting for it would only end in TOO_LARGE, or in a timeout when
+	// the caller never sends it.
+	if r.ContentLength > MaxBody {
+		writeError(w, ReasonTooLarge, fmt.Sprintf("a body of at most %d bytes; Content-Length says %d", MaxBody, r.ContentLength))
+		return
+	}
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(time.Now().Add(a.cfg.HeaderTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
