@@ -54,6 +54,27 @@ func TestMultiAllOrNothing(t *testing.T) {
 	})
 }
 
+// TestMultiNoQuotaNamesTheLimitInForce: a refusal for want of quota
+// names the limit in force, not the one the Multi was made with (a
+// cluster member's is 0/1s until its share comes, and "limit tokens
+// 0/1s" under a limit of 200000/1m misled).
+func TestMultiNoQuotaNamesTheLimitInForce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := mustMulti(t, Limit{Window: time.Second}, Limit{Dimension: "tokens", Window: time.Second})
+		for i, q := range []int64{5, 20} {
+			if err := m.Limiter(i).SetLimit(q, time.Minute, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			m.Limiter(i).SetExpiry(time.Now().Add(2 * time.Minute))
+		}
+		time.Sleep(time.Minute)
+		_, err := m.Acquire(context.Background(), 0, Cost("tokens", 30))
+		if !errors.Is(err, ErrNoQuota) || !strings.Contains(err.Error(), "limit tokens 20/1m0s:") {
+			t.Errorf("30 tokens under 20/1m: %v; want ErrNoQuota naming the limit tokens 20/1m0s", err)
+		}
+	})
+}
+
 // TestMultiRefusalGivesBackAtOnce: a TryAcquire refused by its second
 // limit gives the first limit back what it took, in the same window. (The
 // oracle found it kept them: the give-back compared the take's time, not

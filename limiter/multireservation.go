@@ -109,7 +109,11 @@ func (m *Multi) reserve(ctx context.Context, ns [MaxLimits]int64, maxWait time.D
 		}
 	}
 	if err == ErrNoQuota {
-		return nil, fmt.Errorf("%w: %w: limit %v: %s", ErrTimeout, ErrNoQuota, m.limits[k], m.lims[k].noQuotaLocked(ns[k], "is"))
+		// The limit in force, not m.limits[k], the one the Multi was made
+		// with: a cluster member's starts at 0/1s until its share comes.
+		p := m.lims[k].sched.at(now)
+		lm := Limit{Dimension: m.limits[k].Dimension, Quota: p.quota, Window: time.Duration(p.window)}
+		return nil, fmt.Errorf("%w: %w: limit %v: %s", ErrTimeout, ErrNoQuota, lm, m.lims[k].noQuotaLocked(ns[k], "is"))
 	}
 	return nil, fmt.Errorf("%w: %s not available within %v", ErrTimeout, m.describe(ns), time.Duration(deadline-now))
 }
