@@ -297,7 +297,10 @@ func (a *Agent) startJoinLocked(name string) *provider {
 			a.mu.Unlock()
 		} else {
 			p.group, p.multi, p.dims = g, g.Multi(), dims(g.Multi())
-			a.log.Info("joined a provider", "provider", name, "limits", fmt.Sprint(p.multi.Limits()))
+			// Not p.multi.Limits(): those are the placeholders the limits
+			// were made with (0/1s); the shares come in force later, each
+			// logged as "share applied", and /v1/status shows them.
+			a.log.Info("joined a provider", "provider", name, "dimensions", strings.Join(p.dims, ","))
 		}
 		close(p.ready)
 	}()
