@@ -87,6 +87,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"sigs.k8s.io/yaml"
 
+	"github.com/sluice-go/sluice/agent"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter"
@@ -155,10 +156,10 @@ func binaries(t *testing.T) string {
 		if buildErr = os.Mkdir(real, 0o755); buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", real+string(os.PathSeparator), "./configd", "./examples/kafka")
+		cmd := exec.Command("go", "build", "-o", real+string(os.PathSeparator), "./configd", "./examples/kafka", "./agent/sluice-agent")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./configd ./examples/kafka: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build ./configd ./examples/kafka ./agent/sluice-agent: %v\n%s", err, out)
 			return
 		}
 		buildErr = os.Rename(filepath.Join(real, "kafka"), filepath.Join(buildDir, "sluice-kafka-example"))
@@ -468,6 +469,7 @@ func substitution(s string) (string, int, error) {
 type facts struct {
 	configdFlags map[string]flagSpec // by subcommand
 	kafkaFlags   flagSpec
+	agentFlags   flagSpec
 	metrics      map[string]bool            // every metric name, histogram series included
 	families     map[string]bool            // metric families of limiter, member and configd
 	labelValues  map[string]map[string]bool // label → values, for enumerated labels
@@ -520,6 +522,7 @@ func loadFacts(t *testing.T) *facts {
 			f.configdFlags[sub] = helpFlags(t, real, sub, "--help")
 		}
 		f.kafkaFlags = helpFlags(t, filepath.Join(dir, "sluice-kafka-example"), "-help")
+		f.agentFlags = helpFlags(t, filepath.Join(dir, "real", "sluice-agent"), "-help")
 		f.collectMetrics(t)
 		f.collectSource(t)
 		f.collectDeploy(t)
@@ -592,6 +595,13 @@ func (f *facts) collectMetrics(t *testing.T) {
 	}
 	for _, m := range regexp.MustCompile(`Damped\w+\s*=\s*"([a-z_]+)"`).FindAllStringSubmatch(readGo(t, filepath.Join(root, "configd", "plan"), false), -1) {
 		f.labelValues["reason"][m[1]] = true
+	}
+	// The local agent's requests counter, whose outcome is "ok" or a
+	// refusal's reason in lower case.
+	add(agent.MetricRequests, false)
+	f.labelValues["outcome"]["ok"] = true
+	for _, m := range regexp.MustCompile(`Reason\w+\s*=\s*"([A-Z_]+)"`).FindAllStringSubmatch(readGo(t, filepath.Join(root, "agent"), false), -1) {
+		f.labelValues["outcome"][strings.ToLower(m[1])] = true
 	}
 	if len(f.labelValues["reason"]) == 0 {
 		t.Fatal("found no damping reasons in configd/plan")
@@ -704,11 +714,12 @@ func (f *facts) collectSource(t *testing.T) {
 	}
 	f.source = all.String()
 
-	// snake_case names the docs may quote: JSON fields of the records and
-	// of the admin API's answers, and enumerated label values.
+	// snake_case names the docs may quote: JSON fields of the records, of
+	// the admin API's answers and of the agent's API, and enumerated label
+	// values.
 	f.snake = map[string]bool{}
 	tagRE := regexp.MustCompile("json:\"([a-z0-9_]+)")
-	for _, p := range []string{"internal/schema/records.go", "configd/store.go"} {
+	for _, p := range []string{"internal/schema/records.go", "configd/store.go", "agent/http.go", "agent/status.go"} {
 		b, err := os.ReadFile(filepath.Join(root, p))
 		if err != nil {
 			t.Fatal(err)
@@ -1295,7 +1306,8 @@ func checkSpan(t *testing.T, f *facts, c *checker, s span) {
 		m := flagSpanRE.FindStringSubmatch(text)
 		_, inConfigd := anyConfigdFlag(f, m[2])
 		_, inKafka := f.kafkaFlags[m[2]]
-		if (m[1] == "--" && !inConfigd) || (m[1] == "-" && !inKafka && !inConfigd) {
+		_, inAgent := f.agentFlags[m[2]]
+		if (m[1] == "--" && !inConfigd && !inAgent) || (m[1] == "-" && !inKafka && !inConfigd) {
 			t.Errorf("%s: no binary has the flag %q", where, m[1]+m[2])
 		}
 	case strings.HasPrefix(text, "/sluice/") || strings.HasPrefix(text, "<prefix>"):
