@@ -10,7 +10,7 @@ its limits, and at the end the program prints, for each whole window of
 the run, what was admitted against each limit. Offered load is well
 above the limits, so the limits bind.
 
-    python3 examples/python/llm_workers.py --socket /tmp/sluice/agent.sock --provider llm
+    python3 examples/python/llm_workers.py --socket /tmp/sluice-agent.sock --provider llm
 
 --socket may name several agents (comma-separated; each a member of the
 same provider): the workers are spread over them. The provider's limits
