@@ -273,6 +273,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 			t.Errorf("%s %.80s: %d %s %q, want %d %s and a message", c.path, c.body, a.Status, a.Error, a.Message, c.status, c.reason)
 		}
 	}
+	// A refusal quotes what it refuses cut short: a 60 KB dimension name
+	// is not echoed back whole.
+	if a := s.post(t, "/v1/acquire", `{"provider":"llm","cost":{"`+strings.Repeat("x", 60_000)+`":1}}`); a.Status != 400 || a.Error != ReasonBadRequest || len(a.Message) > 300 {
+		t.Errorf("a 60 KB dimension name: %d %s, a message of %d bytes; want 400 %s and a short message", a.Status, a.Error, len(a.Message), ReasonBadRequest)
+	}
 	// A body declared beyond MaxBody is refused at once, not waited for
 	// until the read times out.
 	c, err := net.Dial("unix", filepath.Join(s.dir, "a.sock"))

@@ -146,7 +146,7 @@ func ValidateDimension(name string) error {
 		ok = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_'
 	}
 	if !ok {
-		return fmt.Errorf("%w: a dimension is 1 to 32 lower-case letters, digits or '_', starting with a letter, got %q", ErrInvalid, name)
+		return fmt.Errorf("%w: a dimension is 1 to 32 lower-case letters, digits or '_', starting with a letter, got %.40q", ErrInvalid, name)
 	}
 	return nil
 }
