@@ -114,16 +114,8 @@ func (s *store) ledgerEnded(ctx context.Context, n string, bound func(window tim
 	if len(bad) > 0 {
 		return nil, nil, fmt.Errorf("%w: %q's ledger has %d records that do not decode (%v): it cannot tell when its grants end; delete them", ErrRecordsLeft, n, len(bad), bad[0])
 	}
-	var end time.Time
-	for _, e := range st.Head.Eras {
-		if k, ok := st.End(e.Seq); ok {
-			if t := time.Unix(0, ledger.StartOf(k+1, e.Window)).Add(2 * max(e.Bound, bound(e.Window))); t.After(end) {
-				end = t
-			}
-		}
-	}
-	if now := s.clock(); now.Before(end) {
-		return nil, nil, fmt.Errorf("%w: %q's ledger grants room until %s; create it with the shares, or give it a budget, after then; or a limit of up to %v with the ledger now", ErrRecordsLeft, n, end.UTC().Format(time.RFC3339Nano), time.Duration(schema.MaxWindow))
+	if end := st.Ended(bound); end > 0 && s.clock().Before(time.Unix(0, end)) {
+		return nil, nil, fmt.Errorf("%w: %q's ledger grants room until %s; create it with the shares, or give it a budget, after then; or a limit of up to %v with the ledger now", ErrRecordsLeft, n, time.Unix(0, end).UTC().Format(time.RFC3339Nano), time.Duration(schema.MaxWindow))
 	}
 	cond := clientv3.Compare(clientv3.ModRevision(keys.Head()), "=", headMod)
 	return []clientv3.Cmp{cond}, []clientv3.Op{clientv3.OpDelete(string(keys), clientv3.WithPrefix())}, nil

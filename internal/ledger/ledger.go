@@ -33,6 +33,7 @@ import (
 	"errors"
 	"iter"
 	"maps"
+	"math"
 	"slices"
 	"time"
 )
@@ -411,6 +412,40 @@ func (s *State) End(era int64) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// Ended returns the true time (ns) from which no grant in s lets any
+// holder admit: twice the clock bound past the last window in which an
+// era's grants are in effect, the larger of the bound the era records
+// (Era.Bound) and bound's for its windows' length. It returns 0 when no
+// grant is ever in effect. From then on the ledger may be deleted whole.
+func (s *State) Ended(bound func(window time.Duration) time.Duration) int64 {
+	var end int64
+	for _, e := range s.Head.Eras {
+		if k, ok := s.End(e.Seq); ok {
+			end = max(end, StartOf(k+1, e.Window)+int64(2*max(e.Bound, bound(e.Window))))
+		}
+	}
+	return end
+}
+
+// numbersPerRevision bounds the publish numbers one change takes: one
+// for each publish it writes, each an operation of a transaction of at
+// most MaxOps, and one for a staged publish it gives up.
+const numbersPerRevision = 2 * MaxOps
+
+// BeginAt numbers the publishes of a ledger with no head, read at etcd
+// revision rev, past every number an earlier ledger under the same keys
+// took: each change took at most numbersPerRevision of them, in a
+// revision of its own. A follower that lived across a deletion of the
+// ledger keeps the old publishes (it does not watch publishes go), so a
+// new publish must not reuse an old one's number. A ledger with a head
+// is left as it is. (A revision past 2^49 is centuries of writes away;
+// from there on, numbers would start at the same point.)
+func (s *State) BeginAt(rev int64) {
+	if s.Head.Seq == 0 {
+		s.Head.Pubs = max(s.Head.Pubs, min(rev, math.MaxInt64/numbersPerRevision/2)*numbersPerRevision)
+	}
 }
 
 // sortedGrants returns s's stored grants in a fixed order: by publish,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -123,29 +122,12 @@ func (pb *Publisher) read(ctx context.Context) (*ledger.State, int64, error) {
 		// A record it cannot read might hold room: it adds none.
 		return nil, 0, fmt.Errorf("store: %d records under %q do not decode, the first: %w", len(bad), string(pb.keys), bad[0])
 	}
-	if s.Head.Seq == 0 {
-		// A ledger begun anew, perhaps where one was deleted whole,
-		// whose publishes a follower that lived across may still hold:
-		// it does not watch publishes go. Its numbers start past any
-		// an earlier ledger under these keys took.
-		s.Head.Pubs = max(s.Head.Pubs, firstPub(rev))
-	}
+	// A ledger begun anew, perhaps where one was deleted whole, numbers
+	// its publishes past the old ones, which a follower that lived across
+	// may still hold.
+	s.BeginAt(rev)
 	pb.kept, pb.headMod, pb.readRev, pb.rounds = s.Clone(), headMod, rev, 0
 	return s, headMod, nil
-}
-
-// numbersPerRevision bounds the publish numbers one change takes: one
-// for each publish it writes, each an operation of a transaction of at
-// most ledger.MaxOps, and one for a staged publish it gives up.
-const numbersPerRevision = 2 * ledger.MaxOps
-
-// firstPub returns the number a ledger begun at etcd revision rev
-// numbers its publishes from: past every number a ledger begun earlier
-// took, since each change took at most numbersPerRevision of them, in a
-// revision of its own. (A revision past 2^49 is centuries of writes
-// away; from there on, numbers would start at the same point.)
-func firstPub(rev int64) int64 {
-	return min(rev, math.MaxInt64/numbersPerRevision/2) * numbersPerRevision
 }
 
 // Rounds runs up to most rounds toward target under p, until one has
