@@ -111,3 +111,28 @@ func Target(cfg schema.ProviderConfig, live []schema.InstanceRecord) (target map
 	}
 	return target, reserves, nil
 }
+
+// StandInEvery is how often an instance of a ledger provider looks
+// whether to stand in for configd while no replica is alive: every
+// report interval, or more often when the grants reach fewer windows
+// ahead, so that one round extends them before they end (a round
+// extends once fewer than half the horizon remain).
+func StandInEvery(cfg schema.ProviderConfig, report time.Duration) time.Duration {
+	ahead := time.Duration(Horizon(cfg)) * cfg.Window.D()
+	return min(report, max(ahead/4, 50*time.Millisecond))
+}
+
+// StandIn returns the ID of the one instance of live that stands in for
+// configd: the least ID among those that follow the ledger, may stand in
+// and are not leaving; "" when none may. Any number of writers keep the
+// ledger's invariant, since each write that adds room is conditioned on
+// the head it was decided from: choosing one spares them the contention.
+func StandIn(live []schema.InstanceRecord) string {
+	var first string
+	for _, r := range live {
+		if r.Holder != "" && r.StandsIn && !r.Leaving && (first == "" || r.ID < first) {
+			first = r.ID
+		}
+	}
+	return first
+}

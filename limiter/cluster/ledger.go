@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluice-go/sluice/configd/round"
 	"github.com/sluice-go/sluice/internal/follow"
 	"github.com/sluice-go/sluice/internal/ledger"
 	ledgerstore "github.com/sluice-go/sluice/internal/ledger/store"
@@ -66,7 +67,7 @@ func (m *Member) followLedger(ctx context.Context, cfg schema.ProviderConfig) bo
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
-		err := m.ledgerSession(ctx, rep, window, bound, standInEvery(cfg, m.cfg.report))
+		err := m.ledgerSession(ctx, rep, window, bound, round.StandInEvery(cfg, m.cfg.report))
 		if ctx.Err() != nil {
 			return false
 		}

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -48,15 +47,6 @@ func (m *Member) tryStandIn(ctx context.Context, alive *int64) {
 	default:
 		m.log.Warn("could not stand in for configd on the ledger", "err", err)
 	}
-}
-
-// standInEvery is how often a ledger member looks whether to stand in
-// for configd: every report interval, or more often when the grants
-// reach fewer windows ahead, so that one round extends them before they
-// end (a round extends once fewer than half the horizon remain).
-func standInEvery(cfg schema.ProviderConfig, report time.Duration) time.Duration {
-	ahead := time.Duration(round.Horizon(cfg)) * cfg.Window.D()
-	return min(report, max(ahead/4, 50*time.Millisecond))
 }
 
 // standIn runs configd's round of the provider's ledger while no configd
@@ -113,8 +103,7 @@ func (m *Member) standIn(ctx context.Context) error {
 }
 
 // liveHolders decodes the instance records that do, and returns the
-// least ID among those that follow the ledger, may stand in and are not
-// leaving.
+// one of them that stands in (round.StandIn).
 func liveHolders(kvs []*mvccpb.KeyValue) (live []schema.InstanceRecord, first string) {
 	for _, kv := range kvs {
 		r, err := schema.DecodeInstanceRecord(kv.Value)
@@ -122,9 +111,6 @@ func liveHolders(kvs []*mvccpb.KeyValue) (live []schema.InstanceRecord, first st
 			continue
 		}
 		live = append(live, r)
-		if r.Holder != "" && r.StandsIn && !r.Leaving && (first == "" || r.ID < first) {
-			first = r.ID
-		}
 	}
-	return live, first
+	return live, round.StandIn(live)
 }
