@@ -37,10 +37,12 @@ type event struct {
 	value []byte
 }
 
-// cond holds when key's mod revision is mod (0: the key is absent).
+// cond holds when key's mod revision is mod (0: the key is absent), or,
+// with prefix, when no key under key is stored.
 type cond struct {
-	key string
-	mod int64
+	key    string
+	mod    int64
+	prefix bool
 }
 
 // op is a put (value non-nil) or a delete of key.
@@ -76,6 +78,14 @@ func (e *etcd) txn(cmps []cond, ops []op) (bool, int64) {
 // commit applies ops if every cond holds.
 func (e *etcd) commit(cmps []cond, ops []op) (bool, int64) {
 	for _, c := range cmps {
+		if c.prefix {
+			for k := range e.kvs {
+				if strings.HasPrefix(k, c.key) {
+					return false, e.rev
+				}
+			}
+			continue
+		}
 		if e.kvs[c.key].mod != c.mod {
 			return false, e.rev
 		}

@@ -70,6 +70,12 @@ func (w *World) fault() {
 		m := live[w.rng.IntN(len(live))]
 		m.demand = w.rng.Int64N(2*w.limit/int64(len(live)) + 1)
 		w.tracef("%s wants %d", m.holder, m.demand)
+	case r < 87 && w.prov == nil && w.coord == coordLedger:
+		// An adaptive provider's limit is the controller's: it is not
+		// deleted.
+		w.deleteAndCreate()
+	case r < 89:
+		w.outage(w.rng.Int64N(3 * int64(w.cfg.Horizon)))
 	}
 }
 
@@ -99,6 +105,10 @@ func (w *World) live() []*member {
 func (w *World) heal() {
 	w.tracef("faults end")
 	w.calm = true
+	w.endOutage()
+	if w.coord != coordLedger && w.cfg.Script == nil {
+		w.createLedger(w.limit, 0)
+	}
 	for _, m := range w.mems {
 		if !m.crashed {
 			m.paused, m.cut = 0, 0
@@ -134,6 +144,10 @@ func (w *World) checkLive() {
 	w.stopAt = w.now
 	if len(w.live()) == 0 {
 		w.tracef("no instance is live: nothing to hand out")
+		return
+	}
+	if w.coord != coordLedger {
+		w.tracef("the provider is deleted: nothing to hand out")
 		return
 	}
 	w.res.Live = true

@@ -1,11 +1,13 @@
 package world
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
 	"time"
 
+	"github.com/sluice-go/sluice/configd/round"
 	"github.com/sluice-go/sluice/internal/ledger"
 	"github.com/sluice-go/sluice/limiter"
 )
@@ -44,6 +46,17 @@ type member struct {
 	started     int64 // true time its incarnation began
 	sending     bool
 	ticks       int
+	// shares: the config named the shares, and m left the ledger (its
+	// limiter admits nothing: the world does not play the shares).
+	// follows counts the ledger's Followers of this incarnation, gen is
+	// the ledger its Follower began on (World.gen), look when it next
+	// looks whether to stand in for configd, standing that its write
+	// standing in is under way.
+	shares   bool
+	follows  int
+	gen      int
+	look     int64
+	standing bool
 }
 
 // leaseTTL is how long a member's lease outlives its last keep-alive.
@@ -66,12 +79,11 @@ func (w *World) join() *member {
 	return m
 }
 
-// start begins a new incarnation of m: a new holder, lease, limiter
-// and view, as a restarted process has.
+// start begins a new incarnation of m: a new limiter, Follower and
+// session, as a restarted process has.
 func (m *member) start() {
 	w := m.w
 	m.inc++
-	m.holder = fmt.Sprintf("%s.%d", m.name, m.inc)
 	m.crashed, m.paused, m.cut, m.started = false, 0, 0, w.now
 	m.skew = w.rng.Int64N(2*int64(w.cfg.SkewBound)+1) - int64(w.cfg.SkewBound)
 	lim, err := limiter.New(0, w.window, limiter.WithClock(memberClock{m}))
@@ -80,22 +92,100 @@ func (m *member) start() {
 	}
 	lim.SetClockUncertainty(time.Duration(w.cfg.SkewBound))
 	m.lim, m.classes, m.critTaken = lim, nil, 0
+	m.shares, m.follows, m.look, m.standing = false, 0, 0, false
+	m.watches, m.due = make([]*watch, 3), make([]bool, 3)
+	m.follow()
+	m.session()
+	inc := m.inc
+	w.at(w.now+w.rng.Int64N(int64(w.window)/5+1), func() { m.tick(inc) })
+	w.tracef("%s starts", m.holder)
+}
+
+// follow begins a Follower of the ledger on m's limiter, as
+// store.NewFollower does: a new holder name, that no earlier Follower
+// took, whose grants it reads and then watches, with the publishes.
+func (m *member) follow() {
+	w := m.w
+	m.holder = fmt.Sprintf("%s.%d", m.name, m.inc)
+	if m.follows > 0 {
+		m.holder += fmt.Sprintf(".%d", m.follows)
+	}
+	m.follows++
+	m.gen = w.gen
 	m.viewReserve, m.cw = 0, nil
 	m.hold = ledger.NewHolder(w.keys, m.holder)
-	m.lease = w.etcd.grant(w.now + int64(leaseTTL))
+	for _, i := range []int{0, 1} {
+		if m.watches[i] != nil {
+			m.watches[i].closed, m.watches[i].pending = true, nil
+		}
+		m.due[i] = false
+	}
 	// As store.Follower watches: no deletions of publishes.
-	m.watches = []*watch{w.etcd.watch(w.keys.Pubs(), true), w.etcd.watch(w.keys.Grants(m.holder), false)}
-	m.due = []bool{false, false}
+	m.watches[0], m.watches[1] = w.etcd.watch(w.keys.Pubs(), true), w.etcd.watch(w.keys.Grants(m.holder), false)
 	for _, prefix := range []string{w.keys.Pubs(), w.keys.Grants(m.holder)} {
 		keys, kvs, _ := w.etcd.get(prefix)
 		for _, k := range keys {
 			m.decode(k, kvs[k].value)
 		}
 	}
+}
+
+// session registers m's holder on a new lease, reads the config and
+// watches it from there, as limiter/cluster's ledgerSession: a config
+// that names the shares ends the Follower (leave); a deleted one changes
+// nothing. A lease lost starts a new session of the same Follower.
+func (m *member) session() {
+	w := m.w
+	m.lease = w.etcd.grant(w.now + int64(leaseTTL))
+	if m.watches[2] != nil {
+		m.watches[2].closed, m.watches[2].pending = true, nil
+	}
+	m.watches[2], m.due[2] = w.etcd.watch(configKey, true), false
+	if kv, ok := w.etcd.kvs[configKey]; ok && m.configNames(kv.value) == coordShares {
+		m.leave()
+		return
+	}
 	m.report()
-	inc := m.inc
-	w.at(w.now+w.rng.Int64N(int64(w.window)/5+1), func() { m.tick(inc) })
-	w.tracef("%s starts", m.holder)
+}
+
+// configNames returns the coordination a config record names.
+func (m *member) configNames(value []byte) string {
+	var c configRecord
+	if err := json.Unmarshal(value, &c); err != nil {
+		m.w.fail("%s cannot read the config: %v", m.holder, err)
+		return ""
+	}
+	return c.Coordination
+}
+
+// config handles a config m's watch brought: one naming the shares ends
+// its Follower (leave), one naming the ledger while it is on the shares
+// begins a new one, and a new session.
+func (m *member) config(value []byte) {
+	switch c := m.configNames(value); {
+	case c == coordShares && !m.shares:
+		m.leave()
+	case c == coordLedger && m.shares:
+		m.shares = false
+		m.follow()
+		m.session()
+		m.w.tracef("%s follows the ledger again", m.holder)
+		m.sync()
+	}
+}
+
+// leave is limiter/cluster's leftLedger: the limiter drops what the
+// ledger's grants left in it at once, and the Follower ends. Its lease is
+// no longer kept alive, and ends.
+func (m *member) leave() {
+	m.shares = true
+	if err := m.lim.SetQuota(0, time.Time{}); err != nil {
+		m.w.fail("%s cannot drop the ledger's quota: %v", m.holder, err)
+	}
+	for _, i := range []int{0, 1} {
+		m.watches[i].closed, m.watches[i].pending = true, nil
+	}
+	m.w.tracef("%s leaves the ledger: the config names the shares", m.holder)
 }
 
 // stop ends m's incarnation: its limiter and watches go.
@@ -148,6 +238,10 @@ func (m *member) tick(inc int) {
 	if m.ticks%4 == 0 {
 		m.report()
 	}
+	if w.now >= m.look && !m.crashed {
+		m.look = w.now + int64(round.StandInEvery(w.config(w.limit), 4*w.window/5))
+		m.standIn()
+	}
 }
 
 // report keeps the lease alive and writes the record (the demand, and
@@ -155,13 +249,12 @@ func (m *member) tick(inc int) {
 // expired ends this incarnation and starts the next.
 func (m *member) report() {
 	w := m.w
-	if m.w.now < m.cut {
+	if m.w.now < m.cut || m.shares {
 		return
 	}
 	if !w.etcd.keepAlive(m.lease, w.now+int64(leaseTTL)) {
 		w.tracef("%s lost its lease", m.holder)
-		m.stop()
-		m.start()
+		m.session()
 		return
 	}
 	w.write(nil, []op{{key: "I/" + m.holder, value: m.record(), lease: m.lease}}, func(bool, bool) {})
@@ -189,10 +282,29 @@ func (m *member) deliver(inc, i int) {
 		m.w.at(max(m.paused, m.cut), func() { m.deliver(inc, i) })
 		return
 	}
+	if _, ok := m.w.etcd.leases[m.lease]; i == 2 && !ok && !m.shares {
+		// The session ended with its lease, and its watch of the config
+		// with it: the next session reads the config as it is now, and a
+		// Follower that missed a config of the shares goes on.
+		m.w.tracef("%s's session ended with its lease", m.holder)
+		m.session()
+		return
+	}
 	wt := m.watches[i]
 	evs := wt.pending
 	wt.pending, m.due[i] = nil, false
 	for _, e := range evs {
+		if i == 2 {
+			m.config(e.value)
+			continue
+		}
+		if i == 0 && m.gen != m.w.gen {
+			// A publish of a ledger begun after the one m's Follower
+			// began on was deleted whole: m lived across.
+			m.gen = m.w.gen
+			m.w.res.Across++
+			m.w.tracef("%s follows across a ledger deleted whole", m.holder)
+		}
 		m.decode(e.key, e.value)
 	}
 	m.sync()
@@ -205,15 +317,18 @@ func (m *member) deliver(inc, i int) {
 // real process may.
 func (m *member) sync() {
 	w := m.w
+	if m.shares {
+		return // the Follower ended
+	}
 	now := m.clock()
 	next, rels := m.hold.Next(now, 0)
 	if w.cfg.ApplyLag <= 0 {
 		m.commit(next, rels, now)
 		return
 	}
-	inc := m.inc
+	inc, hold := m.inc, m.hold
 	w.at(w.now+int64(w.cfg.ApplyLag), func() {
-		if inc == m.inc && !m.crashed {
+		if inc == m.inc && !m.crashed && hold == m.hold && !m.shares {
 			m.commit(next, rels, now)
 		}
 	})
@@ -241,7 +356,7 @@ func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 // many as one transaction holds; the next sync sends the rest.
 func (m *member) send() {
 	w := m.w
-	if m.sending || w.now < m.cut {
+	if m.sending || w.now < m.cut || m.shares {
 		return
 	}
 	sent, lops, err := m.hold.Unsent()
@@ -259,14 +374,14 @@ func (m *member) send() {
 		ops = append(ops, op{key: o.Key, value: o.Value})
 	}
 	m.sending = true
-	inc := m.inc
+	inc, hold := m.inc, m.hold
 	w.write(nil, ops, func(ok, known bool) {
 		if inc != m.inc {
 			return
 		}
 		m.sending = false
 		if ok {
-			m.hold.Stored(sent)
+			hold.Stored(sent)
 		}
 	})
 }

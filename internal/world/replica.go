@@ -1,7 +1,6 @@
 package world
 
 import (
-	"encoding/json"
 	"strings"
 
 	"github.com/sluice-go/sluice/configd/adapt"
@@ -45,7 +44,7 @@ func (r *replica) tick() {
 	if !r.leader {
 		r.tally = nil
 	}
-	if !r.leader || w.now < r.paused {
+	if !r.leader || w.now < r.paused || w.down {
 		return
 	}
 	// The controller's round, every other tick: about configd's default
@@ -56,6 +55,9 @@ func (r *replica) tick() {
 	if r.busy != 0 && w.now-r.busy < int64(w.window) {
 		return
 	}
+	if w.coord != coordLedger {
+		return // deleted, or on the shares: no ledger to publish
+	}
 	st, headMod := w.read()
 	limit := w.limit
 	if w.cfg.Break == "twice-ceiling" && w.prov != nil {
@@ -65,7 +67,7 @@ func (r *replica) tick() {
 	target, reserves := r.target(cfg)
 	p := round.Policy(cfg)
 	p.MaxOps, p.Reserves = w.cfg.MaxOps, reserves
-	ch, err := ledger.Plan(st, p, target, r.clock())
+	ch, err := ledger.Plan(w.begun(st), p, target, r.clock())
 	if err != nil {
 		w.fail("replica %d: %v", r.id, err)
 		return
@@ -73,7 +75,7 @@ func (r *replica) tick() {
 	if ch.Empty() {
 		return
 	}
-	ops, err := r.ops(ch)
+	ops, err := w.ops(ch)
 	if err != nil {
 		w.fail("replica %d: %v", r.id, err)
 		return
@@ -86,7 +88,7 @@ func (r *replica) tick() {
 		pause = w.rng.Int64N(2 * int64(w.window))
 	}
 	w.at(w.now+pause, func() {
-		conds := []cond{{w.keys.Head(), headMod}}
+		conds := []cond{{key: w.keys.Head(), mod: headMod}}
 		if w.cfg.Break == "unconditioned" {
 			conds = nil
 		}
@@ -98,19 +100,13 @@ func (r *replica) tick() {
 }
 
 // target is what configd's leader asks for the members registered in
-// etcd (round.Target): each registers under its holder name.
+// etcd (round.Target).
 func (r *replica) target(cfg schema.ProviderConfig) (map[string]int64, map[string]map[string]int64) {
 	w := r.w
-	keys, kvs, _ := w.etcd.get("I/")
-	live := make([]schema.InstanceRecord, 0, len(keys))
-	for _, k := range keys {
-		var rep report
-		if err := json.Unmarshal(kvs[k].value, &rep); err != nil {
-			w.fail("replica %d: the record %s: %v", r.id, k, err)
-			return nil, nil
-		}
-		h := strings.TrimPrefix(k, "I/")
-		live = append(live, schema.InstanceRecord{ID: h, Holder: h, Demand: rep.Demand, ClassDemand: rep.ClassDemand})
+	live, err := w.instances()
+	if err != nil {
+		w.fail("replica %d: %v", r.id, err)
+		return nil, nil
 	}
 	t, rs, err := round.Target(cfg, live)
 	if err != nil {
@@ -121,8 +117,8 @@ func (r *replica) target(cfg schema.ProviderConfig) (map[string]int64, map[strin
 }
 
 // ops turns a change into etcd operations.
-func (r *replica) ops(ch ledger.Change) ([]op, error) {
-	lops, err := r.w.keys.Ops(ch)
+func (w *World) ops(ch ledger.Change) ([]op, error) {
+	lops, err := w.keys.Ops(ch)
 	if err != nil {
 		return nil, err
 	}

@@ -34,8 +34,8 @@ const (
 	EventCrash    = "crash"         // Count members of Group (all when 0) crash for good
 	EventRestart  = "restart"       // Count members of Group (all when 0) crash, and start again after Down
 	EventLimit    = "limit"         // the limit becomes Limit, and the window Window if given
-	EventDelete   = "delete"        // the provider goes: played as a limit of 0
-	EventCreate   = "create"        // the provider comes back with Limit (and Window if given)
+	EventDelete   = "delete"        // the provider's config is deleted: configd stops writing its ledger
+	EventCreate   = "create"        // the provider comes back on the ledger with Limit (and Window if given)
 	EventFailover = "failover"      // the leader stops; another replica leads after Down
 	EventOutage   = "outage"        // every replica stops for Down
 	EventClock    = "configd-clock" // the leader's clock is Offset from true time
@@ -120,14 +120,28 @@ func (w *World) event(e Event) {
 				}
 			})
 		}
-	case EventLimit, EventCreate:
+	case EventLimit:
+		w.limit = e.Limit
+		if e.Window > 0 {
+			w.window = e.Window
+			w.longest = max(w.longest, w.window)
+		}
+	case EventCreate:
+		if w.coord == "" {
+			w.createLedger(e.Limit, e.Window)
+			break
+		}
+		// Created over a provider that was not deleted: a change of
+		// its config.
 		w.limit = e.Limit
 		if e.Window > 0 {
 			w.window = e.Window
 			w.longest = max(w.longest, w.window)
 		}
 	case EventDelete:
-		w.limit = 0
+		if w.coord != "" {
+			w.deleteProvider()
+		}
 	case EventFailover:
 		w.failover(e.Down)
 	case EventOutage:

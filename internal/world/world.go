@@ -7,13 +7,23 @@
 // expires leases, and over processes that crash, restart with the same
 // id, pause and wake with their old state, and are cut off from etcd
 // while their fail-static budget runs; configd replicas pause, fail over
-// and act as zombies beside a new leader.
+// and act as zombies beside a new leader, or all stop for a while, when
+// the members stand in for configd (round.StandIn, as limiter/cluster
+// does). The provider is deleted and created again: on the ledger, which
+// keeps its ledger, or first on the shares, which configd accepts once
+// the ledger's grants have ended (ledger.State.Ended) and which deletes
+// the ledger whole; members follow the config and leave the ledger for
+// the shares (not played: they admit nothing there), and a member whose
+// session ended meanwhile follows the old ledger into the new one.
 //
 // One seed is one history: time is virtual, nothing runs concurrently,
 // and every random choice comes from one generator, so a failing seed
 // replays exactly (Run with the same Config). The oracles:
 //
 //   - the ledger invariant (ledger.Audit) after every write etcd applies;
+//   - nothing admitted in a window wholly between a ledger's deletion
+//     and the first era of the next one (a deleted provider's limit is
+//     its ledger's until its grants end, which the deletion waits for);
 //   - the guarantee: in every aligned window of true time, what all
 //     members admitted is at most the most any revision of the ledger let
 //     that window hold;
@@ -144,6 +154,16 @@ type Result struct {
 	// check checked (Config.Critical): a call of critical refused in a
 	// window whose quota and reserve held from its start.
 	ClassWindows int
+	// Deletes is how often the provider was deleted, Creates and Shares
+	// how often it was created again on the ledger and on the shares,
+	// LedgersDeleted how often its ledger was deleted whole, and Across
+	// how many members followed a ledger from before such a deletion
+	// into the next ledger. Outages is how often every configd replica
+	// stopped, StandIns the writes members standing in for configd got
+	// applied, and StandInsTooLarge those etcd refused for their size
+	// (Config.MaxOps): a member plans with the ledger's default.
+	Deletes, Creates, Shares, LedgersDeleted, Across int
+	Outages, StandIns, StandInsTooLarge              int
 	// TopUpsOfAll is how many top-ups of all a publish's holders
 	// (ledger.Pub.Each) configd wrote.
 	TopUpsOfAll int
@@ -185,6 +205,10 @@ type World struct {
 	lengths   []time.Duration // the window lengths admissions are counted in
 	ahead     time.Duration   // the most a script set a replica's clock ahead
 	prov      *provider       // Config.Adaptive: the provider the members call
+	coord     string          // what the provider's config names (deletion.go); "": deleted
+	gen       int             // how many times the ledger was deleted whole
+	gaps      []gap           // the spans of true time with no ledger
+	down      bool            // every configd replica is stopped (outage)
 }
 
 // Run plays the history of cfg and returns what it showed.
@@ -203,6 +227,9 @@ func Run(cfg Config) Result {
 		if err := w.keys.Decode(w.ledger, key, value); err != nil {
 			w.fail("etcd holds a record the ledger cannot read: %v", err)
 		}
+		if key == w.keys.Head() && value == nil {
+			w.ledgerDeleted()
+		}
 	}
 	w.faultsEnd = epoch + int64(cfg.Faults)
 	if cfg.Adaptive {
@@ -213,6 +240,9 @@ func Run(cfg Config) Result {
 		w.reps = append(w.reps, newReplica(w, i))
 	}
 	w.reps[0].leader = true
+	w.elect()
+	w.coord = coordLedger
+	w.putConfig()
 	w.lengths = append(w.lengths, windows...)
 	w.lengths = append(w.lengths, cfg.Window)
 	if s := cfg.Script; s != nil {
@@ -329,9 +359,14 @@ func (w *World) afterWrite() {
 			}
 		}
 		for _, e := range st.Head.Eras {
-			vs := w.eras[e.Seq]
+			key := eraKey(w.gen, e.Seq)
+			vs := w.eras[key]
+			if len(vs) == 0 && w.gen > 0 {
+				g := &w.gaps[len(w.gaps)-1]
+				g.to = min(g.to, ledger.StartOf(e.Start, e.Window))
+			}
 			if len(vs) == 0 || !slices.EqualFunc(vs[len(vs)-1].Limits, e.Limits, func(a, b ledger.Step) bool { return a == b }) || vs[len(vs)-1].Start != e.Start {
-				w.eras[e.Seq] = append(vs, e)
+				w.eras[key] = append(vs, e)
 			}
 		}
 	}
@@ -396,11 +431,12 @@ func (w *World) checkWindows() {
 				w.res.Worst = max(w.res.Worst, float64(n)/float64(bound))
 			}
 			if n > bound {
-				w.fail("era %d: window %d of %v (at %.3fs) admitted %d, over its bound %d", s, k, win, float64(ledger.StartOf(k, win)-epoch)/1e9, n, bound)
+				w.fail("%s: window %d of %v (at %.3fs) admitted %d, over its bound %d", eraName(s), k, win, float64(ledger.StartOf(k, win)-epoch)/1e9, n, bound)
 			}
 		}
 	}
 	w.checkOutside(seqs)
+	w.checkGaps()
 	w.checkAny()
 	if w.prov != nil {
 		w.checkEffective()

@@ -42,8 +42,9 @@ func TestHistories(t *testing.T) {
 		first = rand.Uint64() >> 1
 	}
 	t.Logf("seeds %d to %d (replay one: go test -run '^TestHistories$' ./internal/world -world.n=1 -world.seed=SEED -v)", first, first+uint64(n)-1)
-	var windows, writes, classWindows, topUps int
+	var windows, writes, classWindows int
 	var worst float64
+	var sum Result // the new faults' counts, summed
 	for i := range n {
 		seed := first + uint64(i)
 		cfg := Config{Seed: seed, Loss: *lossFlag, Refuse: *refuseFlag, Members: *memFlag,
@@ -67,14 +68,16 @@ func TestHistories(t *testing.T) {
 		windows += r.Windows
 		writes += r.Writes
 		classWindows += r.ClassWindows
-		topUps += r.TopUpsOfAll
 		worst = max(worst, r.Worst)
+		sum.add(r)
 		if len(r.Violations) > 0 {
 			t.Fatalf("%v\nreplay: go test -run '^TestHistories$' ./internal/world -world.n=1 -world.seed=%d -v", r, r.Seed)
 		}
 	}
-	t.Logf("%d histories: %d windows checked, %d writes, none over; the fullest window at %.1f%% of its bound; %d members' windows that refused critical checked against their grants' reserve; %d top-ups of all a publish's holders", n, windows, writes, 100*worst, classWindows, topUps)
-	if n >= 50 && topUps == 0 {
+	t.Logf("%d histories: %d windows checked, %d writes, none over; the fullest window at %.1f%% of its bound; %d members' windows that refused critical checked against their grants' reserve", n, windows, writes, 100*worst, classWindows)
+	t.Logf("the provider deleted %d times, created again on the ledger %d times and on the shares %d; %d ledgers deleted whole, %d members followed across one; configd down %d times, %d writes of members standing in applied, %d refused for their size", sum.Deletes, sum.Creates, sum.Shares, sum.LedgersDeleted, sum.Across, sum.Outages, sum.StandIns, sum.StandInsTooLarge)
+	t.Logf("%d top-ups of all a publish's holders", sum.TopUpsOfAll)
+	if n >= 50 && sum.TopUpsOfAll == 0 {
 		t.Errorf("%d histories wrote no top-up of all a publish's holders: the world does not reach them", n)
 	}
 }
@@ -199,5 +202,27 @@ func TestNoInstanceLeftWantsNoGrants(t *testing.T) {
 	}
 	if r.Live {
 		t.Errorf("the liveness check ran with no instance to grant to")
+	}
+}
+
+// TestDeletionsAndStandInsOccur: the random histories delete the
+// provider and create it again, on the ledger and through the shares
+// (deleting the ledger whole), with members that follow a ledger into
+// the next one; and they stop configd, with members standing in.
+func TestDeletionsAndStandInsOccur(t *testing.T) {
+	var sum Result
+	for seed := uint64(1); seed <= 60; seed++ {
+		r := Run(Config{Seed: seed, Loss: 0.05, Refuse: 0.03})
+		if len(r.Violations) > 0 {
+			t.Fatalf("%v", r)
+		}
+		sum.add(r)
+	}
+	t.Logf("60 histories: %d deletions, %d created on the ledger, %d on the shares, %d ledgers deleted whole, %d members across one, %d outages of configd, %d stand-in writes", sum.Deletes, sum.Creates, sum.Shares, sum.LedgersDeleted, sum.Across, sum.Outages, sum.StandIns)
+	for what, n := range map[string]int{"deletion": sum.Deletes, "creation on the ledger": sum.Creates, "creation on the shares": sum.Shares,
+		"ledger deleted whole": sum.LedgersDeleted, "member across a deleted ledger": sum.Across, "outage of configd": sum.Outages, "stand-in write": sum.StandIns} {
+		if n == 0 {
+			t.Errorf("60 histories drew no %s", what)
+		}
 	}
 }
