@@ -261,7 +261,9 @@ func (s *State) Effective(g Grant, k int64) int64 {
 // holders (Pub.Each): Each from the top-up's first window, to every
 // holder of a grant stored in publish Of. A holder's part exists exactly
 // while its grant of Of is stored, so configd counts it for as long as
-// the holder may admit it.
+// the holder may admit it. A grant stored in such a top-up counts
+// nothing: the key of a holder's part is its own, and so are the
+// releases under it.
 func (s *State) Counted() iter.Seq[Grant] {
 	return func(yield func(Grant) bool) {
 		var each map[int64][]Pub
@@ -274,6 +276,9 @@ func (s *State) Counted() iter.Seq[Grant] {
 			}
 		}
 		for _, g := range s.Grants {
+			if p, ok := s.Pubs[g.Pub]; ok && p.Each > 0 {
+				continue
+			}
 			if !yield(g) {
 				return
 			}

@@ -751,8 +751,10 @@ func (pl *planner) lack(k int64) map[string]int64 {
 // for what every holder of the publish in force there is given alike
 // (alike), and a grant each for the rest, to as many holders as the
 // change has room for: the next round tops up the others from what is
-// left. A rest smaller than a holder's part of the slack is not worth a
-// record of its own and waits for the next publish.
+// left. What one record leaves a holder short, when less than its part
+// of the slack, is not worth a record of its own: such rests come of
+// dividing the room evenly, one each for some holders, and waits for the
+// next publish.
 func (pl *planner) topUpPiece(a, b int64, give map[string]int64) {
 	e := pl.cur()
 	if of, each, ok := pl.alike(a, b, give); ok && pl.left >= 1 {
@@ -761,13 +763,14 @@ func (pl *planner) topUpPiece(a, b int64, give map[string]int64) {
 		pl.c.Pubs = append(pl.c.Pubs, tp)
 		pl.left--
 		give = maps.Clone(give)
+		least := max(1, pl.p.Slack/int64(max(1, len(pl.target))))
 		for h := range pl.holds(of.Seq) {
-			give[h] -= each
+			if give[h] -= each; give[h] < least {
+				delete(give, h)
+			}
 		}
 		pl.c.Why = append(pl.c.Why, fmt.Sprintf("publish %d: publish %d's holders topped up by %d each in windows %d..%d", tp.Seq, of.Seq, each, a, b))
 	}
-	least := max(1, pl.p.Slack/int64(max(1, len(pl.target))))
-	maps.DeleteFunc(give, func(_ string, q int64) bool { return q < least })
 	if pl.left < 2 || len(give) == 0 {
 		return
 	}

@@ -2,8 +2,51 @@ package ledger
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
+
+// follow returns holder's side having read what a follower of s reads:
+// every publish, and its own grants.
+func follow(t *testing.T, keys Keys, s *State, holder string) *Holder {
+	t.Helper()
+	h := NewHolder(keys, holder)
+	for _, v := range records(s) {
+		switch r := v.(type) {
+		case Head, Release:
+			continue
+		case Grant:
+			if r.Holder != holder {
+				continue
+			}
+		}
+		b, err := Encode(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Observe(keyOf(keys, v), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return h
+}
+
+// deliver hands h the writes of c under prefix, as one of a follower's
+// two watches (pub/, grant/<holder>/) delivers them.
+func deliver(t *testing.T, keys Keys, c Change, prefix string, h *Holder) {
+	t.Helper()
+	ops, err := keys.Ops(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range ops {
+		if strings.HasPrefix(o.Key, prefix) {
+			if err := h.Observe(o.Key, o.Value); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
 
 // evenly returns a ledger of n holders granted 10 each of a limit of
 // 10·n, over as many changes of maxOps operations as that takes, at
@@ -124,23 +167,8 @@ func TestATopUpOfAllHoldersCountsWhileTheGrantIsStored(t *testing.T) {
 	if top.Each != 5 {
 		t.Fatalf("no top-up of all holders by 5 after a raise from 30 to 45: %+v", s.Pubs)
 	}
-	h := NewHolder("/l/", "h0001")
 	keys := Keys("/l/")
-	for _, v := range records(s) {
-		if g, ok := v.(Grant); ok && g.Holder != "h0001" {
-			continue
-		}
-		if _, ok := v.(Release); ok {
-			continue
-		}
-		b, err := Encode(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.Observe(keyOf(keys, v), b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	h := follow(t, keys, s, "h0001")
 	if q := h.View().Allowance("h0001", 1, top.A); q != 15 {
 		t.Fatalf("h0001 reads %d for window %d, want 15", q, top.A)
 	}
@@ -154,5 +182,99 @@ func TestATopUpOfAllHoldersCountsWhileTheGrantIsStored(t *testing.T) {
 	}
 	if q := h.View().Allowance("h0001", 1, top.A); q != 0 {
 		t.Errorf("h0001 still reads %d for window %d with its grant gone, want 0", q, top.A)
+	}
+}
+
+// A follower's two watches answer in either order. One that reads the
+// top-up of all holders before its grant of the new publish holds the
+// top-up through its old grant, whose quota is still its newest: it must
+// not release its part as more than that publish gives it, or the one
+// record becomes a release and a grant of its own for every such holder.
+func TestAHolderKeepsItsPartOfATopUpReadBeforeItsNewGrant(t *testing.T) {
+	const k = 100
+	const keys Keys = "/l/"
+	s, p, target := evenly(t, 3, 0, k)
+	h := follow(t, keys, s, "h0001")
+	p.Limit = 45
+	for hn := range target {
+		target[hn] = 15
+	}
+	c := plan(t, s, p, target, k)
+	var top Pub
+	for _, pb := range c.Pubs {
+		if pb.Each > 0 {
+			top = pb
+		}
+	}
+	if top.Each == 0 {
+		t.Fatalf("no top-up of all holders: %v", c.Why)
+	}
+	now := StartOf(k, w) + int64(w)/2
+	deliver(t, keys, c, keys.Pubs(), h) // the publishes' watch first
+	_, rels := h.Next(now, 0)
+	for _, r := range rels {
+		if r.Pub == top.Seq {
+			t.Errorf("h0001 releases its part of top-up %d (%d each of publish %d) to %d from window %d before it reads its grant of the new publish", top.Seq, top.Each, top.Of, r.Limit, r.From)
+		}
+	}
+}
+
+// The rest below a holder's part of the slack that one record leaves is
+// skipped; a holder that joins with a small target is not such a rest,
+// and is topped up at once where there is room.
+func TestAHolderJoiningWithASmallTargetIsToppedUpAtOnce(t *testing.T) {
+	const k = 100
+	s := NewState()
+	p := Policy{Limit: 300, Window: w, Horizon: 6, Keep: 2, Slack: 300 / 50}
+	target := map[string]int64{"a": 100, "b": 100}
+	for range 5 {
+		plan(t, s, p, target, k)
+	}
+	target["c"] = 1
+	plan(t, s, p, target, k)
+	if got := s.Allowance("c", 1, k+1); got != 1 {
+		t.Errorf("c may admit %d in window %d, with %d free; want its target 1", got, k+1, p.Limit-s.Sum(1, k+1))
+	}
+}
+
+// A grant stored in a top-up of all holders, which Plan never writes,
+// counts nothing, in the audit and on the holder alike: else it and the
+// holder's part would share one key and its releases, which the holder
+// drops with its grant of the publish topped up and etcd keeps.
+func TestAGrantStoredInATopUpOfAllCountsNothing(t *testing.T) {
+	const keys Keys = "/l/"
+	const k = 100
+	h := NewHolder(keys, "m1")
+	etcd := NewState()
+	put := func(v any) {
+		b, err := Encode(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Observe(keyOf(keys, v), b); err != nil {
+			t.Fatal(err)
+		}
+		if err := keys.Decode(etcd, keyOf(keys, v), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(Head{Seq: 1, Pubs: 3, Eras: []Era{{Seq: 1, Window: w, Start: 0, Limits: []Step{{From: 0, Limit: 100}}}}})
+	put(Pub{Seq: 1, Era: 1, Window: w, A: k, B: k + 5})
+	put(Grant{Pub: 1, Holder: "m1", Quota: 10, From: k})
+	put(Pub{Seq: 3, Era: 1, Window: w, A: k, B: k + 20, TopUp: true, Each: 5, Of: 1})
+	put(Grant{Pub: 3, Holder: "m1", Quota: 20, From: k})
+	put(Release{Pub: 3, Holder: "m1", From: k + 1, Limit: 5})
+	if vs := Audit(etcd); len(vs) > 0 {
+		t.Fatal(vs)
+	}
+	delete(etcd.Grants, GrantKey{1, "m1"})
+	if err := h.Observe(keys.Grant("m1", 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, kk := range []int64{k, k + 3, k + 10} {
+		got, counted := h.View().Allowance("m1", 1, kk), etcd.Allowance("m1", 1, kk)
+		if got != 0 || counted != 0 {
+			t.Errorf("window %d: m1 may admit %d and the ledger counts %d for it; want 0 and 0", kk, got, counted)
+		}
 	}
 }
