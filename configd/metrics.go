@@ -19,6 +19,7 @@ type metrics struct {
 	liveInstances   *prometheus.GaugeVec
 	total           *prometheus.GaugeVec
 	malformed       prometheus.Gauge
+	watchEvents     prometheus.Counter
 	foreignShares   *prometheus.CounterVec
 	damped          *prometheus.CounterVec
 	historyPruned   prometheus.Counter
@@ -67,6 +68,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		malformed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "configd_malformed_records", Help: "Malformed records in etcd the leader currently ignores.",
 		}),
+		watchEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "configd_watch_events_total", Help: "Events configd's watch of the providers and of its own keys received: the instances' records and the configs, never the ledgers' records.",
+		}),
 		foreignShares: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "configd_shares_foreign_writes_total", Help: "Shares records written by someone other than this replica while it led (a forgery or a hand edit), which it published over, by provider.",
 		}, []string{"provider"}),
@@ -105,7 +109,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 	}
 	reg.MustRegister(m.httpRequests, m.leader, m.leaderChanges, m.providersLed, m.publishes, m.publishFailures, m.publishFailing,
-		m.generation, m.liveInstances, m.total, m.malformed, m.foreignShares, m.damped, m.historyPruned, m.effective, m.ceiling, m.adaptMoves, m.electionForeign, m.electionForeignRemoved,
+		m.generation, m.liveInstances, m.total, m.malformed, m.watchEvents, m.foreignShares, m.damped, m.historyPruned, m.effective, m.ceiling, m.adaptMoves, m.electionForeign, m.electionForeignRemoved,
 		m.clockKnown, m.clockOffset, m.clockUncertainty,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

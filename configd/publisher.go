@@ -464,13 +464,15 @@ func (p *publisher) step(ctx context.Context) error {
 }
 
 // watch applies changes from rev+1 on and publishes after each batch, and
-// when a damped change is due. One watch of the whole prefix keeps the
-// changes in revision order: the writes of a provider's previous owner
-// before the deletion of its owner key (see owner.go).
+// when a damped change is due. One watch of configd's keys and the
+// providers' keeps the changes in revision order: the writes of a
+// provider's previous owner before the deletion of its owner key (see
+// owner.go). The ledgers are not watched: a round reads its own.
 func (p *publisher) watch(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wch := p.cli.Watch(clientv3.WithRequireLeader(wctx), p.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	key, end := p.keys.Watched()
+	wch := p.cli.Watch(clientv3.WithRequireLeader(wctx), key, clientv3.WithRange(end), clientv3.WithRev(rev+1))
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var lastStep time.Time
@@ -563,6 +565,7 @@ func (p *publisher) applyResponse(wr clientv3.WatchResponse, ok bool) error {
 	if err := wr.Err(); err != nil {
 		return fmt.Errorf("watch: %w", err)
 	}
+	p.metrics.watchEvents.Add(float64(len(wr.Events)))
 	for _, ev := range wr.Events {
 		p.apply(ev.Type, ev.Kv)
 	}

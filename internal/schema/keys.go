@@ -21,7 +21,7 @@ const (
 	evenDir      = "even/"
 	historyDir   = "history/"
 	budgetDir    = "budget/"
-	ledgerDir    = "ledger/"
+	ledgerDir    = "quota/" // sorts after providers/ and configd/: see Watched
 	electionDir  = "configd/leader"
 	ownersDir    = "configd/owners/"
 )
@@ -147,9 +147,14 @@ func (k Keys) Budget(name string, window time.Duration, start int64) string {
 }
 
 // Ledgers returns the prefix under which every provider's ledger lives:
-// beside the providers, not under them, so that a watch of the providers
-// (configd's) does not carry the ledgers' traffic.
+// beside the providers, and sorting after them and configd's own keys,
+// so that configd's watch (Watched) does not carry the ledgers' traffic.
 func (k Keys) Ledgers() string { return k.Prefix() + ledgerDir }
+
+// Watched returns the range of keys [key, end) configd watches: its own
+// keys and the providers', in one watch so that their changes come in
+// revision order, and none of the ledgers', which sort after both.
+func (k Keys) Watched() (key, end string) { return k.Prefix(), k.Ledgers() }
 
 // Ledger returns the prefix of a provider's ledger (ends with '/'): its
 // head, publishes, grants and releases (package internal/ledger), for a

@@ -26,7 +26,7 @@ func TestKeysLayout(t *testing.T) {
 		{k.Instance("pay", "host-1:42"), "/sluice/providers/pay/instances/host-1:42"},
 		{k.History("pay"), "/sluice/providers/pay/history/"},
 		{k.HistoryEntry("pay", 7), "/sluice/providers/pay/history/00000000000000000007"},
-		{k.Ledger("pay"), "/sluice/ledger/pay/"},
+		{k.Ledger("pay"), "/sluice/quota/pay/"},
 		{k.Election(), "/sluice/configd/leader"},
 		{Keys{}.Config("x"), "/sluice/providers/x/config"},
 	}
@@ -41,6 +41,24 @@ func TestKeysLayout(t *testing.T) {
 	}
 	if got := other.Instance("p", "i"); got != "/team-a/rl/providers/p/instances/i" {
 		t.Errorf("custom prefix: got %q", got)
+	}
+}
+
+// configd's one watch covers its own keys and every provider's, and none
+// of a ledger's.
+func TestWatchedCoversConfigdAndProvidersNotLedgers(t *testing.T) {
+	k := DefaultKeys()
+	key, end := k.Watched()
+	in := func(s string) bool { return s >= key && s < end }
+	for _, s := range []string{k.Election() + "/1", k.Owners() + "pay", k.Config("pay"), k.Instance("zzz", "i"), k.Budgets("z") + "x", k.HistoryEntry("z", 1)} {
+		if !in(s) {
+			t.Errorf("%q is outside configd's watch [%q, %q)", s, key, end)
+		}
+	}
+	for _, s := range []string{k.Ledger("a") + "head", k.Ledger("pay") + "release/h/1/2/3"} {
+		if in(s) {
+			t.Errorf("%q is inside configd's watch [%q, %q)", s, key, end)
+		}
 	}
 }
 
@@ -64,7 +82,7 @@ func TestKeysParse(t *testing.T) {
 		"", "/sluice/", "/sluice/providers/", "/sluice/providers/p", "/sluice/providers/p/",
 		"/sluice/providers/P/config", "/sluice/providers/p/other", "/sluice/providers/p/instances/",
 		"/sluice/providers/p/instances/a/b", "/sluice/providers/p/history/x", "/sluice/providers/p/shares/",
-		"/sluice/providers/p/shares/a/b", "/other/providers/p/config", "/sluice/providers/p/ledger/head", "/sluice/ledger/p/head",
+		"/sluice/providers/p/shares/a/b", "/other/providers/p/config", "/sluice/providers/p/ledger/head", "/sluice/quota/p/head",
 		"/sluice/providers/p/config/x", "/sluice/configd/leader/abc",
 	} {
 		got, err := k.Parse(key)
