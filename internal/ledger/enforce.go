@@ -53,7 +53,9 @@ func (h *Holder) Observe(key string, value []byte) error {
 		return err
 	}
 	if gk, ok := h.keys.grantOf(key); ok && value == nil {
-		h.dropReleases(gk)
+		if p, ok := h.view.Pubs[gk.Pub]; !ok || p.Each == 0 {
+			h.dropReleases(gk) // in a top-up of all, they are its part's, which stays
+		}
 		for _, p := range h.view.Pubs {
 			if p.Each > 0 && p.Of == gk.Pub {
 				h.dropReleases(GrantKey{p.Seq, gk.Holder}) // its part of that top-up went with it

@@ -188,10 +188,13 @@ func (s *State) targetGrant(holder string) (g Grant, p Pub, ok bool) {
 // so that from its first window starting after now+margin it admits no
 // more than its last publish gives it: every grant of an earlier era
 // goes to 0, and the grants of the target's era keep, longest first,
-// what fits under the target in every window. A part of a top-up of the
-// last publish's own holders (Pub.Each) is configd's raise of that
-// publish, decided after it: it stays until a later publish is read,
-// which the holder may read after the top-up, on its other watch. margin is how long the
+// what fits under the target in every window. A top-up written after the
+// last publish is configd's later decision toward the target, which the
+// last publish may not carry yet (a top-up of all its holders, Pub.Each,
+// even comes on the other watch, before the holder's grant of the
+// publish decided with it): it stays until a later publish is read. A
+// top-up ends before the open publish begins, so what it keeps is
+// within the horizon. margin is how long the
 // holder may take to enforce them: a release is true only if its
 // limiter enforces it before its window begins. None when nothing is to
 // be lowered.
@@ -205,7 +208,7 @@ func (s *State) ToRelease(holder string, now int64, margin time.Duration) []Rele
 	var same []Grant
 	for _, g := range slices.SortedFunc(s.Counted(), compareGrants) {
 		p, ok := s.Pubs[g.Pub]
-		if !ok || g.Holder != holder || g.Pub == top.Seq || p.Each > 0 && p.Of == top.Seq {
+		if !ok || g.Holder != holder || g.Pub == top.Seq || p.TopUp && p.Seq > top.Seq {
 			continue
 		}
 		r := WindowOf(now, p.Window) + 1
