@@ -238,7 +238,8 @@ scale:
 ## shards: providers spread over configd replicas: P providers of I
 ## instances (records and an acknowledger, not processes) led by 3 configd
 ## processes: hand-out, retunes of every provider, CPU per replica, a
-## replica killed (SHARDS_FLAGS=-replicas 1 for one replica's capacity).
+## replica killed (SHARDS_FLAGS=-replicas 1 for one replica's capacity,
+## -coordination both for the shares and the ledger).
 shards:
 	$(GO) run ./bench/shards $(SHARDS_FLAGS)
 
