@@ -116,20 +116,7 @@ func TestTopUpsUnderALaggingPublishAreKeptNotChurned(t *testing.T) {
 func TestDeletingAGrantStoredInATopUpOfAllKeepsThePartsReleases(t *testing.T) {
 	const keys Keys = "/l/"
 	const k = 100
-	h := NewHolder(keys, "m1")
-	etcd := NewState()
-	put := func(v any) {
-		b, err := Encode(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.Observe(keyOf(keys, v), b); err != nil {
-			t.Fatal(err)
-		}
-		if err := keys.Decode(etcd, keyOf(keys, v), b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	h, etcd, put := mirrored(t, keys, "m1")
 	put(Head{Seq: 1, Pubs: 3, Eras: []Era{{Seq: 1, Window: w, Start: 0, Limits: []Step{{From: 0, Limit: 100}}}}})
 	put(Pub{Seq: 1, Era: 1, Window: w, A: k, B: k + 5})
 	put(Grant{Pub: 1, Holder: "m1", Quota: 10, From: k})

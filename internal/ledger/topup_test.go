@@ -31,6 +31,25 @@ func follow(t *testing.T, keys Keys, s *State, holder string) *Holder {
 	return h
 }
 
+// mirrored returns holder's side and etcd's ledger, empty, and a put
+// that stores a record in both: a holder that reads every record.
+func mirrored(t *testing.T, keys Keys, holder string) (*Holder, *State, func(v any)) {
+	h, etcd := NewHolder(keys, holder), NewState()
+	return h, etcd, func(v any) {
+		t.Helper()
+		b, err := Encode(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Observe(keyOf(keys, v), b); err != nil {
+			t.Fatal(err)
+		}
+		if err := keys.Decode(etcd, keyOf(keys, v), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // deliver hands h the writes of c under prefix, as one of a follower's
 // two watches (pub/, grant/<holder>/) delivers them.
 func deliver(t *testing.T, keys Keys, c Change, prefix string, h *Holder) {
@@ -244,20 +263,7 @@ func TestAHolderJoiningWithASmallTargetIsToppedUpAtOnce(t *testing.T) {
 func TestAGrantStoredInATopUpOfAllCountsNothing(t *testing.T) {
 	const keys Keys = "/l/"
 	const k = 100
-	h := NewHolder(keys, "m1")
-	etcd := NewState()
-	put := func(v any) {
-		b, err := Encode(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.Observe(keyOf(keys, v), b); err != nil {
-			t.Fatal(err)
-		}
-		if err := keys.Decode(etcd, keyOf(keys, v), b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	h, etcd, put := mirrored(t, keys, "m1")
 	put(Head{Seq: 1, Pubs: 3, Eras: []Era{{Seq: 1, Window: w, Start: 0, Limits: []Step{{From: 0, Limit: 100}}}}})
 	put(Pub{Seq: 1, Era: 1, Window: w, A: k, B: k + 5})
 	put(Grant{Pub: 1, Holder: "m1", Quota: 10, From: k})
