@@ -57,6 +57,12 @@ type member struct {
 	gen      int
 	look     int64
 	standing bool
+	// applying is the Holder whose computed change is on its way to the
+	// limiter (Config.ApplyLag), again that a sync came meanwhile: like
+	// store.Follower's one goroutine, the next change is computed only
+	// once the last is committed.
+	applying *ledger.Holder
+	again    bool
 }
 
 // leaseTTL is how long a member's lease outlives its last keep-alive.
@@ -314,11 +320,17 @@ func (m *member) deliver(inc, i int) {
 // grant asks it to release, and sends the releases not yet known stored.
 // A release is kept, and sent, only if the limiter enforced it before its
 // window began: the member takes Config.ApplyLag to apply a change, as a
-// real process may.
+// real process may. One change is applied at a time, as store.Follower
+// does: a change computed before the last was committed would enforce a
+// view without the releases that commit kept.
 func (m *member) sync() {
 	w := m.w
 	if m.shares {
 		return // the Follower ended
+	}
+	if m.applying == m.hold {
+		m.again = true
+		return
 	}
 	now := m.clock()
 	next, rels := m.hold.Next(now, 0)
@@ -327,9 +339,15 @@ func (m *member) sync() {
 		return
 	}
 	inc, hold := m.inc, m.hold
+	m.applying, m.again = hold, false
 	w.at(w.now+int64(w.cfg.ApplyLag), func() {
-		if inc == m.inc && !m.crashed && hold == m.hold && !m.shares {
-			m.commit(next, rels, now)
+		if inc != m.inc || m.crashed || hold != m.hold || m.shares {
+			return
+		}
+		m.applying = nil
+		m.commit(next, rels, now)
+		if m.again {
+			m.sync()
 		}
 	})
 }
