@@ -38,7 +38,7 @@ func (p *publisher) publishLedger(ctx context.Context, f fence, name string, st 
 	p.metrics.liveInstances.WithLabelValues(name).Set(float64(len(live)))
 	p.metrics.total.WithLabelValues(name).Set(float64(cfg.Limit))
 	run := ledgerRun{at: now, keyRev: st.keyRev, holders: holders.Sum64()}
-	if until, ok := st.ledgerLast.wait(run, tick); ok && now.Before(until) {
+	if until, ok := st.ledgerLast.wait(run, tick, cfg.Window.D()); ok && now.Before(until) {
 		st.due = until
 		return nil
 	}
@@ -85,20 +85,26 @@ type ledgerRun struct {
 }
 
 // joinGap is the least time between two rounds for a change of the live
-// holders: instances that join together are granted in one publish.
-const joinGap = 50 * time.Millisecond
+// holders of a provider of window w: instances that join within a window
+// are granted in one publish. Each publish to all holders costs every
+// holder a grant and, when its share shrank, releases; a fleet joining
+// over seconds otherwise made a publish every round.
+func joinGap(w time.Duration) time.Duration {
+	return min(max(w, 50*time.Millisecond), time.Second)
+}
 
 // wait returns until when the rounds for next may wait after last: every
 // report of an instance's demand marks its provider changed, and a
 // thousand instances report a thousand times a second, while a target
-// that moved by more than the slack can wait for the next tick. A new
-// config or more to write waits for nothing.
-func (last ledgerRun) wait(next ledgerRun, tick time.Duration) (time.Time, bool) {
+// that moved by more than the slack can wait for the next tick, and a
+// change of the holders for joinGap of the window w. A new config or
+// more to write waits for nothing.
+func (last ledgerRun) wait(next ledgerRun, tick, w time.Duration) (time.Time, bool) {
 	if last.at.IsZero() || last.more || next.keyRev != last.keyRev {
 		return time.Time{}, false
 	}
 	if next.holders != last.holders {
-		return last.at.Add(joinGap), true
+		return last.at.Add(joinGap(w)), true
 	}
 	return last.at.Add(tick), true
 }

@@ -727,11 +727,11 @@ func TestLedgerStandInBesideAnInstanceThatCannot(t *testing.T) {
 
 // TestLedgerRoundsWaitForTheTickOnReports: every instance's report marks
 // its provider changed, a thousand a second at N = 1,000, and each ran
-// the ledger's rounds; they wait for the tick now, for a join 50 ms, and
-// for a new config or more to write not at all.
+// the ledger's rounds; they wait for the tick now, for a join a window
+// (from 50 ms to 1 s), and for a new config or more to write not at all.
 func TestLedgerRoundsWaitForTheTickOnReports(t *testing.T) {
 	at := time.Unix(1000, 0)
-	tick := 250 * time.Millisecond
+	tick, w := 250*time.Millisecond, time.Second
 	last := ledgerRun{at: at, keyRev: 7, holders: 1}
 	cases := []struct {
 		name string
@@ -741,12 +741,12 @@ func TestLedgerRoundsWaitForTheTickOnReports(t *testing.T) {
 	}{
 		{"first", ledgerRun{}, ledgerRun{keyRev: 7, holders: 1}, -1},
 		{"a report", last, ledgerRun{keyRev: 7, holders: 1}, tick},
-		{"a join", last, ledgerRun{keyRev: 7, holders: 2}, joinGap},
+		{"a join", last, ledgerRun{keyRev: 7, holders: 2}, w},
 		{"a new config", last, ledgerRun{keyRev: 8, holders: 1}, -1},
 		{"more to write", ledgerRun{at: at, keyRev: 7, holders: 1, more: true}, ledgerRun{keyRev: 7, holders: 1}, -1},
 	}
 	for _, c := range cases {
-		until, ok := c.last.wait(c.next, tick)
+		until, ok := c.last.wait(c.next, tick, w)
 		switch {
 		case c.want < 0 && ok:
 			t.Errorf("%s: waits until %v, want no wait", c.name, until)
@@ -808,5 +808,20 @@ func TestLedgerProviderWithADailyBudget(t *testing.T) {
 	out := itCLI(t, "audit", "api", server)
 	if !regexp.MustCompile(`(?m)^api +\d+ .* 300 +ok$`).MatchString(out) || !regexp.MustCompile(`(?m)^api~1 +budget: ([6-9]|[1-3]\d|40) of 40 taken`).MatchString(out) {
 		t.Errorf("configd audit api printed\n%s\nwant the rate's ledger ok and what was taken of the budget", out)
+	}
+}
+
+// TestJoinGapIsAWindowWithinBounds: joins are batched a window apart,
+// no less than 50 ms and no more than a second.
+func TestJoinGapIsAWindowWithinBounds(t *testing.T) {
+	for _, c := range []struct{ w, want time.Duration }{
+		{10 * time.Millisecond, 50 * time.Millisecond},
+		{100 * time.Millisecond, 100 * time.Millisecond},
+		{time.Second, time.Second},
+		{time.Minute, time.Second},
+	} {
+		if got := joinGap(c.w); got != c.want {
+			t.Errorf("joinGap(%v) = %v, want %v", c.w, got, c.want)
+		}
 	}
 }
