@@ -101,7 +101,10 @@ func (s *store) noShares(ctx context.Context, n string) ([]clientv3.Cmp, error) 
 // and the deletion of its records once every grant in it has ended: twice
 // the instances' clock bound past its last window, the larger of the one
 // its era records (Era.Bound) and bound's for its windows' length. Or
-// ErrRecordsLeft saying until when one runs.
+// ErrRecordsLeft saying until when one runs. The head stays, emptied
+// (ledger.State.Emptied): a provider back on the ledger numbers its
+// publishes past the old ones and grants nothing before the old grants'
+// end.
 func (s *store) ledgerEnded(ctx context.Context, n string, bound func(window time.Duration) time.Duration) ([]clientv3.Cmp, []clientv3.Op, error) {
 	keys := ledger.Keys(s.keys.Ledger(n))
 	st, headMod, _, bad, err := ledgerstore.Read(ctx, s.cli, keys)
@@ -114,9 +117,19 @@ func (s *store) ledgerEnded(ctx context.Context, n string, bound func(window tim
 	if len(bad) > 0 {
 		return nil, nil, fmt.Errorf("%w: %q's ledger has %d records that do not decode (%v): it cannot tell when its grants end; delete them", ErrRecordsLeft, n, len(bad), bad[0])
 	}
-	if end := st.Ended(bound); end > 0 && s.clock().Before(time.Unix(0, end)) {
+	end := st.Ended(bound)
+	if end > 0 && s.clock().Before(time.Unix(0, end)) {
 		return nil, nil, fmt.Errorf("%w: %q's ledger grants room until %s; create it with the shares, or give it a budget, after then; or a limit of up to %v with the ledger now", ErrRecordsLeft, n, time.Unix(0, end).UTC().Format(time.RFC3339Nano), time.Duration(schema.MaxWindow))
 	}
+	head, err := ledger.Encode(st.Emptied(end))
+	if err != nil {
+		return nil, nil, err
+	}
 	cond := clientv3.Compare(clientv3.ModRevision(keys.Head()), "=", headMod)
-	return []clientv3.Cmp{cond}, []clientv3.Op{clientv3.OpDelete(string(keys), clientv3.WithPrefix())}, nil
+	return []clientv3.Cmp{cond}, []clientv3.Op{
+		clientv3.OpDelete(keys.Pubs(), clientv3.WithPrefix()),
+		clientv3.OpDelete(keys.AllGrants(), clientv3.WithPrefix()),
+		clientv3.OpDelete(keys.AllReleases(), clientv3.WithPrefix()),
+		clientv3.OpPut(keys.Head(), string(head)),
+	}, nil
 }

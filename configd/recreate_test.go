@@ -16,6 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/ledger"
+	ledgerstore "github.com/sluice-go/sluice/internal/ledger/store"
 	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/netcut"
 	"github.com/sluice-go/sluice/internal/schema"
@@ -61,6 +63,9 @@ func setUntilAccepted(t *testing.T, refused string, args ...string) time.Time {
 // The shares' config is now refused until the ledger's grants have ended;
 // then a and b leave the ledger for the shares, and the three split the
 // limit with no window over.
+//
+// The ledger is emptied with the shares' config: its head stays, with
+// its publish numbers.
 func TestLedgerRecreatedAsSharesBesideLiveGrants(t *testing.T) {
 	const w = itWindow
 	srv := etcdtest.Start(t)
@@ -84,6 +89,13 @@ func TestLedgerRecreatedAsSharesBesideLiveGrants(t *testing.T) {
 	itCLI(t, "delete", "api", server)
 	accepted := setUntilAccepted(t, "grants room until", set...)
 	t.Logf("the shares' config accepted once the ledger's grants ended, at %s", accepted.Format("15:04:05.000"))
+	st, headMod, _, bad, err := ledgerstore.Read(ctxT(t), itClient(t, srv), ledger.Keys(itKeys.Ledger("api")))
+	if err != nil || len(bad) > 0 {
+		t.Fatalf("reading the ledger: %v %v", err, bad)
+	}
+	if headMod == 0 || st.Head.Pubs == 0 || len(st.Pubs)+len(st.Grants)+len(st.Releases) > 0 {
+		t.Errorf("the ledger after the shares' config: head at revision %d numbering %d publishes, %d publishes, %d grants, %d releases; want only the head, its numbers kept", headMod, st.Head.Pubs, len(st.Pubs), len(st.Grants), len(st.Releases))
+	}
 	cm := joinAPI(t, itClient(t, srv), "c", &clog)
 	c.take(cm, nil)
 	itWait(t, "a, b and c on the shares' split", func() (bool, string) {

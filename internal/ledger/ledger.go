@@ -434,6 +434,23 @@ func (s *State) Ended(bound func(window time.Duration) time.Duration) int64 {
 	return end
 }
 
+// Emptied returns the head a ledger keeps when every other record of it
+// is deleted, once no grant is in effect from end (ns) on (Ended): its
+// publish numbers, so that none is used twice, and its eras, each with
+// its floor raised to the first window that starts at end or later, so
+// that no era a later Plan continues or starts grants a window its old
+// grants could still be used in. Nothing is staged.
+func (s *State) Emptied(end int64) Head {
+	h := s.Head
+	h.Seq++
+	h.Staged = 0
+	h.Eras = slices.Clone(h.Eras)
+	for i, e := range h.Eras {
+		h.Eras[i].Floor = max(e.Floor, ceilDiv(end, int64(e.Window)))
+	}
+	return h
+}
+
 // numbersPerRevision bounds the publish numbers one change takes: one
 // for each publish it writes, each an operation of a transaction of at
 // most MaxOps, and one for a staged publish it gives up.

@@ -70,7 +70,8 @@ func (w *World) createLedger(limit int64, window time.Duration) {
 // configd's store does (configd/coordination.go, ledgerEnded): refused
 // while any grant of its ledger may still let an instance admit
 // (ledger.State.Ended, on configd's clock), and retried a window later;
-// then written with the deletion of the whole ledger, conditioned on
+// then written with the deletion of every record of the ledger but its
+// head, which it keeps emptied (ledger.State.Emptied), conditioned on
 // its head and on the config still absent. then runs once it is
 // written.
 func (w *World) createShares(then func()) {
@@ -93,15 +94,27 @@ func (w *World) createShares(then func()) {
 	ops := []op{{key: configKey, value: b}}
 	keys, _, _ := w.etcd.get(string(w.keys))
 	for _, k := range keys {
-		ops = append(ops, op{key: k})
+		if k != w.keys.Head() {
+			ops = append(ops, op{key: k})
+		}
 	}
+	if headMod != 0 {
+		head, err := ledger.Encode(st.Emptied(end))
+		if err != nil {
+			w.fail("the emptied head: %v", err)
+			return
+		}
+		ops = append(ops, op{key: w.keys.Head(), value: head})
+	}
+	pubs := st.Head.Pubs
 	if ok, _ := w.etcd.commit([]cond{{key: w.keys.Head(), mod: headMod}, {key: configKey}}, ops); !ok {
-		w.fail("the shares' config and the ledger's deletion, conditioned on what the world just read, were refused")
+		w.fail("the shares' config and the ledger's emptying, conditioned on what the world just read, were refused")
 		return
 	}
+	w.ledgerEmptied(pubs)
 	w.afterWrite()
 	w.res.Shares++
-	w.tracef("the provider is created on the shares; its ledger is deleted whole (%d keys)", len(keys))
+	w.tracef("the provider is created on the shares; its ledger is emptied (%d keys deleted), its head kept", len(ops)-1)
 	then()
 }
 
@@ -147,16 +160,40 @@ func (w *World) deleteAndCreate() {
 
 // ledgerDeleted notes that the ledger's head went: what the ledger
 // writes next is a new ledger, whose eras the oracle keeps apart
-// (eraKey), and nothing may be admitted from now until its first era.
+// (eraKey), and nothing may be admitted from now until its first grant.
 func (w *World) ledgerDeleted() {
 	w.gen++
+	w.heads++
 	w.gaps = append(w.gaps, gap{from: w.now, to: 1<<62 - 1})
 	w.res.LedgersDeleted++
 }
 
-// gap is true time with no ledger: from the deletion of one until the
-// start of the next one's first era.
-type gap struct{ from, to int64 }
+// ledgerEmptied notes that every record but the head went, with the
+// publishes numbered up to pubs: nothing may be admitted from now until
+// a later publish's first window.
+func (w *World) ledgerEmptied(pubs int64) {
+	w.gen++
+	w.gaps = append(w.gaps, gap{from: w.now, to: 1<<62 - 1, after: pubs})
+	w.res.Emptied++
+}
+
+// gap is true time with no grant in the ledger: from its deletion or
+// emptying until the first window of a publish numbered past after.
+type gap struct{ from, to, after int64 }
+
+// closeGaps ends each gap at the first window of a publish in st
+// numbered past the gap's last, or at once when that window began
+// before the gap.
+func (w *World) closeGaps(st *ledger.State) {
+	for i := range w.gaps {
+		g := &w.gaps[i]
+		for _, p := range st.Pubs {
+			if p.Seq > g.after {
+				g.to = min(g.to, max(g.from, ledger.StartOf(p.A, p.Window)))
+			}
+		}
+	}
+}
 
 // eraKey keys era seq of the gen-th ledger under the provider's keys:
 // in order of time.
@@ -171,13 +208,14 @@ func eraName(key int64) string {
 }
 
 // checkGaps fails any window of true time wholly within a gap that
-// admitted anything: the ledger deleted had no grant left in effect.
+// admitted anything: the ledger deleted or emptied had no grant left in
+// effect.
 func (w *World) checkGaps() {
 	for _, g := range w.gaps {
 		for _, win := range w.lengths {
 			for k, n := range w.admitted[win] {
 				if n > 0 && ledger.StartOf(k, win) >= g.from && ledger.StartOf(k+1, win) <= g.to {
-					w.fail("window %d of %v (at %.3fs) admitted %d with no ledger: the last was deleted at %.3fs", k, win, float64(ledger.StartOf(k, win)-epoch)/1e9, n, float64(g.from-epoch)/1e9)
+					w.fail("window %d of %v (at %.3fs) admitted %d with no grant: the ledger was emptied or deleted at %.3fs", k, win, float64(ledger.StartOf(k, win)-epoch)/1e9, n, float64(g.from-epoch)/1e9)
 				}
 			}
 		}

@@ -305,11 +305,11 @@ func (m *member) deliver(inc, i int) {
 			continue
 		}
 		if i == 0 && m.gen != m.w.gen {
-			// A publish of a ledger begun after the one m's Follower
-			// began on was deleted whole: m lived across.
+			// The ledger m's Follower began on was emptied or deleted
+			// since: m lived across.
 			m.gen = m.w.gen
 			m.w.res.Across++
-			m.w.tracef("%s follows across a ledger deleted whole", m.holder)
+			m.w.tracef("%s follows across a ledger emptied or deleted", m.holder)
 		}
 		m.decode(e.key, e.value)
 	}

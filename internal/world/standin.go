@@ -171,6 +171,7 @@ func (s *Result) add(r Result) {
 	s.Deletes += r.Deletes
 	s.Creates += r.Creates
 	s.Shares += r.Shares
+	s.Emptied += r.Emptied
 	s.LedgersDeleted += r.LedgersDeleted
 	s.Across += r.Across
 	s.Outages += r.Outages

@@ -156,14 +156,16 @@ type Result struct {
 	ClassWindows int
 	// Deletes is how often the provider was deleted, Creates and Shares
 	// how often it was created again on the ledger and on the shares,
-	// LedgersDeleted how often its ledger was deleted whole, and Across
-	// how many members followed a ledger from before such a deletion
-	// into the next ledger. Outages is how often every configd replica
+	// Emptied how often its ledger was emptied (all but its head deleted,
+	// as configd does when the provider moves to the shares),
+	// LedgersDeleted how often its head was deleted, and Across how many
+	// members followed a ledger from before either into what came after.
+	// Outages is how often every configd replica
 	// stopped, StandIns the writes members standing in for configd got
 	// applied, and StandInsTooLarge those etcd refused for their size
 	// (Config.MaxOps): a member plans with the ledger's default.
-	Deletes, Creates, Shares, LedgersDeleted, Across int
-	Outages, StandIns, StandInsTooLarge              int
+	Deletes, Creates, Shares, Emptied, LedgersDeleted, Across int
+	Outages, StandIns, StandInsTooLarge                       int
 	// TopUpsOfAll is how many top-ups of all a publish's holders
 	// (ledger.Pub.Each) configd wrote.
 	TopUpsOfAll int
@@ -206,8 +208,9 @@ type World struct {
 	ahead     time.Duration   // the most a script set a replica's clock ahead
 	prov      *provider       // Config.Adaptive: the provider the members call
 	coord     string          // what the provider's config names (deletion.go); "": deleted
-	gen       int             // how many times the ledger was deleted whole
-	gaps      []gap           // the spans of true time with no ledger
+	gen       int             // how many times the ledger was deleted whole or emptied
+	heads     int             // how many times its head was deleted: eraKey's ledgers
+	gaps      []gap           // the spans of true time with no grant in the ledger
 	down      bool            // every configd replica is stopped (outage)
 }
 
@@ -358,13 +361,10 @@ func (w *World) afterWrite() {
 				w.res.TopUpsOfAll++
 			}
 		}
+		w.closeGaps(st)
 		for _, e := range st.Head.Eras {
-			key := eraKey(w.gen, e.Seq)
+			key := eraKey(w.heads, e.Seq)
 			vs := w.eras[key]
-			if len(vs) == 0 && w.gen > 0 {
-				g := &w.gaps[len(w.gaps)-1]
-				g.to = min(g.to, ledger.StartOf(e.Start, e.Window))
-			}
 			if len(vs) == 0 || !slices.EqualFunc(vs[len(vs)-1].Limits, e.Limits, func(a, b ledger.Step) bool { return a == b }) || vs[len(vs)-1].Start != e.Start {
 				w.eras[key] = append(vs, e)
 			}

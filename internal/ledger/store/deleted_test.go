@@ -15,13 +15,14 @@ import (
 	"github.com/sluice-go/sluice/limiter"
 )
 
-// TestAFollowerAcrossALedgerDeletedWholeKeepsTheLimit: configd deletes a
-// ledger whole once every grant in it has ended, releases counted
-// (configd/coordination.go ledgerEnded), so an old publish whose grants
-// were released may still run for many windows, and a follower that
-// lives across the deletion keeps it: it does not watch publishes go. A
-// ledger begun again numbers its publishes past the old ones, so a grant
-// written ahead of a new publish never counts under an old one's number.
+// TestAFollowerAcrossALedgerDeletedWholeKeepsTheLimit: a ledger deleted
+// whole once every grant in it has ended, releases counted (configd
+// empties it and keeps its head, but an operator may delete it all), may
+// leave an old publish whose grants were released running for many
+// windows, and a follower that lives across the deletion keeps it: it
+// does not watch publishes go. A ledger begun again numbers its
+// publishes past the old ones, so a grant written ahead of a new publish
+// never counts under an old one's number.
 func TestAFollowerAcrossALedgerDeletedWholeKeepsTheLimit(t *testing.T) {
 	const win = time.Second
 	srv := etcdtest.Start(t)
