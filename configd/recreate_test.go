@@ -65,7 +65,7 @@ func setUntilAccepted(t *testing.T, refused string, args ...string) time.Time {
 // limit with no window over.
 //
 // The ledger is emptied with the shares' config: its head stays, with
-// its publish numbers.
+// its publish numbers and its eras' floors past the old grants.
 func TestLedgerRecreatedAsSharesBesideLiveGrants(t *testing.T) {
 	const w = itWindow
 	srv := etcdtest.Start(t)
@@ -87,6 +87,7 @@ func TestLedgerRecreatedAsSharesBesideLiveGrants(t *testing.T) {
 	})
 
 	itCLI(t, "delete", "api", server)
+	deleted := time.Now()
 	accepted := setUntilAccepted(t, "grants room until", set...)
 	t.Logf("the shares' config accepted once the ledger's grants ended, at %s", accepted.Format("15:04:05.000"))
 	st, headMod, _, bad, err := ledgerstore.Read(ctxT(t), itClient(t, srv), ledger.Keys(itKeys.Ledger("api")))
@@ -95,6 +96,13 @@ func TestLedgerRecreatedAsSharesBesideLiveGrants(t *testing.T) {
 	}
 	if headMod == 0 || st.Head.Pubs == 0 || len(st.Pubs)+len(st.Grants)+len(st.Releases) > 0 {
 		t.Errorf("the ledger after the shares' config: head at revision %d numbering %d publishes, %d publishes, %d grants, %d releases; want only the head, its numbers kept", headMod, st.Head.Pubs, len(st.Pubs), len(st.Grants), len(st.Releases))
+	}
+	for _, e := range st.Head.Eras {
+		// The grants ran past the deletion (a round extends them before
+		// they end), so the floors, raised past their end, are too.
+		if at := time.Unix(0, ledger.StartOf(e.Floor, e.Window)); at.Before(deleted) {
+			t.Errorf("era %d's floor at %s, before the provider was deleted at %s: back on the ledger it may grant where the old grants were used", e.Seq, at.Format("15:04:05.000"), deleted.Format("15:04:05.000"))
+		}
 	}
 	cm := joinAPI(t, itClient(t, srv), "c", &clog)
 	c.take(cm, nil)

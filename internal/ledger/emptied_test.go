@@ -52,3 +52,26 @@ func TestAnEmptiedLedgerGrantsNothingBeforeItsEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestAnEmptiedLedgerNumbersPastEveryRecord: a publish, grant or release
+// numbered past the head's count (written by hand) is gone with the
+// emptying, but a member that read it may keep it: the emptied head
+// counts past it, so no later publish takes its number.
+func TestAnEmptiedLedgerNumbersPastEveryRecord(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		seq  int64
+		add  func(s *State, seq int64)
+	}{
+		{"publish", 40, func(s *State, seq int64) { s.Pubs[seq] = Pub{Seq: seq, Era: 1, Window: w, A: 1, B: 2} }},
+		{"grant", 41, func(s *State, seq int64) { s.Grants[GrantKey{seq, "x"}] = Grant{Pub: seq, Holder: "x", Quota: 1} }},
+		{"release", 42, func(s *State, seq int64) { s.Apply(Release{Pub: seq, Holder: "x", From: 1, Limit: 0}) }},
+	} {
+		s := NewState()
+		plan(t, s, Policy{Limit: 10, Window: w, Horizon: 4, Keep: 3}, map[string]int64{"a": 10}, 10)
+		c.add(s, c.seq)
+		if got := s.Emptied(0).Pubs; got < c.seq {
+			t.Errorf("a %s numbered %d: the emptied head counts %d publishes, want at least %d", c.name, c.seq, got, c.seq)
+		}
+	}
+}

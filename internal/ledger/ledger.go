@@ -436,12 +436,22 @@ func (s *State) Ended(bound func(window time.Duration) time.Duration) int64 {
 
 // Emptied returns the head a ledger keeps when every other record of it
 // is deleted, once no grant is in effect from end (ns) on (Ended): its
-// publish numbers, so that none is used twice, and its eras, each with
-// its floor raised to the first window that starts at end or later, so
-// that no era a later Plan continues or starts grants a window its old
-// grants could still be used in. Nothing is staged.
+// publish numbers, past every number a record of it carries, so that
+// none is used twice, and its eras, each with its floor raised to the
+// first window that starts at end or later, so that no era a later Plan
+// continues or starts grants a window its old grants could still be
+// used in. Nothing is staged.
 func (s *State) Emptied(end int64) Head {
 	h := s.Head
+	for seq := range s.Pubs {
+		h.Pubs = max(h.Pubs, seq)
+	}
+	for k := range s.Grants {
+		h.Pubs = max(h.Pubs, k.Pub)
+	}
+	for k := range s.Releases {
+		h.Pubs = max(h.Pubs, k.Pub)
+	}
 	h.Seq++
 	h.Staged = 0
 	h.Eras = slices.Clone(h.Eras)
