@@ -93,7 +93,7 @@ func TestAuditCLI(t *testing.T) {
 	publishLedger(t, cli, "llm", 100, time.Second, three)
 	publishLedger(t, cli, "llm~1", 1000, time.Minute, map[string]int64{"a.1": 400, "b.1": 500})
 	putLedgerProvider(t, cli, "llm", 100, 1000)
-	cliOK(t, "set", "pay", "--limit", "100", "--server", r.url())
+	cliOK(t, "set", "pay", "--limit", "100", "--coordination", "shares", "--server", r.url())
 
 	for mode, conn := range modes {
 		audit := func(args ...string) (string, error) {

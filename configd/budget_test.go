@@ -47,7 +47,7 @@ func TestBudgetProviderCreatedAgain(t *testing.T) {
 		return g
 	}
 
-	cliOK(t, "set", "llm", "--limit", "100/1s", "--limit", "50/24h", "--server", r.url())
+	cliOK(t, "set", "llm", "--coordination", "shares", "--limit", "100/1s", "--limit", "50/24h", "--server", r.url())
 	a := join("a")
 	if _, err := a.Multi().Acquire(ctx, 20*time.Second, limiter.Cost(limiter.Requests, 7)); err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ func TestBudgetProviderCreatedAgain(t *testing.T) {
 	}
 
 	// Created again; its budget is now per 12 hours (a new provider: lane 1).
-	cliOK(t, "set", "llm", "--limit", "100/1s", "--limit", "30/12h", "--server", r.url())
+	cliOK(t, "set", "llm", "--coordination", "shares", "--limit", "100/1s", "--limit", "30/12h", "--server", r.url())
 	b := join("b")
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

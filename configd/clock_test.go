@@ -31,7 +31,7 @@ func TestServeMeasuresItsClock(t *testing.T) {
 	if err != nil || off < 2.9 || off > 3.1 {
 		t.Fatalf("configd_clock_offset_seconds = %v (%v), want about 3", off, err)
 	}
-	cliOK(t, "set", "pay", "--limit", "100", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--server", r.url())
 	addInstance(t, cli, "pay", "i-a")
 	sh := waitShares(t, cli, "pay", "a publish", func(s schema.Shares) bool { return s.Shares["i-a"] == 100 })
 	truth := time.Now().Add(3 * time.Second) // the server's time, which configd's corrected clock follows

@@ -36,7 +36,7 @@ func TestPublisherReloadsAfterCompaction(t *testing.T) {
 	r := startReplica(t, nil, "r1", "--etcd-endpoints", px.URL(), "--session-ttl", "30s")
 	// i-b's leaving mark is written during the gap and lost with it: the
 	// reloaded leader holds i-b's grant for the fail_static, short here.
-	cliOK(t, "set", "pay", "--limit", "100", "--fail-static", "1s", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--fail-static", "1s", "--server", r.url())
 	addInstance(t, cli, "pay", "i-a")
 	addInstance(t, cli, "pay", "i-b")
 	want := map[string]int64{"i-a": 50, "i-b": 50}
@@ -86,7 +86,7 @@ func TestEmbeddedEtcdCompacts(t *testing.T) {
 	clientURL, peerURL, dir := "http://"+freeAddr(t), "http://"+freeAddr(t), t.TempDir()
 	r := startReplica(t, nil, "solo", "--data-dir", dir, "--embedded-client-url", clientURL,
 		"--embedded-peer-url", peerURL, "--embedded-compaction-retention", "1s")
-	cliOK(t, "set", "pay", "--limit", "10", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "10", "--server", r.url())
 	cli := embeddedClient(t, clientURL, dir, rootUser)
 	addInstance(t, cli, "pay", "i-1") // share records are written for live instances only
 	first, err := cli.Get(ctxT(t), keys.Config("pay"))

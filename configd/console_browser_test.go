@@ -235,13 +235,13 @@ func TestConsoleBrowser(t *testing.T) {
 	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
 	server, auth := "--server="+r.url(), "--token-file="+tokenFile
 
-	itCLI(t, "set", "api", "--limit", "400", "--window", itWindow.String(), "--who", "alice", server, auth)
+	itCLI(t, "set", "api", "--coordination", "shares", "--limit", "400", "--window", itWindow.String(), "--who", "alice", server, auth)
 	members := itJoin(t, srv, "api", "a", "b")
 	itSettle(t, cli, "api", "200 each", func(sh schema.Shares) bool { return sh.Shares["a"] == 200 && sh.Shares["b"] == 200 }, members...)
 
 	// A record whose text is markup: the page must show it, not run it.
 	const hostile = `<img src=x onerror="document.title='pwned'"><b>bold</b>`
-	itCLI(t, "set", "evil", "--limit", "10", server, auth)
+	itCLI(t, "set", "evil", "--coordination", "shares", "--limit", "10", server, auth)
 	forgeInstance(t, cli, "evil", "x1", hostile, nil)
 
 	b.do("opening the console", chromedp.Navigate(r.url()+"/console/#p=api"))
@@ -254,7 +254,7 @@ func TestConsoleBrowser(t *testing.T) {
 	b.screenshot("console-api.png")
 
 	// A provider of several limits shows every one.
-	itCLI(t, "set", "llm", "--limit", "40/1s", "--limit", "tokens=2000/1m", server, auth)
+	itCLI(t, "set", "llm", "--coordination", "shares", "--limit", "40/1s", "--limit", "tokens=2000/1m", server, auth)
 	b.do("opening llm", chromedp.Navigate(r.url()+"/console/#p=llm"))
 	b.until("llm's config line", `document.querySelector('#config').textContent.includes('tokens=2000/1m')`)
 	if got := eval[string](b, `document.querySelector('#config').textContent`); !strings.Contains(got, "limit 40 per 1s and tokens=2000/1m") {
@@ -264,7 +264,7 @@ func TestConsoleBrowser(t *testing.T) {
 	// The layout holds at 1,280 px and on a narrow window, with a long
 	// name and several limits in the providers pane, and a clock offset
 	// reads in milliseconds.
-	itCLI(t, "set", longName, "--limit", "1000/1s", "--limit", "tokens=200000/1m", "--limit", "50000/24h", server, auth)
+	itCLI(t, "set", longName, "--coordination", "shares", "--limit", "1000/1s", "--limit", "tokens=200000/1m", "--limit", "50000/24h", server, auth)
 	forgeInstance(t, cli, longName, "c1", "host-1", func(rec *schema.InstanceRecord) {
 		rec.ClockKnown = true
 		rec.ClockOffset = schema.Duration(203699 * time.Nanosecond)

@@ -86,7 +86,7 @@ func TestConfigdReturnsBesideACutOffEvenShare(t *testing.T) {
 	srv := etcdtest.Start(t)
 	r1 := itServe(t, srv, "r1", "--propagation-margin", "200ms")
 	itWait(t, "r1 leads", func() (bool, string) { return r1.leading(), "not yet" })
-	itCLI(t, "set", "api", "--limit", "40", "--window", w.String(), "--fail-static", "1s", "--server="+r1.url())
+	itCLI(t, "set", "api", "--coordination", "shares", "--limit", "40", "--window", w.String(), "--fail-static", "1s", "--server="+r1.url())
 
 	var alog, elog logbuf.Buffer
 	acli := itClient(t, srv)

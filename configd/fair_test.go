@@ -108,7 +108,7 @@ func TestFairSharesFollowDemand(t *testing.T) {
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
 	const total = 300
-	cliOK(t, "set", "pay", "--limit", itoa(total), "--algorithm", "fair", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", itoa(total), "--algorithm", "fair", "--server", r.url())
 	demand := map[string]int64{"i-a": 10, "i-b": 40, "i-c": 1000}
 	leases := map[string]clientv3.LeaseID{}
 	for _, id := range slices.Sorted(maps.Keys(demand)) {

@@ -30,7 +30,7 @@ func TestForgedRecordsNeverAboveTheLimit(t *testing.T) {
 	cli := itClient(t, srv)
 	r := itServe(t, srv, "solo")
 	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
-	itCLI(t, "set", "api", "--limit", "1000", "--window", itWindow.String(), "--server="+r.url())
+	itCLI(t, "set", "api", "--coordination", "shares", "--limit", "1000", "--window", itWindow.String(), "--server="+r.url())
 	members := itJoin(t, srv, "api", "a", "b")
 	even := func(sh schema.Shares) bool {
 		return sh.Leader == "solo" && sh.Shares["a"] == limit/2 && sh.Shares["b"] == limit/2
@@ -89,7 +89,7 @@ func TestForgedRecordsNeverAboveTheLimit(t *testing.T) {
 	// members get shares again.
 	itCLI(t, "delete", "api", "--server="+r.url())
 	put(shareA, forged("a", 1<<40, limit, limit))
-	itCLI(t, "set", "api", "--limit", "1000", "--window", itWindow.String(), "--server="+r.url())
+	itCLI(t, "set", "api", "--coordination", "shares", "--limit", "1000", "--window", itWindow.String(), "--server="+r.url())
 	itSettle(t, cli, "api", "after delete and create: configd's even split again", even, members...)
 	if !strings.Contains(r.log.String(), "share record written by someone else") {
 		t.Error("configd did not say it published over a record written by someone else")

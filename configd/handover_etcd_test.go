@@ -23,7 +23,7 @@ func TestHandoverJoinConverges(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
-	cliOK(t, "set", "pay", "--limit", "100", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--server", r.url())
 	sim := instancesOf(t, cli, "pay")
 	addInstance(t, cli, "pay", "i-a")
 	waitShares(t, cli, "pay", "i-a alone", func(s schema.Shares) bool { return s.Shares["i-a"] == 100 })
@@ -64,7 +64,7 @@ func TestHandoverDemandShiftConverges(t *testing.T) {
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
 	const total = 300
-	cliOK(t, "set", "pay", "--limit", itoa(total), "--algorithm", "fair", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", itoa(total), "--algorithm", "fair", "--server", r.url())
 	sim := instancesOf(t, cli, "pay")
 	demand := map[string]int64{"i-a": 10, "i-b": 40, "i-c": 1000}
 	leases := map[string]clientv3.LeaseID{}
@@ -112,7 +112,7 @@ func TestHandoverWaitsForSilentInstance(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
-	cliOK(t, "set", "pay", "--limit", "100", "--fail-static", "1s", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--fail-static", "1s", "--server", r.url())
 	sim := instancesOf(t, cli, "pay")
 	leases := map[string]clientv3.LeaseID{}
 	for _, id := range []string{"i-a", "i-b"} {
@@ -190,7 +190,7 @@ func TestHandoverFailoverResumesFromGrants(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	r1 := startReplica(t, srv, "r1")
-	cliOK(t, "set", "pay", "--limit", "100", "--server", r1.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--server", r1.url())
 	sim := instancesOf(t, cli, "pay")
 	for _, id := range []string{"i-a", "i-b"} {
 		addInstance(t, cli, "pay", id)
@@ -322,7 +322,7 @@ func TestDeleteAndCreateAgainKeepsTheGrants(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
-	cliOK(t, "set", "pay", "--limit", "100", "--algorithm", "fair", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--algorithm", "fair", "--server", r.url())
 	sim := instancesOf(t, cli, "pay")
 	addInstanceDemand(t, cli, "pay", "i-a", 80)
 	addInstanceDemand(t, cli, "pay", "i-b", 20)
@@ -331,7 +331,7 @@ func TestDeleteAndCreateAgainKeepsTheGrants(t *testing.T) {
 	})
 	sim.silence("i-a") // it never sees the deletion: it keeps enforcing 80
 	cliOK(t, "delete", "pay", "--server", r.url())
-	cliOK(t, "set", "pay", "--limit", "100", "--algorithm", "even", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--algorithm", "even", "--server", r.url())
 	sh := waitShares(t, cli, "pay", "the first publish after the provider came back", func(s schema.Shares) bool { return s.Total == 100 && s.Shares["i-a"] == 50 })
 	if sh.Shares["i-b"] > 20 || sh.Granted["i-a"] < 80 {
 		t.Errorf("after delete and create, with i-a still on its old 80: shares %v, grants %v; want i-b kept at 20 and i-a's grant at 80",

@@ -28,7 +28,7 @@ func TestLimitChangeKeepsAHold(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
-	cliOK(t, "set", "api", "--limit", "60", "--window", "1s", "--fail-static", "5s", "--algorithm", "even", "--server", r.url())
+	cliOK(t, "set", "api", "--coordination", "shares", "--limit", "60", "--window", "1s", "--fail-static", "5s", "--algorithm", "even", "--server", r.url())
 	px := netcut.StartProxy(t, strings.TrimPrefix(srv.Endpoints()[0], "http://"))
 	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{px.URL()}, DialTimeout: time.Second, Logger: zap.NewNop(), DialOptions: cluster.DialOptions()})
 	if err != nil {

@@ -67,7 +67,7 @@ func TestListAndLoadWithLongHistory(t *testing.T) {
 	direct := []string{"--etcd-endpoints", srv.Endpoints()[0]}
 	limits := map[string]int64{"a": 1, "pay": 7, "pay-x": 8, "pay.x": 9, "pay0": 10}
 	for name, limit := range limits {
-		cliOK(t, append([]string{"set", name, "--limit", itoa(limit)}, direct...)...)
+		cliOK(t, append([]string{"set", name, "--coordination", "shares", "--limit", itoa(limit)}, direct...)...)
 	}
 	writeHistory(t, cli, "pay", 1, 5000)
 	writeHistory(t, cli, "gone", 1, 20)
@@ -126,7 +126,7 @@ func TestHistoryRetention(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	const keep = 10
-	cliOK(t, "set", "pay", "--limit", "100", "--etcd-endpoints", srv.Endpoints()[0])
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--etcd-endpoints", srv.Endpoints()[0])
 	writeHistory(t, cli, "pay", 1, 5000) // older than set's entry, keyed by the time now
 	addInstance(t, cli, "pay", "i-1")
 	all := historyKeys(t, cli, "pay")

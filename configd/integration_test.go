@@ -577,7 +577,7 @@ func TestIntegrationSharesRetuneLeave(t *testing.T) {
 	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
 	server := "--server=" + r.url()
 
-	itCLI(t, "set", "api", "--limit", "1000", "--window", itWindow.String(), server)
+	itCLI(t, "set", "api", "--coordination", "shares", "--limit", "1000", "--window", itWindow.String(), server)
 	members := itJoin(t, srv, "api", "a", "b", "c", "d")
 	rec.sample(true, members...)
 
@@ -667,7 +667,7 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 		return n == 1, fmt.Sprintf("%d leaders", n)
 	})
 
-	itCLI(t, "set", "api", "--limit", "1000", "--window", itWindow.String(), "--server="+replicas["r1"].url())
+	itCLI(t, "set", "api", "--coordination", "shares", "--limit", "1000", "--window", itWindow.String(), "--server="+replicas["r1"].url())
 	members := itJoin(t, srv, "api", "a", "b", "c", "d")
 	rec.sample(true, members...)
 	sh := itSettle(t, cli, "api", "all of the limit handed out to four instances", func(sh schema.Shares) bool { return sh.Instances == 4 && itSum(sh.Shares) == sh.Total }, members...)

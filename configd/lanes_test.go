@@ -129,7 +129,7 @@ func TestSeveralLimitsEndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	clientURL, peerURL := "http://"+freeAddr(t), "http://"+freeAddr(t)
 	r := startReplica(t, nil, "solo", "--data-dir", dir, "--embedded-client-url", clientURL, "--embedded-peer-url", peerURL)
-	cliOK(t, "set", "llm", "--limit", "40/100ms", "--limit", "tokens=2000/1s", "--server", r.url())
+	cliOK(t, "set", "llm", "--coordination", "shares", "--limit", "40/100ms", "--limit", "tokens=2000/1s", "--server", r.url())
 	ctx := ctxT(t)
 	inst := embeddedClient(t, clientURL, dir, instanceUser)
 	var groups []*cluster.Group

@@ -74,7 +74,7 @@ func TestProvidersSpreadOverReplicas(t *testing.T) {
 	for i := range 9 {
 		name := fmt.Sprintf("api-%d", i)
 		names = append(names, name)
-		cliOK(t, "set", name, "--limit", "90", "--server", reps["r1"].url())
+		cliOK(t, "set", name, "--coordination", "shares", "--limit", "90", "--server", reps["r1"].url())
 		addInstance(t, cli, name, "i-1")
 	}
 	wait := func(what string, byOwner bool, ids ...string) map[string]ownerKey {
@@ -133,7 +133,7 @@ func TestForeignOwnerKeyRemoved(t *testing.T) {
 	cli := srv.Client(t)
 	putKV(t, cli, keys.Owner("pay"), "r9")
 	r := startReplica(t, srv, "r1")
-	cliOK(t, "set", "pay", "--limit", "10", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "10", "--server", r.url())
 	addInstance(t, cli, "pay", "i-1")
 	waitShares(t, cli, "pay", "r1 to lead pay and publish", func(s schema.Shares) bool { return s.Leader == "r1" && s.Total == 10 })
 	if o := owners(t, cli)["pay"]; o.replica != "r1" || o.lease == 0 {

@@ -38,7 +38,7 @@ func TestSharesFollowInstances(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
-	cliOK(t, "set", "pay", "--limit", "100", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--server", r.url())
 	leases := map[string]clientv3.LeaseID{}
 	for _, id := range []string{"i-a", "i-b", "i-c"} {
 		leases[id] = addInstance(t, cli, "pay", id)
@@ -148,7 +148,7 @@ func TestLeaderFailover(t *testing.T) {
 	if b.leading() {
 		leader, standby = b, a
 	}
-	cliOK(t, "set", "pay", "--limit", "60", "--server", standby.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "60", "--server", standby.url())
 	addInstance(t, cli, "pay", "i-1")
 	addInstance(t, cli, "pay", "i-2")
 	sh := waitShares(t, cli, "pay", "first leader publishes the even split", func(s schema.Shares) bool {
@@ -270,7 +270,7 @@ func TestMalformedRecords(t *testing.T) {
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
 	ctx := ctxT(t)
-	cliOK(t, "set", "pay", "--limit", "100", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "100", "--server", r.url())
 	addInstance(t, cli, "pay", "i-1")
 	addInstance(t, cli, "pay", "i-2")
 	sh := waitShares(t, cli, "pay", "the even split of 2 instances", func(s schema.Shares) bool {
@@ -352,7 +352,7 @@ func TestServeEmbedded(t *testing.T) {
 	clientURL, peerURL := "http://"+freeAddr(t), "http://"+freeAddr(t)
 	args := []string{"--data-dir", dir, "--embedded-client-url", clientURL, "--embedded-peer-url", peerURL}
 	r := startReplica(t, nil, "solo", args...)
-	cliOK(t, "set", "pay", "--limit", "42", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "42", "--server", r.url())
 	addInstance(t, embeddedClient(t, clientURL, dir, rootUser), "pay", "i-1") // share records are written for live instances only
 	waitFor(t, 10*time.Second, "shares from the embedded leader", func() bool {
 		out, err := cliRun(t, "status", "pay", "--etcd-endpoints", clientURL,
@@ -395,7 +395,7 @@ func TestEtcdOutage(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	r := startReplica(t, srv, "r1")
-	cliOK(t, "set", "pay", "--limit", "10", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "10", "--server", r.url())
 	addInstance(t, cli, "pay", "i-1")
 	sh := waitShares(t, cli, "pay", "first publish", func(s schema.Shares) bool { return s.Instances == 1 })
 	waitFor(t, 5*time.Second, "leader", func() bool { return r.metricValue(t, "configd_leader") == "1" })

@@ -88,7 +88,7 @@ func TestLedgerRecreatedAsSharesBesideLiveGrants(t *testing.T) {
 
 	itCLI(t, "delete", "api", server)
 	deleted := time.Now()
-	accepted := setUntilAccepted(t, "grants room until", set...)
+	accepted := setUntilAccepted(t, "grants room until", append(set, "--coordination", "shares")...)
 	t.Logf("the shares' config accepted once the ledger's grants ended, at %s", accepted.Format("15:04:05.000"))
 	st, headMod, _, bad, err := ledgerstore.Read(ctxT(t), itClient(t, srv), ledger.Keys(itKeys.Ledger("api")))
 	if err != nil || len(bad) > 0 {
@@ -136,7 +136,7 @@ func TestSharesRecreatedAsLedgerBesideCutOffShare(t *testing.T) {
 	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
 	server := "--server=" + r.url()
 	set := []string{"set", "api", "--limit", "100", "--window", w.String(), "--fail-static", "1s", server}
-	itCLI(t, set...)
+	itCLI(t, append(set, "--coordination", "shares")...)
 
 	var alog, blog, dlog logbuf.Buffer
 	a := joinAPI(t, itClient(t, srv), "a", &alog)
@@ -207,7 +207,7 @@ func evenSplitRecreated(t *testing.T, coord string) {
 	srv := etcdtest.Start(t)
 	direct := "--etcd-endpoints=" + strings.Join(srv.Endpoints(), ",")
 	set := []string{"set", "api", "--limit", "100", "--window", w.String(), "--fail-static", "5s", direct}
-	itCLI(t, set...)
+	itCLI(t, append(set, "--coordination", "shares")...)
 
 	var alog, blog logbuf.Buffer
 	a := joinAPI(t, itClient(t, srv), "a", &alog)
@@ -344,7 +344,7 @@ func TestLaneAddedBesideItsLedgerGrants(t *testing.T) {
 
 	itCLI(t, "delete", "api", server)
 	t.Logf("deleted at %s", time.Now().Format("15:04:05.000"))
-	accepted := setUntilAccepted(t, "grants room until", one...)
+	accepted := setUntilAccepted(t, "grants room until", append(one, "--coordination", "shares")...)
 	t.Logf("api on the shares, first limit alone, at %s", accepted.Format("15:04:05.000"))
 	itWait(t, "a's and b's first limits on the shares", func() (bool, string) {
 		sum, why := quotas(first(a), first(b))
@@ -427,7 +427,7 @@ func TestLedgerMemberCutOffAcrossTheSharesReturns(t *testing.T) {
 	})
 	itCLI(t, "delete", "api", server)
 	px.Cut()
-	accepted := setUntilAccepted(t, "grants room until", set...)
+	accepted := setUntilAccepted(t, "grants room until", append(set, "--coordination", "shares")...)
 	t.Logf("the shares' config accepted at %s", accepted.Format("15:04:05.000"))
 	itWait(t, "b's ledger session ended with its lease", func() (bool, string) {
 		st := b.Status()

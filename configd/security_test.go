@@ -382,7 +382,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	}
 	r := startReplica(t, nil, "r1", as("configd", configdPW)...)
 	waitFor(t, 15*time.Second, "r1 to lead as user configd", r.leading)
-	cliOK(t, "set", "pay", "--limit", "60", "--server", r.url())
+	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "60", "--server", r.url())
 
 	mcfg := srv.Config(t)
 	mcfg.Username, mcfg.Password = "instance-pay", instancePW
