@@ -35,7 +35,7 @@ const ntpInterval = 500 * time.Millisecond
 func TestClockFaults(t *testing.T) {
 	r := newRig(t, "fault-clock")
 	c := startConfigd(t, r.endpoint, "cd-a")
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--algorithm", "even")
 	var insts []*instance
 	var ntps []*ntptest.Server
 	for i := 1; i <= 3; i++ {

@@ -91,7 +91,7 @@ func TestConfigdLeaderKilledMidHandover(t *testing.T) {
 		t.Fatalf("cd-a did not become leader: %v", err)
 	}
 	b := startConfigd(t, r.endpoint, "cd-b")
-	a.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
+	a.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--algorithm", "even")
 	i1 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 1)
 	i2 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 2)
 	r.settle(t, 2, 30*time.Second, nil, i1, i2)

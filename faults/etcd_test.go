@@ -48,7 +48,7 @@ func leases(r *rig) (map[string]int64, error) {
 func TestEtcdOutage(t *testing.T) {
 	r, cl := newClusterRig(t, "fault-etcd")
 	c := startConfigd(t, r.endpoint, "cd-a")
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even", "--fail-static", outageFailStatic.String())
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--algorithm", "even", "--fail-static", outageFailStatic.String())
 	insts := r.startInstances(t, 3)
 	before := r.settleEven(t, insts...)
 	if _, _, err := c.errs.wait(0, 10*time.Second, func(s string) bool { return strings.Contains(s, `msg="became leader"`) }); err != nil {

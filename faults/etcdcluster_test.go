@@ -71,7 +71,7 @@ func caughtUp(t *testing.T, s *etcdtest.Server) bool {
 func TestEtcdLeaderKilled(t *testing.T) {
 	r, cl := newClusterRig(t, "fault-etcd-member")
 	c := startConfigd(t, r.endpoint, "cd-a")
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--algorithm", "even")
 	insts := r.startInstances(t, 3)
 	before := r.settleEven(t, insts...)
 	if _, _, err := c.errs.wait(0, 10*time.Second, func(s string) bool { return strings.Contains(s, `msg="became leader"`) }); err != nil {

@@ -32,7 +32,7 @@ func evenShares(ids ...string) func(schema.Shares) bool {
 func TestZombieInstance(t *testing.T) {
 	r := newRig(t, "fault-zombie")
 	c := startConfigd(t, r.endpoint, "cd-a")
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--algorithm", "even")
 	insts := r.startInstances(t, 3)
 	i1, i2, i3 := insts[0], insts[1], insts[2]
 	before := r.settleEven(t, insts...)
@@ -114,7 +114,7 @@ func TestZombieInstance(t *testing.T) {
 func TestJoinLeaveFlood(t *testing.T) {
 	r := newRig(t, "fault-flood")
 	c := startConfigd(t, r.endpoint, "cd-a")
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--algorithm", "even")
 	steady := r.startInstances(t, 3)
 	r.settleEven(t, steady...)
 	from := startLoad(steady...)

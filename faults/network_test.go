@@ -92,7 +92,7 @@ func hostPort(t *testing.T, raw string) string {
 // and inst-3 reach etcd directly.
 func partition(t *testing.T, r *rig, m cutMethod) {
 	c := startConfigd(t, r.endpoint, "cd-a")
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "even")
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--algorithm", "even")
 	i1 := m.launch()
 	i2 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 2)
 	i3 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 3)

@@ -59,7 +59,7 @@ func TestConfigdClockOff(t *testing.T) {
 		}
 	}
 	measured(-2 * time.Second)
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "fair")
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--algorithm", "fair")
 	insts := r.startInstances(t, 3)
 	r.settle(t, 3, 30*time.Second, nil, insts...)
 	from := windowIndex(time.Now()) + 1
@@ -96,7 +96,7 @@ func TestWindowChangeWithLateRecords(t *testing.T) {
 	const longLimit = limit * 10
 	r := newRig(t, "fault-window")
 	c := startConfigd(t, r.endpoint, "cd-a")
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--algorithm", "fair")
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--algorithm", "fair")
 	px := netcut.StartProxy(t, strings.TrimPrefix(r.endpoint, "http://"))
 	i1 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 1)
 	i2 := startInstance(t, r.endpoint, r.provider, r.stub.url(), 2)
@@ -115,12 +115,12 @@ func TestWindowChangeWithLateRecords(t *testing.T) {
 	}
 	waitUntil(beforeLong())
 	changed := time.Now()
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(longLimit), "--window", long.String())
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(longLimit), "--window", long.String())
 	t.Logf("changed: %d per %v at %s", longLimit, long, changed.UTC().Format("15:04:05.000"))
 	waitUntil(changed.Add(25 * time.Second))
 	waitUntil(beforeLong())
 	back := time.Now()
-	c.cli(t, "set", r.provider, "--limit", fmt.Sprint(limit), "--window", window.String())
+	c.cli(t, "set", r.provider, "--coordination", "shares", "--limit", fmt.Sprint(limit), "--window", window.String())
 	t.Logf("changed back: %d per %v at %s", limit, window, back.UTC().Format("15:04:05.000"))
 	// Every instance on 1 s windows again, in whole windows: the last of
 	// their in_force times of a 1 s share after the change back.
