@@ -551,11 +551,13 @@ sluice_member_connected{provider="api"} 1
 # HELP sluice_member_share_permits The share enforced, in permits per window.
 # TYPE sluice_member_share_permits gauge
 sluice_member_share_permits{provider="api"} 40
-# HELP sluice_member_source 1 for where the share comes from: fallback, even (no configd alive), shares (published by configd) or budget (taken from a counter).
+# HELP sluice_member_source 1 for where the share comes from: fallback, even (no configd alive), shares (published by configd), budget (taken from a counter), ledger (granted in the provider's ledger) or lapsed (the last share lapsed while etcd was out of reach).
 # TYPE sluice_member_source gauge
 sluice_member_source{provider="api",source="budget"} 0
 sluice_member_source{provider="api",source="even"} 1
 sluice_member_source{provider="api",source="fallback"} 0
+sluice_member_source{provider="api",source="lapsed"} 0
+sluice_member_source{provider="api",source="ledger"} 0
 sluice_member_source{provider="api",source="shares"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), MetricConnected, MetricShare, MetricSource); err != nil {
@@ -986,6 +988,17 @@ func TestRecordSourcesAreFollows(t *testing.T) {
 	} {
 		if p[0] != p[1] {
 			t.Errorf("schema says %q where follow says %q", p[0], p[1])
+		}
+	}
+}
+
+// Every source a Member's Status may name has its series of
+// MetricSource: a member of a ledger provider reported none at 1.
+func TestSourcesNameEveryFollowSource(t *testing.T) {
+	for _, s := range []string{follow.SourceFallback, follow.SourceEven, follow.SourceShares,
+		follow.SourceLapsed, follow.SourceBudget, follow.SourceLedger} {
+		if !slices.Contains(Sources, s) {
+			t.Errorf("Sources %v lacks %q", Sources, s)
 		}
 	}
 }

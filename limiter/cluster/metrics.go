@@ -19,8 +19,9 @@ const (
 	MetricSource           = "sluice_member_source"                    // 1 for the share's source (label source)
 )
 
-// Sources are the values of the source label of MetricSource.
-var Sources = []string{"fallback", "even", "shares", "budget"}
+// Sources are the values of the source label of MetricSource: every
+// source a Member's Status may name.
+var Sources = []string{"fallback", "even", "shares", "budget", "ledger", "lapsed"}
 
 type collector struct {
 	m     *Member
@@ -44,7 +45,7 @@ func NewCollector(m *Member, labels prometheus.Labels) prometheus.Collector {
 		MetricClockKnown:       d(MetricClockKnown, "1 while the clock offset is known from NTP, else 0."),
 		MetricClockUncertainty: d(MetricClockUncertainty, "Uncertainty of the clock offset measurement."),
 		MetricMalformed:        d(MetricMalformed, "Records found malformed in etcd and ignored (the last good value is kept), and foreign keys in configd's election, not taken for a live configd."),
-		MetricSource:           d(MetricSource, "1 for where the share comes from: fallback, even (no configd alive), shares (published by configd) or budget (taken from a counter).", "source"),
+		MetricSource:           d(MetricSource, "1 for where the share comes from: fallback, even (no configd alive), shares (published by configd), budget (taken from a counter), ledger (granted in the provider's ledger) or lapsed (the last share lapsed while etcd was out of reach).", "source"),
 	}}
 }
 
