@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+
+	"github.com/sluice-go/sluice/internal/schema"
 )
 
 const statusUsage = `Usage: configd status NAME [--json]
@@ -18,7 +20,9 @@ const statusUsage = `Usage: configd status NAME [--json]
 Shows provider NAME's config, the shares the configd leader published (for a
 provider coordinated by the ledger, its fullest upcoming window against its
 limit: see 'configd audit'), and a table of its live instances: instance,
-host, share, demand, admitted, clock offset, last seen, generation applied.
+host, share, demand, admitted, clock offset, last seen, generation applied;
+on the ledger, each instance's grant in the window under way in place of its
+share, and the holder its record names in place of the generation.
 Malformed records found in etcd are listed at the end (they are ignored; the
 last good values stay in force).
 Lines "election:" list configd's election keys, oldest (leading) first; a
@@ -90,12 +94,19 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 		printMalformed(w, v.Malformed)
 		return
 	}
-	if v.Owner != "" {
+	if v.Owner != "" && v.Ledger != nil {
+		fmt.Fprintf(w, "led by:    %s (it writes this provider's ledger)\n", printable(v.Owner))
+	} else if v.Owner != "" {
 		fmt.Fprintf(w, "led by:    %s (it publishes this provider's shares)\n", printable(v.Owner))
 	} else if v.ElectionError == "" && len(v.Election) > 0 {
 		fmt.Fprintf(w, "led by:    no replica now (being handed over, or its replica's session is expiring)\n")
 	}
 	fmt.Fprintln(w)
+	if v.Ledger != nil {
+		printHolders(w, v, now)
+		printMalformed(w, v.Malformed)
+		return
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tHOST\tSHARE\tDEMAND\tADMITTED\tCLOCK OFFSET\tLAST SEEN\tGENERATION")
 	for _, in := range v.Instances {
@@ -108,16 +119,9 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 			fmt.Fprintf(tw, "%s\t-\t%s\t-\t-\t-\t-\t-\t(malformed record)\n", in.ID, share)
 			continue
 		}
-		offset := "unknown"
-		if r.ClockKnown {
-			offset = r.ClockOffset.String()
-		}
-		seen := r.Updated
-		if seen.IsZero() {
-			seen = r.Started
-		}
+		offset, seen := clockAndSeen(r, now)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\n", in.ID, orDash(r.Host), share, r.Demand, r.Admitted,
-			offset, ago(now, seen), r.AppliedGeneration)
+			offset, seen, r.AppliedGeneration)
 	}
 	tw.Flush()
 	if len(v.Instances) == 0 {
@@ -134,6 +138,46 @@ func printProvider(w io.Writer, v statusView, now time.Time, election bool) {
 		}
 	}
 	printMalformed(w, v.Malformed)
+}
+
+// printHolders prints a ledger provider's live instances: what each may
+// admit in the window under way by the grants stored for the holder its
+// record names, and that holder.
+func printHolders(w io.Writer, v statusView, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tHOST\tGRANT\tDEMAND\tADMITTED\tCLOCK OFFSET\tLAST SEEN\tHOLDER")
+	for _, in := range v.Instances {
+		r := in.Record
+		if r == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t(malformed record)\n", in.ID)
+			continue
+		}
+		grant := "-"
+		if q, ok := v.Ledger.Grants[r.Holder]; ok && r.Holder != "" {
+			grant = strconv.FormatInt(q, 10)
+		}
+		offset, seen := clockAndSeen(r, now)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", in.ID, orDash(r.Host), grant, r.Demand, r.Admitted,
+			offset, seen, orDash(r.Holder))
+	}
+	tw.Flush()
+	if len(v.Instances) == 0 {
+		fmt.Fprintln(w, "(no live instances)")
+	}
+}
+
+// clockAndSeen returns an instance record's clock offset, "unknown"
+// when unmeasured, and how long ago it was last written.
+func clockAndSeen(r *schema.InstanceRecord, now time.Time) (offset, seen string) {
+	offset = "unknown"
+	if r.ClockKnown {
+		offset = r.ClockOffset.String()
+	}
+	at := r.Updated
+	if at.IsZero() {
+		at = r.Started
+	}
+	return offset, ago(now, at)
 }
 
 // printAdaptive says where an adaptive provider's effective limit stands

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +94,37 @@ func TestPrintStatusElection(t *testing.T) {
 				t.Errorf("status passes an escape character through:\n%q", out)
 			}
 		})
+	}
+}
+
+// TestPrintStatusOnTheLedger: a ledger provider's instances show what
+// each may admit in the window under way by the grants stored for the
+// holder its record names, "-" for one with none, and that holder; the
+// leader is named as the ledger's writer.
+func TestPrintStatusOnTheLedger(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	cfg := schema.ProviderConfig{Name: "pay", Limit: 300, Coordination: schema.CoordinationLedger}.WithDefaults()
+	v := statusView{Provider: "pay", Config: &cfg, ConfigRevision: 3, Owner: "r1",
+		Ledger: &ledgerView{Provider: "pay", Era: 1, Window: schema.Duration(time.Second), Sum: 300, Limit: 300,
+			Grants: map[string]int64{"a.1": 200, "b.1": 100}},
+		Instances: []instanceView{
+			{ID: "a", Record: &schema.InstanceRecord{ID: "a", Host: "h1", Holder: "a.1", Demand: 250, Updated: now}},
+			{ID: "c", Record: &schema.InstanceRecord{ID: "c", Host: "h3", Holder: "c.1", Updated: now}},
+		}}
+	var b strings.Builder
+	printStatus(&b, v, now)
+	out := b.String()
+	for _, re := range []string{
+		`led by:    r1 \(it writes this provider's ledger\)`,
+		`INSTANCE +HOST +GRANT +DEMAND +ADMITTED +CLOCK OFFSET +LAST SEEN +HOLDER`,
+		`a +h1 +200 +250 +0 +unknown +0s ago +a\.1`,
+		`c +h3 +- +0 +0 +unknown +0s ago +c\.1`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("status lacks %q:\n%s", re, out)
+		}
+	}
+	if strings.Contains(out, "GENERATION") || strings.Contains(out, "publishes this provider's shares") {
+		t.Errorf("a ledger provider's status speaks of shares:\n%s", out)
 	}
 }

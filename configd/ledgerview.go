@@ -36,6 +36,9 @@ type ledgerView struct {
 	Start   time.Time       `json:"start,omitzero"`   // when it starts
 	Sum     int64           `json:"sum"`              // what the grants add up to in it
 	Limit   int64           `json:"limit"`            // the limit in force in it
+	// Grants is what each holder may admit in the window under way, by
+	// the grants and releases stored: what status shows per instance.
+	Grants map[string]int64 `json:"grants,omitempty"`
 	// Violations are every window, past or to come, where the ledger
 	// breaks its invariant (ledger.Audit).
 	Violations []violationView `json:"violations,omitempty"`
@@ -171,8 +174,10 @@ func (s *store) readLedger(ctx context.Context, name string) (ledgerView, error)
 		v.Violations = append(v.Violations, vv)
 	}
 	if e, ok := st.Head.Current(); ok {
-		k, sum, limit, _ := ledger.Fullest(st, ledger.WindowOf(s.clock().UnixNano(), e.Window))
+		now := ledger.WindowOf(s.clock().UnixNano(), e.Window)
+		k, sum, limit, _ := ledger.Fullest(st, now)
 		v.Era, v.Window, v.Fullest, v.Sum, v.Limit = e.Seq, schema.Duration(e.Window), k, sum, limit
+		v.Grants = st.Allowances(e.Seq, now)
 		v.Start = time.Unix(0, ledger.StartOf(k, e.Window)).UTC()
 	}
 	return v, nil
