@@ -66,10 +66,17 @@ func (pb *Publisher) Round(ctx context.Context, p ledger.Policy, target map[stri
 	if err != nil {
 		return ledger.Change{}, err
 	}
+	kept := pb.kept
 	pb.kept = nil
-	rev, err := write(ctx, pb.kv, pb.keys, headMod, ops, extra...)
+	rev, headKept, err := write(ctx, pb.kv, pb.keys, headMod, ops, extra...)
 	if err != nil {
 		if errors.Is(err, ErrMoved) {
+			if headKept {
+				// Only an extra condition failed (the config moved, the
+				// fence): what was kept is still the ledger, and a
+				// fleet's worth of records need not be read again.
+				pb.kept = kept
+			}
 			return ledger.Change{}, err
 		}
 		return ch, err

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -48,10 +49,16 @@ func TestWhatAPublisherKeepsIsTheLedger(t *testing.T) {
 		for i := range 3 + rng.IntN(8) {
 			target[fmt.Sprintf("h%02d", i)] = 20 + rng.Int64N(100)
 		}
-		switch x := rng.IntN(10); {
+		switch x := rng.IntN(11); {
 		case x < 6:
 			if _, err := pb.Round(ctx, p, target); err != nil && err != ErrMoved {
 				t.Fatalf("seed %d, round %d: %v", seed, r, err)
+			}
+		case x == 10:
+			// A fence that no longer holds: the write is refused, the
+			// head is not moved, and what was kept stays.
+			if _, err := pb.Round(ctx, p, target, refused); err != nil && err != ErrMoved {
+				t.Fatalf("seed %d, round %d, refused: %v", seed, r, err)
 			}
 		case x < 7:
 			if _, err := other.Round(ctx, p, target); err != nil && err != ErrMoved {
@@ -96,6 +103,46 @@ func TestWhatAPublisherKeepsIsTheLedger(t *testing.T) {
 	t.Logf("%d reads from what was kept, %d whole", kept, whole)
 	if kept == 0 {
 		t.Error("the publisher never decided from what it kept")
+	}
+}
+
+// refused is a condition that never holds: a fence that moved.
+var refused = clientv3.Compare(clientv3.CreateRevision("/test/no-such-fence"), ">", 0)
+
+// TestARefusedRoundKeepsWhatItRead: a round whose write is refused by an
+// extra condition alone (the config moved, the fence) keeps the ledger
+// it decided from, since the head did not move, and the next round
+// decides from it: at N = 2,000 every round refused while configd's
+// watch caught up with a new config read all of the ledger again.
+func TestARefusedRoundKeepsWhatItRead(t *testing.T) {
+	const win = time.Second
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := ledger.Keys("/test/refused/")
+	ctx := context.Background()
+	now := time.Unix(0, ledger.StartOf(1000, win))
+	pb := NewPublisher(cli, keys, func() time.Time { return now })
+	p := ledger.Policy{Limit: 100, Window: win, Horizon: 6, Keep: 2}
+	if _, err := pb.Round(ctx, p, map[string]int64{"a": 50, "b": 50}); err != nil {
+		t.Fatal(err)
+	}
+	if pb.kept == nil {
+		t.Fatal("nothing kept after a round written")
+	}
+	for i := range 3 {
+		if _, err := pb.Round(ctx, p, map[string]int64{"a": 70, "b": 30}, refused); !errors.Is(err, ErrMoved) {
+			t.Fatalf("a round whose fence failed: %v, want ErrMoved", err)
+		}
+		if pb.kept == nil || pb.rounds != i+1 {
+			t.Fatalf("after %d rounds refused by their fence alone: kept %v, %d rounds since a whole read; want it kept and %d", i+1, pb.kept != nil, pb.rounds, i+1)
+		}
+	}
+	ch, err := pb.Round(ctx, p, map[string]int64{"a": 70, "b": 30})
+	if err != nil || ch.Empty() {
+		t.Fatalf("the round after: %v, %v", ch.Why, err)
+	}
+	if pb.rounds != 4 {
+		t.Errorf("the round after read the whole ledger: %d rounds since, want 4", pb.rounds)
 	}
 }
 

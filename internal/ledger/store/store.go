@@ -21,9 +21,11 @@ import (
 	"github.com/sluice-go/sluice/internal/ledger"
 )
 
-// ErrMoved is returned by Write when the head is no longer the one the
-// change was decided from: another writer wrote first. Nothing was
-// written; the next round decides again from what etcd holds.
+// ErrMoved is returned by Write when a condition of the write failed:
+// the head is no longer the one the change was decided from (another
+// writer wrote first), or an extra condition (a fence, the config's
+// revision) no longer holds. Nothing was written; the next round decides
+// again from what etcd holds.
 var ErrMoved = errors.New("store: the ledger's head moved since it was read")
 
 // Read returns the ledger under keys as etcd holds it at one revision,
@@ -65,21 +67,27 @@ func (e *RecordError) Unwrap() error { return e.Err }
 // not known: the transaction may or may not have been applied, which the
 // next read tells.
 func Write(ctx context.Context, kv clientv3.KV, keys ledger.Keys, headMod int64, ops []ledger.Op, extra ...clientv3.Cmp) error {
-	_, err := write(ctx, kv, keys, headMod, ops, extra...)
+	_, _, err := write(ctx, kv, keys, headMod, ops, extra...)
 	return err
 }
 
-// write is Write, and returns the revision it wrote at.
-func write(ctx context.Context, kv clientv3.KV, keys ledger.Keys, headMod int64, ops []ledger.Op, extra ...clientv3.Cmp) (int64, error) {
+// write is Write, and returns the revision it wrote at; on ErrMoved,
+// headKept reports that the head was still the one read, so that only
+// an extra condition failed and nothing of the ledger moved.
+func write(ctx context.Context, kv clientv3.KV, keys ledger.Keys, headMod int64, ops []ledger.Op, extra ...clientv3.Cmp) (rev int64, headKept bool, err error) {
 	conds := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(keys.Head()), "=", headMod)}, extra...)
-	resp, err := kv.Txn(ctx).If(conds...).Then(etcdOps(ops)...).Commit()
+	resp, err := kv.Txn(ctx).If(conds...).Then(etcdOps(ops)...).Else(clientv3.OpGet(keys.Head(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
-		return 0, fmt.Errorf("store: writing %d records: %w", len(ops), err)
+		return 0, false, fmt.Errorf("store: writing %d records: %w", len(ops), err)
 	}
 	if !resp.Succeeded {
-		return 0, ErrMoved
+		var mod int64
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+			mod = kvs[0].ModRevision
+		}
+		return 0, mod == headMod, ErrMoved
 	}
-	return resp.Header.Revision, nil
+	return resp.Header.Revision, false, nil
 }
 
 // Put writes ops in one transaction with no condition: a holder's
