@@ -19,9 +19,12 @@ import (
 // applied, while the head stays the one it wrote: only a head's writer
 // writes publishes and grants, in the head's transaction, so the next
 // round need read only the head and the releases written since, which
-// only lower. A moved head, a write of unknown outcome or a refusal drops
-// it, and so does every fullEvery-th round, which reads the whole ledger
-// and so sees a record written by hand.
+// only lower. A moved head or a write of unknown outcome drops it (a
+// write refused with the head unmoved keeps it), and so does every
+// fullEvery-th round, which reads the whole ledger and so sees a record
+// written by hand. Safety does not rest on what is kept: every round
+// checks the head before deciding from it, and every write is
+// conditioned on it.
 type Publisher struct {
 	kv   clientv3.KV
 	keys ledger.Keys

@@ -146,6 +146,73 @@ func TestARefusedRoundKeepsWhatItRead(t *testing.T) {
 	}
 }
 
+// TestARoundRefusedWithTheHeadMovedKeepsNothing: another writer moves
+// the head between a round's read and its write, whose fence fails too:
+// what was kept is no longer the ledger, and goes.
+func TestARoundRefusedWithTheHeadMovedKeepsNothing(t *testing.T) {
+	const win = time.Second
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	keys := ledger.Keys("/test/moved/")
+	ctx := context.Background()
+	now := time.Unix(0, ledger.StartOf(1000, win))
+	clock := func() time.Time { return now }
+	hk := &beforeTxn{KV: cli}
+	pb, other := NewPublisher(hk, keys, clock), NewPublisher(cli, keys, clock)
+	p := ledger.Policy{Limit: 100, Window: win, Horizon: 6, Keep: 2}
+	if _, err := pb.Round(ctx, p, map[string]int64{"a": 50, "b": 50}); err != nil {
+		t.Fatal(err)
+	}
+	hk.before = func() {
+		if _, err := other.Round(ctx, p, map[string]int64{"a": 40, "c": 60}); err != nil {
+			t.Fatalf("the other writer: %v", err)
+		}
+	}
+	if _, err := pb.Round(ctx, p, map[string]int64{"a": 70, "b": 30}, refused); !errors.Is(err, ErrMoved) {
+		t.Fatalf("a round refused with the head moved: %v, want ErrMoved", err)
+	}
+	if hk.before != nil {
+		t.Fatal("the other writer did not write between the round's read and its write")
+	}
+	if pb.kept != nil {
+		t.Errorf("a round refused with the head moved kept what it had read")
+	}
+}
+
+// beforeTxn runs before, once, just before the next conditioned
+// transaction commits: another writer between a round's read and write.
+type beforeTxn struct {
+	clientv3.KV
+	before func()
+}
+
+type hookedTxn struct {
+	clientv3.Txn
+	kv   *beforeTxn
+	cond bool
+}
+
+func (h *beforeTxn) Txn(ctx context.Context) clientv3.Txn {
+	return &hookedTxn{Txn: h.KV.Txn(ctx), kv: h}
+}
+
+func (t *hookedTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
+	t.cond = len(cs) > 0
+	t.Txn = t.Txn.If(cs...)
+	return t
+}
+
+func (t *hookedTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *hookedTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *hookedTxn) Commit() (*clientv3.TxnResponse, error) {
+	if f := t.kv.before; t.cond && f != nil {
+		t.kv.before = nil
+		f()
+	}
+	return t.Txn.Commit()
+}
+
 // release writes the releases one holder of the ledger would write now.
 func release(t *testing.T, ctx context.Context, kv clientv3.KV, keys ledger.Keys, now time.Time, rng *rand.Rand) {
 	t.Helper()

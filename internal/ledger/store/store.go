@@ -26,7 +26,7 @@ import (
 // writer wrote first), or an extra condition (a fence, the config's
 // revision) no longer holds. Nothing was written; the next round decides
 // again from what etcd holds.
-var ErrMoved = errors.New("store: the ledger's head moved since it was read")
+var ErrMoved = errors.New("store: the ledger's head moved since it was read, or a condition of the write no longer holds")
 
 // Read returns the ledger under keys as etcd holds it at one revision,
 // the head's mod revision (0: no head yet) and that revision. A record
