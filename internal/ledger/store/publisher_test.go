@@ -115,14 +115,9 @@ var refused = clientv3.Compare(clientv3.CreateRevision("/test/no-such-fence"), "
 // decides from it: at N = 2,000 every round refused while configd's
 // watch caught up with a new config read all of the ledger again.
 func TestARefusedRoundKeepsWhatItRead(t *testing.T) {
-	const win = time.Second
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	keys := ledger.Keys("/test/refused/")
+	cli, keys, clock, p := refusalLedger(t, "/test/refused/")
 	ctx := context.Background()
-	now := time.Unix(0, ledger.StartOf(1000, win))
-	pb := NewPublisher(cli, keys, func() time.Time { return now })
-	p := ledger.Policy{Limit: 100, Window: win, Horizon: 6, Keep: 2}
+	pb := NewPublisher(cli, keys, clock)
 	if _, err := pb.Round(ctx, p, map[string]int64{"a": 50, "b": 50}); err != nil {
 		t.Fatal(err)
 	}
@@ -150,16 +145,10 @@ func TestARefusedRoundKeepsWhatItRead(t *testing.T) {
 // the head between a round's read and its write, whose fence fails too:
 // what was kept is no longer the ledger, and goes.
 func TestARoundRefusedWithTheHeadMovedKeepsNothing(t *testing.T) {
-	const win = time.Second
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	keys := ledger.Keys("/test/moved/")
+	cli, keys, clock, p := refusalLedger(t, "/test/moved/")
 	ctx := context.Background()
-	now := time.Unix(0, ledger.StartOf(1000, win))
-	clock := func() time.Time { return now }
 	hk := &beforeTxn{KV: cli}
 	pb, other := NewPublisher(hk, keys, clock), NewPublisher(cli, keys, clock)
-	p := ledger.Policy{Limit: 100, Window: win, Horizon: 6, Keep: 2}
 	if _, err := pb.Round(ctx, p, map[string]int64{"a": 50, "b": 50}); err != nil {
 		t.Fatal(err)
 	}
@@ -177,6 +166,16 @@ func TestARoundRefusedWithTheHeadMovedKeepsNothing(t *testing.T) {
 	if pb.kept != nil {
 		t.Errorf("a round refused with the head moved kept what it had read")
 	}
+}
+
+// refusalLedger starts an etcd for the refusal tests and returns its
+// client, a ledger's keys under prefix, a clock standing still and a
+// policy of 100 per second.
+func refusalLedger(t *testing.T, prefix string) (*clientv3.Client, ledger.Keys, func() time.Time, ledger.Policy) {
+	const win = time.Second
+	now := time.Unix(0, ledger.StartOf(1000, win))
+	return etcdtest.Start(t).Client(t), ledger.Keys(prefix), func() time.Time { return now },
+		ledger.Policy{Limit: 100, Window: win, Horizon: 6, Keep: 2}
 }
 
 // beforeTxn runs before, once, just before the next conditioned
