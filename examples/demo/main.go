@@ -13,15 +13,15 @@
 //     (examples/httphandler) with a latency budget, driven by a load loop
 //     here. Their offered load is uneven and above the limit.
 //
-// A view refreshed each second shows, per instance, the share it enforces,
-// its demand, what it admits, what waits, its clock offset and where its
-// share comes from, and the provider's calls in the last window against the
-// limit. Midway the demo moves load between instances, retunes the total
-// with `configd set` (the command is printed as run), SIGKILLs one
-// instance, starts another, and restarts one with its clock 400ms fast; the
-// view shows the shares follow. It ends on its own with a summary: the most
+// A view refreshed each second shows, per instance, the grant of configd's
+// ledger it enforces, its demand, what it admits, what waits, its clock
+// offset and where its quota comes from, and the provider's calls in the
+// last window against the limit. Midway the demo moves load between
+// instances, retunes the total with `configd set` (the command is printed
+// as run), SIGKILLs one instance, starts another, and restarts one with
+// its clock 400ms fast; the view shows the grants follow. It ends on its own with a summary: the most
 // calls the provider saw in any aligned window against the limit, the
-// utilization of the limit, and how fast the shares followed each event.
+// utilization of the limit, and how fast the grants followed each event.
 //
 //	go run ./examples/demo                 # about 60s of scenario
 //	go run ./examples/demo -duration 30s
@@ -60,7 +60,7 @@ type config struct {
 
 func main() {
 	var c config
-	flag.DurationVar(&c.duration, "duration", 60*time.Second, "length of the scenario once the instances hold shares (10s..1h)")
+	flag.DurationVar(&c.duration, "duration", 60*time.Second, "length of the scenario once the instances hold grants (10s..1h)")
 	flag.Int64Var(&c.limit, "limit", 400, "the provider's limit at the start, calls per second")
 	flag.Int64Var(&c.retuneTo, "retune-to", 600, "the limit the demo retunes to midway")
 	flag.BoolVar(&c.plain, "plain", false, "print plain lines even when stdout is a terminal")

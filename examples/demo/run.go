@@ -20,8 +20,8 @@ import (
 	"github.com/sluice-go/sluice/examples/loadgen"
 	"github.com/sluice-go/sluice/internal/child"
 	"github.com/sluice-go/sluice/internal/harness"
+	"github.com/sluice-go/sluice/internal/ledger"
 	"github.com/sluice-go/sluice/internal/ntptest"
-	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/internal/stub"
 )
 
@@ -29,9 +29,10 @@ const (
 	provider = "demo-api"
 	window   = time.Second
 	leaseTTL = 3 * time.Second // instances' lease: a SIGKILLed one is counted this long
-	// failStatic is the provider's fail_static: after a crashed instance's
-	// lease expires, configd keeps its share reserved this long (shorter
-	// than the 10s default, so the demo shows the hand-back).
+	// failStatic is the provider's fail_static: a crashed instance's
+	// grants end at most this long after its lease expires, and configd
+	// hands its room to the others then (shorter than the 10s default, so
+	// the demo shows the hand-back).
 	failStatic = 3 * time.Second
 	skewAfter  = 400 * time.Millisecond
 )
@@ -71,12 +72,12 @@ type demo struct {
 	client   *http.Client
 
 	mu       sync.Mutex
-	insts    []*instance // in start order, gone ones included
-	shares   schema.Shares
+	insts    []*instance   // in start order, gone ones included
+	ledger   *ledger.State // the provider's ledger, as last read
 	events   []*event
 	started  []*child.Proc // every child, to check none is left
 	stopFns  []func()      // in-process servers, stopped last, in reverse
-	maxShare int64         // the largest share configd published
+	maxShare int64         // the largest grant seen in the ledger for one window
 }
 
 func run(ctx context.Context, cfg config, stdout io.Writer, tty bool) error {
@@ -167,10 +168,10 @@ func (d *demo) setup(ctx context.Context) error {
 		return err
 	}
 	d.adminURL = "http://" + addr
-	o.linef("console: %s/console/#p=%s   (open it in a browser: who holds which share and why, live)", d.adminURL, provider)
+	o.linef("console: %s/console/#p=%s   (open it in a browser: who holds what and why, live)", d.adminURL, provider)
 	o.linef("configd serve: pid %d, admin API %s", d.configd.Pid(), d.adminURL)
 	return d.configdCLI(ctx, "set", provider, "--limit", strconv.FormatInt(d.cfg.limit, 10), "--window", window.String(), "--algorithm", "fair",
-		"--fail-static", failStatic.String())
+		"--fail-static", failStatic.String(), "--coordination", "ledger")
 }
 
 // configdAddr reads configd's admin address from its log line

@@ -10,7 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sluice-go/sluice/internal/harness"
+	"github.com/sluice-go/sluice/internal/ledger"
+	ledgerstore "github.com/sluice-go/sluice/internal/ledger/store"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/internal/stub"
 )
@@ -39,7 +40,7 @@ var (
 )
 
 // event is one thing the demo does to the running system, and the
-// condition that says the shares followed it. Its condition is checked
+// condition that says the grants followed it. Its condition is checked
 // only until the next event: what follows after that may be the next
 // event's doing, so it is not counted as this one's.
 type event struct {
@@ -53,12 +54,13 @@ type event struct {
 	closedBy   *event // the next event, when it came before the condition held
 }
 
-// scenario starts the instances, waits until they all hold a share, then
-// runs the timeline for cfg.duration while the sampler shows the view.
+// scenario starts the instances, waits until they all hold a grant of
+// the ledger, then runs the timeline for cfg.duration while the sampler
+// shows the view.
 func (d *demo) scenario(ctx context.Context) error {
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	d.watchShares(wctx)
+	go d.followLedger(wctx)
 
 	for _, s := range startLoads {
 		if _, err := d.startInstance(ctx, s.id, s.kind, s.rate); err != nil {
@@ -75,7 +77,7 @@ func (d *demo) scenario(ctx context.Context) error {
 	select {
 	case <-ready:
 	case <-time.After(60 * time.Second):
-		return fmt.Errorf("the instances did not all get a share within 60s (see the logs with -keep)")
+		return fmt.Errorf("the instances did not all get a grant of the ledger within 60s (see the logs with -keep)")
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -175,7 +177,7 @@ func (d *demo) byID(id string) *instance {
 	return nil
 }
 
-// share returns the share instance id enforces (its member's metric), -1
+// share returns the quota instance id enforces (its member's metric), -1
 // if unknown.
 func (d *demo) share(id string) float64 {
 	in := d.byID(id)
@@ -203,9 +205,9 @@ func (d *demo) moveLoad() error {
 	was1, was2 := d.share("load-1"), d.share("load-2")
 	d.mu.Unlock()
 	d.addEvent(&event{
-		name: "load moves", what: fmt.Sprintf("load-1 %d → %d/s, load-2 %d → %d/s (nothing else changes; shares now load-1 %.0f, load-2 %.0f)",
+		name: "load moves", what: fmt.Sprintf("load-1 %d → %d/s, load-2 %d → %d/s (nothing else changes; grants now load-1 %.0f, load-2 %.0f)",
 			r1, movedLoad1, r2, movedLoad2, was1, was2),
-		followWhat: fmt.Sprintf("under fair, load-2's share grew past its %.0f and passed load-1's, which shrank below its %.0f", was2, was1),
+		followWhat: fmt.Sprintf("under fair, load-2's grant grew past its %.0f and passed load-1's, which shrank below its %.0f", was2, was1),
 		check: func(d *demo) bool {
 			s1, s2 := d.share("load-1"), d.share("load-2")
 			return s1 >= 0 && s2 > was2 && s1 < was1 && s2 > s1
@@ -220,17 +222,16 @@ func (d *demo) retune(ctx context.Context) error {
 	old, to := d.cfg.limit, d.cfg.retuneTo
 	d.addEvent(&event{
 		name: "retune", what: fmt.Sprintf("the provider now allows %d/s: the stub's limit is raised first, then the operator retunes sluice", to),
-		followWhat: fmt.Sprintf("every instance enforces total %d, and their shares add up to ≥ 99%% of it", to),
+		followWhat: fmt.Sprintf("the ledger's limit is %d, and the grants the instances enforce add up to ≥ 99%% of it", to),
 		check: func(d *demo) bool {
+			if _, limit, ok := d.granted(time.Now()); !ok || limit != to {
+				return false
+			}
 			var sum float64
 			for _, in := range d.insts {
-				if in.gone != "" {
-					continue
+				if in.gone == "" {
+					sum += in.m.value("sluice_member_share_permits")
 				}
-				if in.m.value("sluice_member_total_permits") != float64(to) {
-					return false
-				}
-				sum += in.m.value("sluice_member_share_permits")
 			}
 			return sum >= 0.99*float64(to)
 		},
@@ -249,12 +250,21 @@ func (d *demo) kill() error {
 	in := d.get("load-3")
 	d.addEvent(&event{
 		name: "crash", what: fmt.Sprintf("$ kill -KILL %d   (load-3: no goodbye; its lease expires after %v)", in.p.Pid(), leaseTTL),
-		followWhat: fmt.Sprintf("configd handed load-3's share to the others, after holding it for the provider's fail_static (%v: an instance whose lease expired may only be cut off from etcd, and keeps enforcing its share that long) and a window more (so that no instance grows a late record into a window it admitted in)", failStatic),
+		followWhat: fmt.Sprintf("the ledger grants load-3 nothing in the window now and the others the whole limit: configd handed them load-3's room once its grants had ended (an instance whose lease expired may only be cut off from etcd, and keeps enforcing its grants until their end, the provider's fail_static of %v past its lease at most)", failStatic),
 		membership: true,
 		check: func(d *demo) bool {
-			sh := d.shares
-			_, still := sh.Shares["load-3"]
-			return !still && sh.Granted["load-3"] == 0 && sh.Total > 0
+			alw, limit, ok := d.granted(time.Now())
+			if !ok {
+				return false
+			}
+			var sum int64
+			for holder, q := range alw {
+				if strings.HasPrefix(holder, "load-3.") {
+					return false
+				}
+				sum += q
+			}
+			return sum == limit
 		},
 	})
 	d.stopInstance(in, true)
@@ -264,10 +274,10 @@ func (d *demo) kill() error {
 func (d *demo) join(ctx context.Context) error {
 	d.addEvent(&event{
 		name: "join", what: "a new instance, load-4, starts offering 200/s",
-		followWhat: "load-4 enforces a share from configd", membership: true,
+		followWhat: "load-4 enforces a grant of configd's ledger", membership: true,
 		check: func(d *demo) bool {
 			in := d.byID("load-4")
-			return in != nil && d.share("load-4") > 0 && in.m.source() == "shares"
+			return in != nil && d.share("load-4") > 0 && in.m.source() == schema.SourceLedger
 		},
 	})
 	_, err := d.startInstance(ctx, "load-4", "load", 200)
@@ -278,8 +288,8 @@ func (d *demo) skewClock(ctx context.Context) error {
 	old := d.get("load-1")
 	d.addEvent(&event{
 		name: "clock", what: fmt.Sprintf("load-1 restarts on a host whose clock is %v fast (-clock-skew %v); its NTP monitor must find it", skewAfter, skewAfter),
-		followWhat: fmt.Sprintf("load-1 measured its offset (≈ -%v), corrects its windows by it, and enforces a share again "+
-			"(until its offset is measured it keeps only half its share, and while its guard band is wider than the provider's clock bound it admits only in the part of each window its clock is sure of)", skewAfter),
+		followWhat: fmt.Sprintf("load-1 measured its offset (≈ -%v), corrects its windows by it, and enforces a grant again "+
+			"(until its offset is measured it keeps only half its grant, and while its guard band is wider than the provider's clock bound it admits only in the part of each window its clock is sure of)", skewAfter),
 		membership: true,
 		check: func(d *demo) bool {
 			in := d.byID("load-1")
@@ -314,24 +324,53 @@ func sum(m map[string]int64) (s int64) {
 	return s
 }
 
-// watchShares follows the shares configd publishes for the provider.
-func (d *demo) watchShares(ctx context.Context) {
-	go harness.FollowShares(ctx, d.cli, provider, func(sh schema.Shares) {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		if sh.Generation >= d.shares.Generation {
-			d.shares = sh
+// followLedger reads the provider's ledger, where configd grants the
+// instances their room, every sampleEvery until ctx ends.
+func (d *demo) followLedger(ctx context.Context) {
+	keys := ledger.Keys(schema.DefaultKeys().Ledger(provider))
+	tick := time.NewTicker(sampleEvery)
+	defer tick.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, sampleEvery)
+		st, _, _, _, err := ledgerstore.Read(rctx, d.cli, keys)
+		cancel()
+		if err == nil {
+			d.mu.Lock()
+			d.ledger = st
+			alw, _, _ := d.granted(time.Now())
+			for _, q := range alw {
+				d.maxShare = max(d.maxShare, q)
+			}
+			d.mu.Unlock()
 		}
-		for _, v := range sh.Shares {
-			d.maxShare = max(d.maxShare, v)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
-	}, nil)
+	}
+}
+
+// granted returns what the ledger, as last read, grants each holder in
+// the window of now (holders are named "<instance id>.<incarnation>"),
+// and its limit for that window; ok is false while it holds no era.
+// d.mu is held.
+func (d *demo) granted(now time.Time) (alw map[string]int64, limit int64, ok bool) {
+	if d.ledger == nil {
+		return nil, 0, false
+	}
+	era, ok := d.ledger.Head.Current()
+	if !ok {
+		return nil, 0, false
+	}
+	k := ledger.WindowOf(now.UnixNano(), era.Window)
+	return d.ledger.Allowances(era.Seq, k), era.Limit(k), true
 }
 
 // sampler reads every live instance's metrics each sampleEvery, checks the
 // events' follow conditions, and redraws the view each viewEvery. It
-// closes ready once every instance enforces a share from configd, and
-// starts the scenario's clock then.
+// closes ready once every instance enforces a grant of configd's ledger,
+// and starts the scenario's clock then.
 func (d *demo) sampler(ctx context.Context, ready chan struct{}) {
 	tick := time.NewTicker(sampleEvery)
 	defer tick.Stop()
@@ -362,11 +401,11 @@ func (d *demo) sampler(ctx context.Context, ready chan struct{}) {
 				in.m = got[i]
 			}
 		}
-		if ready != nil && d.allHoldShares() {
+		if ready != nil && d.allHoldGrants() {
 			close(ready)
 			ready = nil
 			d.out.begin(now)
-			d.out.linef("every instance enforces a share from configd: the scenario starts")
+			d.out.linef("every instance enforces a grant of configd's ledger: the scenario starts")
 		}
 		followed := d.checkEvents(now)
 		var view string
@@ -387,11 +426,11 @@ func (d *demo) sampler(ctx context.Context, ready chan struct{}) {
 	}
 }
 
-// allHoldShares reports whether every live instance enforces a share
-// published by configd. d.mu is held.
-func (d *demo) allHoldShares() bool {
+// allHoldGrants reports whether every live instance enforces a grant of
+// configd's ledger. d.mu is held.
+func (d *demo) allHoldGrants() bool {
 	for _, in := range d.insts {
-		if in.gone == "" && (in.m.source() != "shares" || in.m.value("sluice_member_share_permits") <= 0) {
+		if in.gone == "" && (in.m.source() != schema.SourceLedger || in.m.value("sluice_member_share_permits") <= 0) {
 			return false
 		}
 	}
@@ -428,10 +467,11 @@ func (d *demo) render() string {
 	if w := busiestWindow(d.stub.Windows()); w.Limit > 0 {
 		busiest = fmt.Sprintf("%d/%d", w.Calls, w.Limit)
 	}
-	fmt.Fprintf(&b, "provider %s: window %s  %d/%d calls (%s)   busiest window so far %s   configd shares: generation %d, total %d over %d instances\n",
-		provider, last.Start.Format("15:04:05"), last.Calls, last.Limit, flag, busiest, d.shares.Generation, d.shares.Total, d.shares.Instances)
+	alw, limit, _ := d.granted(time.Now())
+	fmt.Fprintf(&b, "provider %s: window %s  %d/%d calls (%s)   busiest window so far %s   configd's ledger: %d granted of %d to %d instances this window\n",
+		provider, last.Start.Format("15:04:05"), last.Calls, last.Limit, flag, busiest, sum(alw), limit, len(alw))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "instance\tkind\toffered/s\tadmitted/s\trefused/s\tkafka lag\twaiting\tdemand\tshare\tsource\tclock offset\tnote\t")
+	fmt.Fprintln(tw, "instance\tkind\toffered/s\tadmitted/s\trefused/s\tkafka lag\twaiting\tdemand\tgrant\tsource\tclock offset\tnote\t")
 	for _, in := range d.insts {
 		if in.gone != "" {
 			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t\n", in.id, in.kind, in.gone)

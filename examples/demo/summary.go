@@ -9,7 +9,7 @@ import (
 )
 
 // summary prints what the provider saw, the utilization of the limit, how
-// fast the shares followed each event, and what became of the children.
+// fast the grants followed each event, and what became of the children.
 func (d *demo) summary() {
 	d.out.endView()
 	o := d.out
@@ -38,7 +38,7 @@ func (d *demo) summary() {
 	d.mu.Lock()
 	events := d.events
 	d.mu.Unlock()
-	o.linef("  events, and how fast the shares followed (from the event to the condition, sampled every %v):", sampleEvery)
+	o.linef("  events, and how fast the grants followed (from the event to the condition, sampled every %v):", sampleEvery)
 	for i, e := range events {
 		res := "did not follow before the end"
 		switch {
