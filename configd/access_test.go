@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
 	"github.com/sluice-go/sluice/internal/ledger"
+	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter/cluster"
 )
 
@@ -47,7 +48,8 @@ func embeddedClient(t *testing.T, url, dataDir, user string) *clientv3.Client {
 // credentials reads or writes; the instances' credentials reach only what
 // instances write (their records), the reader's only reads; the gateway is
 // off; the credentials are files only configd's OS user can read; and an
-// instance with its credentials joins and gets its share.
+// instance with its credentials joins and is granted the limit by the
+// ledger, the default coordination.
 func TestEmbeddedEtcdIsClosed(t *testing.T) {
 	dir := t.TempDir()
 	clientURL, peerURL := "http://"+freeAddr(t), "http://"+freeAddr(t)
@@ -84,8 +86,9 @@ func TestEmbeddedEtcdIsClosed(t *testing.T) {
 		t.Errorf("credentials directory: %v; want mode 0700", err)
 	}
 
-	// An instance: joins with its credentials and gets its share; may
-	// write nothing but instance records.
+	// An instance: joins with its credentials and is granted the whole
+	// limit by the ledger; may write nothing but its provider's instance
+	// records, even marks and ledger releases.
 	inst := embeddedClient(t, clientURL, dir, instanceUser)
 	// A lease of 5 s: on this embedded etcd, with authentication and
 	// under the race detector, keepalives of a 2 s lease were late on a
@@ -98,7 +101,7 @@ func TestEmbeddedEtcdIsClosed(t *testing.T) {
 	defer m.Close()
 	waitFor(t, 60*time.Second, "the instance to get the whole limit", func() bool {
 		st := m.Status()
-		return st.Source == "shares" && st.Share == 40
+		return st.Source == schema.SourceLedger && st.Share == 40
 	})
 	denied := map[string]string{
 		"config":                        keys.Config("pay"),
@@ -147,7 +150,7 @@ func TestEmbeddedEtcdIsClosed(t *testing.T) {
 // TestEmbeddedEtcdServesTLS: with an https client URL (what serving beyond
 // loopback requires) the embedded etcd speaks TLS there, configd reaches it
 // through a plain loopback listener of its own, and an instance joins over
-// TLS with its credentials. (Tests bind to loopback; that a non-loopback
+// TLS with its credentials and is granted the limit by the ledger. (Tests bind to loopback; that a non-loopback
 // URL needs TLS is TestConfigValidate's.)
 func TestEmbeddedEtcdServesTLS(t *testing.T) {
 	certs := etcdtest.NewCerts(t)
@@ -178,7 +181,7 @@ func TestEmbeddedEtcdServesTLS(t *testing.T) {
 	defer m.Close()
 	waitFor(t, 10*time.Second, "the instance to get the whole limit over TLS", func() bool {
 		st := m.Status()
-		return st.Source == "shares" && st.Share == 30
+		return st.Source == schema.SourceLedger && st.Share == 30
 	})
 	// Plain HTTP on the https URL gets nowhere.
 	plain := embeddedClient(t, strings.Replace(clientURL, "https://", "http://", 1), dir, "")

@@ -230,14 +230,21 @@ func TestAuditCLI(t *testing.T) {
 	}
 }
 
-// TestAuditNoLedger: with no provider coordinated by the ledger, audit
-// says there is nothing to audit and succeeds.
+// TestAuditNoLedger: with no provider coordinated by the ledger (one
+// created naming the shares), audit says there is nothing to audit and
+// succeeds; a provider created naming no coordination is on the ledger,
+// and audit finds nothing granted in it yet.
 func TestAuditNoLedger(t *testing.T) {
 	srv := etcdtest.Start(t)
 	conn := []string{"--etcd-endpoints", srv.Endpoints()[0]}
-	cliOK(t, append([]string{"set", "pay", "--limit", "100"}, conn...)...)
+	cliOK(t, append([]string{"set", "pay", "--limit", "100", "--coordination", "shares"}, conn...)...)
 	out := cliOK(t, append([]string{"audit"}, conn...)...)
 	if out != "no provider is coordinated by the ledger: nothing to audit\n" {
 		t.Errorf("audit printed %q", out)
+	}
+	cliOK(t, append([]string{"set", "fresh", "--limit", "100"}, conn...)...)
+	out = cliOK(t, append([]string{"audit"}, conn...)...)
+	if f := auditLine(t, out, "fresh"); strings.Join(f[1:], " ") != "- - 0 - ok: nothing granted yet" || strings.Contains(out, "pay") {
+		t.Errorf("audit of a provider created naming no coordination printed %q, want fresh's ledger with nothing granted yet, and no pay", out)
 	}
 }

@@ -150,26 +150,34 @@ func TestCriticalKeepsItsReserveAcrossTheFleet(t *testing.T) {
 	}
 }
 
-// TestAReserveCreatesTheProviderOnTheLedger: the --class of the docs'
-// example, with no --coordination, creates the provider on the ledger,
-// which alone keeps a reserve across the fleet; named, the shares stay;
-// a later write that names no coordination keeps the provider's.
-func TestAReserveCreatesTheProviderOnTheLedger(t *testing.T) {
+// TestProvidersAreCreatedOnTheLedger: a provider created with no
+// --coordination, by the CLI or the admin API, with a class reserve (the
+// docs' example), with classes and no reserve or with none, is
+// coordinated by the ledger; named, the shares stay; a later write that
+// names no coordination keeps the provider's.
+func TestProvidersAreCreatedOnTheLedger(t *testing.T) {
 	srv := etcdtest.Start(t)
 	r := startReplica(t, srv, "r1")
-	cliOK(t, "set", "api", "--limit", "1000/1s", "--class", "critical=60%", "--class", "default", "--class", "batch", "--server", r.url())
-	if out := cliOK(t, "get", "api", "--server", r.url()); !regexp.MustCompile(`(?m)^coordination:\s+ledger$`).MatchString(out) {
-		t.Errorf("created with a reserve:\n%s\nwant coordination ledger", out)
+	onLedger := regexp.MustCompile(`(?m)^coordination:\s+ledger$`)
+	for name, args := range map[string][]string{
+		"api":   {"--limit", "1000/1s", "--class", "critical=60%", "--class", "default", "--class", "batch"},
+		"plain": {"--limit", "1000/1s", "--class", "critical", "--class", "batch"},
+		"bare":  {"--limit", "1000/1s"},
+	} {
+		cliOK(t, append(append([]string{"set", name}, args...), "--server", r.url())...)
+		if out := cliOK(t, "get", name, "--server", r.url()); !onLedger.MatchString(out) {
+			t.Errorf("%s created with %v:\n%s\nwant coordination ledger", name, args, out)
+		}
+	}
+	if status, body := do(t, "PUT", r.url()+"/v1/providers/byapi", nil, `{"limit":900}`); status != 200 || !strings.Contains(body, `"coordination": "ledger"`) {
+		t.Errorf("PUT creating a provider naming no coordination: %d %s, want the ledger", status, body)
 	}
 	if status, body := do(t, "PUT", r.url()+"/v1/providers/api", nil, `{"limit":900,"classes":[{"name":"critical","reserve":"50%"}]}`); status != 200 || !strings.Contains(body, `"coordination": "ledger"`) {
 		t.Errorf("PUT naming no coordination: %d %s, want the ledger kept", status, body)
 	}
 	cliOK(t, "set", "old", "--limit", "1000/1s", "--class", "critical=60%", "--class", "batch", "--coordination", "shares", "--server", r.url())
+	cliOK(t, "set", "old", "--limit", "900/1s", "--server", r.url())
 	if out := cliOK(t, "get", "old", "--server", r.url()); regexp.MustCompile(`(?m)^coordination:`).MatchString(out) {
-		t.Errorf("created on the shares named:\n%s\nwant no coordination line (the shares)", out)
-	}
-	cliOK(t, "set", "plain", "--limit", "1000/1s", "--class", "critical", "--class", "batch", "--server", r.url())
-	if out := cliOK(t, "get", "plain", "--server", r.url()); regexp.MustCompile(`(?m)^coordination:`).MatchString(out) {
-		t.Errorf("created with classes and no reserve:\n%s\nwant the shares", out)
+		t.Errorf("created on the shares named, then changed naming none:\n%s\nwant no coordination line (the shares)", out)
 	}
 }

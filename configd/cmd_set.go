@@ -43,9 +43,8 @@ A provider may list up to 8 priority classes, highest first: give --class
 once per class, in order; the provider's classes become those given.
 NAME=RESERVE keeps part of the limit for the class in every window, a count
 (critical=600) or a share of the limit (critical=60%); the reserves add up
-to at most the limit. --no-classes removes them. A provider created with a
-reserve and no --coordination is coordinated by the ledger, which keeps each
-reserve across the fleet.
+to at most the limit. --no-classes removes them. Under the ledger (the
+default) each reserve is kept across the fleet.
 
 Examples:
   configd set payments --limit 300000
@@ -437,7 +436,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(&e.floor, "floor", "least share an idle instance keeps under fair (0: allocator default)")
 	fs.Var(&e.maxOffset, "max-clock-offset", "clock measurement uncertainty beyond which an instance's share is cut (0: the default, 2% of the window)")
 	fs.Var(&e.failStatic, "fail-static", "how long an instance cut off from etcd keeps its share past its lease, and configd keeps an expired instance's share reserved (0: the default, 10s; at most 1h)")
-	fs.Var(&e.coordination, "coordination", "how the limit reaches the instances: shares or ledger (grants stored in etcd, checked by configd audit); fixed when the provider is created, the ledger by default when a --class has a reserve, else the shares")
+	fs.Var(&e.coordination, "coordination", "how the limit reaches the instances: shares or ledger (grants stored in etcd, checked by configd audit); fixed when the provider is created, the ledger by default")
 	fs.Var(&e.adaptive, "adaptive", "follow the provider's pushback: floor=N[,shadow][,decrease=F][,probe=F] keeps an effective limit between N and --limit (the ceiling); off turns it off")
 	fs.Var(classFlag{&e}, "class", "a priority class, highest first: NAME, or NAME=RESERVE to keep a count (critical=600) or a share (critical=60%) of every window's limit for it. Given once per class, in order; the provider's classes become those given (at most 8, reserves adding up to at most the limit)")
 	fs.BoolVar(&e.noClasses, "no-classes", false, "remove the provider's classes: every call is alike")

@@ -59,6 +59,17 @@ func secHasShare(t *testing.T, cli *clientv3.Client, provider string, m *cluster
 	})
 }
 
+// secHasGrant waits until m enforces a quota of share granted by the
+// ledger: what a member of a provider created with no coordination named
+// gets.
+func secHasGrant(t *testing.T, m *cluster.Member, share int64) {
+	t.Helper()
+	waitFor(t, 15*time.Second, m.ID()+" to enforce its grant of "+itoa(share)+" from the ledger", func() bool {
+		st := m.Status()
+		return st.Source == schema.SourceLedger && st.Share == share && m.Limiter().Stats().Quota == share
+	})
+}
+
 // secOneLine checks what main would print for err: exit code want and a
 // single line naming the cause.
 func secOneLine(t *testing.T, what string, err error, want int, cause string) {
@@ -76,8 +87,8 @@ func secOneLine(t *testing.T, what string, err error, want int, cause string) {
 
 // TestSecurityEtcdTLS: configd serve and the CLI talk to an etcd that
 // requires client certificates through --etcd-ca/--etcd-cert/--etcd-key;
-// the leader publishes shares, and a cluster.Member whose client is built
-// from the same TLS material joins and enforces its share. A CLI that
+// the leader grants the limit in the ledger, and a cluster.Member whose
+// client is built from the same TLS material joins and enforces its grant. A CLI that
 // trusts the CA but presents no certificate is refused and changes nothing.
 func TestSecurityEtcdTLS(t *testing.T) {
 	certs := etcdtest.NewCerts(t)
@@ -94,10 +105,9 @@ func TestSecurityEtcdTLS(t *testing.T) {
 	if !strings.Contains(out, "limit=100") {
 		t.Errorf("set over TLS printed %q", out)
 	}
-	cli := srv.Client(t)
 	var logs logbuf.Buffer
 	m := secJoin(t, srv.Config(t), "tls-p", "inst-a", &logs) // the same CA and client certificate
-	secHasShare(t, cli, "tls-p", m, 100)
+	secHasGrant(t, m, 100)
 	if out := cliOK(t, append([]string{"status", "tls-p"}, tlsFlags...)...); !strings.Contains(out, "inst-a") {
 		t.Errorf("status over TLS does not list the member:\n%s", out)
 	}
@@ -145,12 +155,11 @@ func TestSecurityEtcdAuth(t *testing.T) {
 	waitFor(t, 15*time.Second, "r1 to lead as user configd", r.leading)
 
 	cliOK(t, append([]string{"set", "auth-p", "--limit", "100"}, configd...)...)
-	cli := srv.Client(t) // root, to look
 	var logs logbuf.Buffer
 	mcfg := srv.Config(t)
 	mcfg.Username, mcfg.Password = "instance", instancePW
 	m := secJoin(t, mcfg, "auth-p", "inst-a", &logs)
-	secHasShare(t, cli, "auth-p", m, 100)
+	secHasGrant(t, m, 100)
 
 	// A user without the prefix: a permission error, nothing written.
 	outsider := as("outsider", writeFile(t, "outsider-pw", outsidePW))

@@ -171,7 +171,7 @@ func (d *demo) setup(ctx context.Context) error {
 	o.linef("console: %s/console/#p=%s   (open it in a browser: who holds what and why, live)", d.adminURL, provider)
 	o.linef("configd serve: pid %d, admin API %s", d.configd.Pid(), d.adminURL)
 	return d.configdCLI(ctx, "set", provider, "--limit", strconv.FormatInt(d.cfg.limit, 10), "--window", window.String(), "--algorithm", "fair",
-		"--fail-static", failStatic.String(), "--coordination", "ledger")
+		"--fail-static", failStatic.String())
 }
 
 // configdAddr reads configd's admin address from its log line

@@ -23,7 +23,7 @@ var (
 	ErrInvalidAlgorithm   = errors.New(`algorithm must be "even" or "fair"`)
 	// ErrInvalidCoordination and ErrCoordinationFixed: the coordination
 	// field's errors.
-	ErrInvalidCoordination = errors.New(`coordination must be "shares" or "ledger" (empty: the ledger for a provider created with a class reserve, else the shares)`)
+	ErrInvalidCoordination = errors.New(`coordination must be "shares" or "ledger" (empty: the ledger when the provider is created, else the one it has)`)
 	ErrCoordinationFixed   = errors.New("coordination is fixed when the provider is created: delete the provider and create it again to change it")
 	ErrInvalidDimension    = errors.New(`dimension must be 1 to 32 lower-case letters, digits or '_', starting with a letter (e.g. "tokens"; empty: requests)`)
 	ErrInvalidFloor        = errors.New("floor must be an integer from 0 up to the limit")

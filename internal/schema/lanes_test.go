@@ -176,21 +176,21 @@ func TestNumberLanesKeepsTheCoordination(t *testing.T) {
 	}
 }
 
-func TestCreatedWithAReserveIsOnTheLedger(t *testing.T) {
+func TestCreatedIsOnTheLedger(t *testing.T) {
 	c := ProviderConfig{Name: "p", Limit: 100, Window: Duration(time.Second)}.WithDefaults()
-	if got := c.Created(); got.Coordination != "" {
-		t.Errorf("no classes: coordination %q, want none named", got.Coordination)
+	if got := c.Created(); got.Coordination != CoordinationLedger {
+		t.Errorf("no classes: coordination %q, want the ledger", got.Coordination)
 	}
 	c.Classes = []Class{{Name: "critical"}, {Name: "batch"}}
-	if got := c.Created(); got.Coordination != "" {
-		t.Errorf("classes with no reserve: coordination %q, want none named", got.Coordination)
+	if got := c.Created(); got.Coordination != CoordinationLedger {
+		t.Errorf("classes with no reserve: coordination %q, want the ledger", got.Coordination)
 	}
 	c.Classes[0].Reserve = Reserve{Share: 6000}
-	if got := c.Created(); !got.Ledger() {
+	if got := c.Created(); got.Coordination != CoordinationLedger {
 		t.Errorf("a class with a reserve: coordination %q, want the ledger", got.Coordination)
 	}
 	c.Coordination = CoordinationShares
-	if got := c.Created(); got.Ledger() {
-		t.Error("the shares named: moved to the ledger")
+	if got := c.Created(); got.Coordination != CoordinationShares {
+		t.Errorf("the shares named: coordination %q, want the shares", got.Coordination)
 	}
 }

@@ -151,11 +151,12 @@ type ProviderConfig struct {
 	// Adaptive, when set, makes Limit the effective limit configd keeps
 	// between a floor and the operator's ceiling (see Adaptive).
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
-	// Coordination is how the limit reaches the instances: empty or
-	// CoordinationShares, or CoordinationLedger. It is fixed when the
-	// provider is created (see Created): the two keep different records,
-	// and neither counts the other's. A later write that names none
-	// keeps it.
+	// Coordination is how the limit reaches the instances:
+	// CoordinationLedger, or CoordinationShares (also what a config
+	// stored with none means: configs written before Created). It is
+	// fixed when the provider is created (see Created): the two keep
+	// different records, and neither counts the other's. A later write
+	// that names none keeps it.
 	Coordination Coordination `json:"coordination,omitempty"`
 	// Classes are the provider's priority classes, highest first, each
 	// with its reserve of the limit (see Class). None: every call is
@@ -164,10 +165,10 @@ type ProviderConfig struct {
 }
 
 // Created returns c as a provider is created from it: one that names no
-// coordination is coordinated by the ledger when a class has a reserve,
-// since only the ledger keeps a class's reserve across the fleet.
+// coordination is coordinated by the ledger, whose grants configd audit
+// checks and which alone keeps a class's reserve across the fleet.
 func (c ProviderConfig) Created() ProviderConfig {
-	if c.Coordination == "" && slices.ContainsFunc(c.Classes, func(cl Class) bool { return !cl.Reserve.IsZero() }) {
+	if c.Coordination == "" {
 		c.Coordination = CoordinationLedger
 	}
 	return c
