@@ -19,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-go/sluice/internal/etcdtest"
+	"github.com/sluice-go/sluice/internal/ledger"
 	"github.com/sluice-go/sluice/internal/logbuf"
 	"github.com/sluice-go/sluice/internal/schema"
 	"github.com/sluice-go/sluice/limiter/cluster"
@@ -364,26 +365,33 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 
 // TestLeastPrivilegeRoles (issue 16): with an external etcd, the roles
 // docs/security.md gives each party are enough for it, and no more:
-// configd reads and writes the prefix; an instance of provider pay reads
-// pay's keys and the leader keys and writes only pay's instance records
-// and even-split confirmations;
-// an operator's reader reads everything and writes nothing.
+// configd reads and writes the prefix; an instance of provider pay, on
+// the ledger (the default), reads pay's keys, the leader keys and pay's
+// ledger and writes only pay's instance records, even-split
+// confirmations and ledger releases; an operator's reader reads
+// everything and writes nothing.
 func TestLeastPrivilegeRoles(t *testing.T) {
 	const rootPW, configdPW, instancePW, readerPW = "root-pw-1a2b3c4d", "configd-pw-5e6f7g8h", "pay-pw-9i0j1k2l", "reader-pw-3m4n5o6p"
 	srv := etcdtest.Start(t, etcdtest.WithAuth(rootPW))
 	p := schema.DefaultPrefix
+	lk := ledger.Keys(keys.Ledger("pay"))
 	srv.AddRole(t, "configd", configdPW, etcdtest.Perm{Key: p, Write: true})
 	srv.AddRole(t, "instance-pay", instancePW,
 		etcdtest.Perm{Key: keys.Provider("pay")},
 		etcdtest.Perm{Key: keys.Instances("pay"), Write: true},
 		etcdtest.Perm{Key: keys.Even("pay"), Write: true},
-		etcdtest.Perm{Key: keys.Election()})
+		etcdtest.Perm{Key: keys.Election()},
+		etcdtest.Perm{Key: keys.Ledger("pay")},
+		etcdtest.Perm{Key: lk.AllReleases(), Write: true})
 	// A role from before the even split's confirmations: its instance
-	// still registers and gets its share (it says what the role lacks).
+	// still registers and is granted its part (it says what the role
+	// lacks).
 	srv.AddRole(t, "instance-pay-old", instancePW,
 		etcdtest.Perm{Key: keys.Provider("pay")},
 		etcdtest.Perm{Key: keys.Instances("pay"), Write: true},
-		etcdtest.Perm{Key: keys.Election()})
+		etcdtest.Perm{Key: keys.Election()},
+		etcdtest.Perm{Key: keys.Ledger("pay")},
+		etcdtest.Perm{Key: lk.AllReleases(), Write: true})
 	srv.AddRole(t, "reader", readerPW, etcdtest.Perm{Key: p})
 	ep := srv.Endpoints()[0]
 	as := func(user, pw string) []string {
@@ -391,18 +399,18 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	}
 	r := startReplica(t, nil, "r1", as("configd", configdPW)...)
 	waitFor(t, 15*time.Second, "r1 to lead as user configd", r.leading)
-	cliOK(t, "set", "pay", "--coordination", "shares", "--limit", "60", "--server", r.url())
+	cliOK(t, "set", "pay", "--limit", "60", "--server", r.url())
 
 	mcfg := srv.Config(t)
 	mcfg.Username, mcfg.Password = "instance-pay", instancePW
 	var logs logbuf.Buffer
 	m := secJoin(t, mcfg, "pay", "inst-a", &logs)
-	secHasShare(t, srv.Client(t), "pay", m, 60)
+	secHasGrant(t, m, 60)
 	oldcfg := srv.Config(t)
 	oldcfg.Username, oldcfg.Password = "instance-pay-old", instancePW
 	var oldLogs logbuf.Buffer
 	old := secJoin(t, oldcfg, "pay", "inst-old", &oldLogs)
-	secHasShare(t, srv.Client(t), "pay", old, 30)
+	secHasGrant(t, old, 30)
 	if !strings.Contains(oldLogs.String(), "may not write the even-split confirmation") {
 		t.Errorf("a member whose role may not write its confirmation did not say so; log:\n%s", oldLogs.String())
 	}
@@ -419,6 +427,8 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	for what, key := range map[string]string{
 		"pay's config": keys.Config("pay"), "pay's shares": keys.Share("pay", "x"), "a leader key": keys.Election() + "/x",
 		"another provider's instance record": keys.Instance("other", "x"), "a history entry": keys.HistoryEntry("pay", 1),
+		"pay's ledger head": lk.Head(), "a grant of pay's ledger": lk.Grant("x.1", 1), "a publish of pay's ledger": lk.Pub(1),
+		"a release of another provider's ledger": ledger.Keys(keys.Ledger("other")).AllReleases() + "x.1/1",
 	} {
 		if _, err := inst.Put(ctx, key, "{}"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
 			t.Errorf("instance writing %s: %v, want permission denied", what, err)
@@ -427,6 +437,9 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if _, err := inst.Get(ctx, keys.Provider("other"), clientv3.WithPrefix()); !errors.Is(err, rpctypes.ErrPermissionDenied) {
 		t.Errorf("instance reading another provider: %v, want permission denied", err)
 	}
+	if _, err := inst.Get(ctx, keys.Ledger("other"), clientv3.WithPrefix()); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Errorf("instance reading another provider's ledger: %v, want permission denied", err)
+	}
 
 	reader := as("reader", readerPW)
 	if out := cliOK(t, append([]string{"status", "pay"}, reader...)...); !strings.Contains(out, "inst-a") {
@@ -434,4 +447,10 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	}
 	_, err = cliRun(t, append([]string{"set", "pay", "--limit", "5"}, reader...)...)
 	secOneLine(t, "set as reader", err, 1, "permission denied")
+
+	// Last, since a record that does not decode stops configd's writes to
+	// pay's ledger: the instance may write a release of it.
+	if _, err := inst.Put(ctx, lk.AllReleases()+"x.1/1", "{}"); err != nil {
+		t.Errorf("instance writing a release of its provider's ledger: %v", err)
+	}
 }
