@@ -93,16 +93,16 @@ func (d *demo) scenario(ctx context.Context) error {
 
 	D := d.cfg.duration
 	start := d.out.startTime()
-	at := func(f float64) time.Duration { return time.Duration(f * float64(D)) }
+	at := timeline(D)
 	steps := []struct {
 		at time.Duration
 		do func() error
 	}{
-		{at(0.18), func() error { return d.moveLoad() }},
-		{at(0.34), func() error { return d.retune(ctx) }},
-		{at(0.48), func() error { return d.kill() }},
-		{at(0.64), func() error { return d.join(ctx) }},
-		{at(0.76), func() error { return d.skewClock(ctx) }},
+		{at[0], func() error { return d.moveLoad() }},
+		{at[1], func() error { return d.retune(ctx) }},
+		{at[2], func() error { return d.kill() }},
+		{at[3], func() error { return d.join(ctx) }},
+		{at[4], func() error { return d.skewClock(ctx) }},
 	}
 	for _, s := range steps {
 		if err := sleepUntil(ctx, start.Add(s.at)); err != nil {
@@ -122,6 +122,39 @@ func (d *demo) scenario(ctx context.Context) error {
 	}
 	d.out.linef("the scenario's %v are over: stopping everything", D)
 	return nil
+}
+
+// crashFollows is how long the crash takes to follow on the ledger: the
+// killed instance's lease expires (leaseTTL at most), its last grant
+// ends up to a horizon later (the provider's fail_static in windows, at
+// least 4) and a window (a publish starts up to a window past the
+// horizon), and the others are granted its room in the window after.
+// With one window fewer (8s) a 25s run once did not follow in time.
+const crashFollows = leaseTTL + max(failStatic, 4*window) + 2*window
+
+// timeline returns when, in a scenario of d, the five events happen:
+// at 18%, 34%, 48%, 64% and 76% of it, except that the crash is given
+// crashFollows before the next event (up to half the scenario), the
+// other stretches shrinking alike to make room. The crash's room is
+// freed only at its grants' end, so in a short run (25 s) 16% of it is
+// too little.
+func timeline(d time.Duration) [5]time.Duration {
+	// The stretches before each event and after the last; the crash's
+	// is the fourth.
+	parts := [6]float64{0.18, 0.16, 0.14, 0.16, 0.12, 0.24}
+	crash := max(time.Duration(parts[3]*float64(d)), min(crashFollows, d/2))
+	scale := float64(d-crash) / (1 - parts[3])
+	var at [5]time.Duration
+	var t time.Duration
+	for i := range at {
+		if i == 3 {
+			t += crash
+		} else {
+			t += time.Duration(parts[i] * scale)
+		}
+		at[i] = t
+	}
+	return at
 }
 
 func sleepUntil(ctx context.Context, t time.Time) error {

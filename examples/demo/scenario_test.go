@@ -72,3 +72,29 @@ func TestEventClosedByTheNext(t *testing.T) {
 		t.Errorf("the first event was not closed by the next; output:\n%s", out.String())
 	}
 }
+
+// TestTimelineLeavesTheCrashTimeToFollow: the crash is followed by
+// nothing for crashFollows (the killed instance's lease, its grants'
+// horizon and a window) in the test's 25 s run and the default 60 s one,
+// whose timeline stays 18%, 34%, 48%, 64% and 76%; the events keep
+// their order within the scenario.
+func TestTimelineLeavesTheCrashTimeToFollow(t *testing.T) {
+	for _, d := range []time.Duration{10 * time.Second, 25 * time.Second, 60 * time.Second, 10 * time.Minute} {
+		at := timeline(d)
+		for i := range at {
+			if at[i] <= 0 || at[i] >= d || i > 0 && at[i] <= at[i-1] {
+				t.Errorf("%v: events at %v, want increasing within the scenario", d, at)
+				break
+			}
+		}
+		if gap := at[3] - at[2]; gap < min(crashFollows, d/2) {
+			t.Errorf("%v: the join comes %v after the crash, want at least %v", d, gap, min(crashFollows, d/2))
+		}
+	}
+	want := [5]time.Duration{10800 * time.Millisecond, 20400 * time.Millisecond, 28800 * time.Millisecond, 38400 * time.Millisecond, 45600 * time.Millisecond}
+	for i, at := range timeline(time.Minute) {
+		if (at - want[i]).Abs() > time.Millisecond {
+			t.Errorf("60s: event %d at %v, want %v", i+1, at, want[i])
+		}
+	}
+}
