@@ -433,6 +433,9 @@ func TestLedgerMemberCutOffAcrossTheSharesReturns(t *testing.T) {
 		st := b.Status()
 		return !st.Connected, st.LastError
 	})
+	if !strings.Contains(blog.String(), `msg="etcd unreachable; keeping its grants (fail-static)"`) {
+		t.Errorf("b's log does not say it is keeping its grants:\n%s", blog.String())
+	}
 	px.Heal()
 	t.Logf("b back at %s", time.Now().Format("15:04:05.000"))
 	itWait(t, "b on the shares", func() (bool, string) {

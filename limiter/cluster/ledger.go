@@ -74,6 +74,10 @@ func (m *Member) followLedger(ctx context.Context, cfg schema.ProviderConfig) bo
 		if errors.Is(err, errShares) {
 			return true
 		}
+		if m.Status().Connected {
+			m.log.Warn("etcd unreachable; keeping its grants (fail-static)", "err", err,
+				"admits_until", m.lim.Expiry())
+		}
 		m.setStatus(func(s *Status) { s.Connected, s.LastError = false, err.Error() })
 		if time.Since(start) > 10*time.Second {
 			backoff = 100 * time.Millisecond

@@ -20,7 +20,7 @@
 //
 // admitted and rejected count permits since the start, over all members;
 // restarts counts the sessions that ended while connected (each logs
-// "etcd unreachable; keeping the last share (fail-static)": a lost lease,
+// "etcd unreachable; keeping …": a lost lease,
 // a failed write, or a watch that ended, ErrCompacted included) after which
 // the member registered again. Members' other warnings go to stderr.
 package main
@@ -55,8 +55,10 @@ func main() {
 	}
 }
 
-// restartMsg is what a Member logs when a session it was connected in ends.
-const restartMsg = "etcd unreachable; keeping the last share (fail-static)"
+// restartMsg begins what a Member logs when a session it was connected
+// in ends: "… keeping the last share (fail-static)" on the shares,
+// "… keeping its grants (fail-static)" on the ledger.
+const restartMsg = "etcd unreachable; keeping "
 
 func run() error {
 	endpoints := flag.String("etcd", "http://127.0.0.1:2379", "comma-separated etcd endpoints")
@@ -226,7 +228,7 @@ type warnHandler struct {
 func (h *warnHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
 
 func (h *warnHandler) Handle(_ context.Context, r slog.Record) error {
-	if r.Message == restartMsg {
+	if strings.HasPrefix(r.Message, restartMsg) {
 		h.restarts.Add(1)
 	}
 	var b strings.Builder
