@@ -195,8 +195,14 @@ func TestBudgetCloseGivesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	day := a.Members()[1].Limiter().Stats().WindowStart
-	took := a.Members()[1].Status().Share
-	if took < 30 || counter(t, cli, day) != took {
+	// A take is counted in etcd before the member's status says so: wait
+	// until the two agree.
+	var took int64
+	waitFor(t, "a's status and the counter to agree", func() bool {
+		took = a.Members()[1].Status().Share
+		return counter(t, cli, day) == took
+	})
+	if took < 30 {
 		t.Fatalf("a took %d for 30, the counter says %d", took, counter(t, cli, day))
 	}
 	a.Close()
