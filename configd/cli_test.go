@@ -49,13 +49,16 @@ func TestCRUDSameThroughAPIAndEtcd(t *testing.T) {
 	}
 	// Normalise what legitimately differs: the name, revisions, times,
 	// who (the API adds "via api@127.0.0.1"), the published shares line,
-	// and which replica leads the provider: a replica takes a new provider
-	// over a moment after it is created, so status may be read before.
+	// the ledger line, and which replica leads the provider: a replica
+	// takes a new provider over a moment after it is created, and writes
+	// its ledger's first era a moment after that, so status may be read
+	// before either.
 	norm := func(mode, s string) string {
 		for _, r := range []struct{ re, with string }{
 			{`prov-` + mode, "NAME"},
 			{`\d{4}-\d\d-\d\dT[0-9:.]+Z`, "TIME"},
 			{`(?m)^shares: .*$`, "shares: X"},
+			{`(?m)^ledger: .*$`, "ledger: X"},
 			{`(?m)^led by: .*$`, "led by: X"},
 			{`"who": "[^"]*"`, `"who": WHO`},
 			{`\S+@\S+( via api@127\.0\.0\.1)?`, "WHO"},
