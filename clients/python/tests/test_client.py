@@ -78,7 +78,8 @@ def test_shared_provider_through_configd(sock: str) -> None:
     st = lim.status()
     llm = next(p for p in st["providers"] if p["name"] == "llm")
     assert [l["dimension"] for l in llm["limits"]] == ["requests", "tokens"]
-    assert all(l["source"] in ("shares", "even") for l in llm["limits"]), llm
+    # Created through configd naming no coordination: on the ledger.
+    assert all(l["source"] == "ledger" for l in llm["limits"]), llm
     counts = next(c for c in st["callers"] if c["caller"] == "py-llm")["counts"]
     assert counts["acquire"]["OK"] >= 1 and counts["settle"]["OK"] >= 1
 
