@@ -435,7 +435,7 @@ func runSet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	pacing := fs.Bool("pacing", false, "spread each window's permits evenly across it (--pacing=false to turn off)")
 	fs.Var(&e.floor, "floor", "least share an idle instance keeps under fair (0: allocator default)")
 	fs.Var(&e.maxOffset, "max-clock-offset", "clock measurement uncertainty beyond which an instance's share is cut (0: the default, 2% of the window)")
-	fs.Var(&e.failStatic, "fail-static", "how long an instance cut off from etcd keeps its share past its lease, and configd keeps an expired instance's share reserved (0: the default, 10s; at most 1h)")
+	fs.Var(&e.failStatic, "fail-static", "how long an instance cut off from etcd keeps admitting: on the ledger how far ahead its grants reach, on the shares how long past its lease it keeps its share while configd keeps it reserved (0: the default, 10s; at most 1h)")
 	fs.Var(&e.coordination, "coordination", "how the limit reaches the instances: shares or ledger (grants stored in etcd, checked by configd audit); fixed when the provider is created, the ledger by default")
 	fs.Var(&e.adaptive, "adaptive", "follow the provider's pushback: floor=N[,shadow][,decrease=F][,probe=F] keeps an effective limit between N and --limit (the ceiling); off turns it off")
 	fs.Var(classFlag{&e}, "class", "a priority class, highest first: NAME, or NAME=RESERVE to keep a count (critical=600) or a share (critical=60%) of every window's limit for it. Given once per class, in order; the provider's classes become those given (at most 8, reserves adding up to at most the limit)")
