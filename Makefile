@@ -8,7 +8,7 @@ BENCHCOUNT ?= 6
 
 export PATH := $(PATH):/usr/local/go/bin:$(shell $(GO) env GOPATH 2>/dev/null)/bin
 
-.PHONY: all build bin proto proto-tools proto-check python-test test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench sim sim-scale accuracy multi soak scale shards faults demo screenshot clean
+.PHONY: all build bin proto proto-tools proto-check python-test test vet fmt-check chromium unit guarantee fuzz oracle rebalance bench accuracy multi soak scale shards faults demo screenshot clean
 
 all: build test
 
@@ -104,15 +104,13 @@ unit:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 # The oracles again without the race detector, which slows them tenfold:
-# 20,000 limiter histories, 5,000 histories of several limits, 2,000
-# protocol scenarios, 10,000 histories of a budget taken by several
-# instances, 200 histories of configd's writes of share records and 1,000
+# 20,000 limiter histories, 5,000 histories of several limits, 10,000
+# histories of a budget taken by several instances, 200 histories of configd's writes of share records and 1,000
 # histories of the ledger in the simulated world (internal/world), new
 # seeds each run (make oracle runs ten times more or so).
 guarantee:
 	$(GO) test -count=1 -run '^TestOracle$$' ./limiter -oracle.n=20000
 	$(GO) test -count=1 -run '^TestMultiOracle$$' ./limiter -multi.n=5000
-	$(GO) test -count=1 -run '^TestSearch$$' ./internal/sim -sim.n=2000
 	$(GO) test -count=1 -run '^TestBudgetOracle$$' ./limiter/cluster -budget.n=10000
 	$(GO) test -count=1 -run '^TestShareLayoutOracle$$' ./configd -layout.n=200
 	$(GO) test -count=1 -run '^TestHistories$$' ./internal/world -world.n=1000
@@ -163,25 +161,22 @@ fuzz:
 
 ## oracle: the guarantee's oracles over many more random histories than
 ## make test runs: ORACLE_N limiter histories (about 40 s per 100,000 here),
-## MULTI_N histories of several limits (about 15 s per 10,000), SIM_N
-## protocol scenarios (about 10 s per 1,000), BUDGET_N histories of a
+## MULTI_N histories of several limits (about 15 s per 10,000), BUDGET_N histories of a
 ## budget (about 7 s per 10,000) and LAYOUT_N histories of configd's
 ## writes of share records on an embedded etcd (about 6 s per 100) and
 ## WORLD_N histories of the ledger in the simulated world (internal/world,
-## about 5 s per 100), and the protocol search's found scenarios on the
-## ledger under four seeds each, liveness waited for after every configd
+## about 5 s per 100), and the scenarios found by the old protocol search
+## (internal/world/testdata/found) under four seeds each, liveness waited for after every configd
 ## clock (tens of minutes: a clock 44 minutes ahead is played out). A
 ## failure prints its seed and how to replay it.
 ORACLE_N ?= 200000
 MULTI_N  ?= 50000
-SIM_N    ?= 20000
 BUDGET_N ?= 100000
 LAYOUT_N ?= 5000
 WORLD_N  ?= 20000
 oracle:
 	$(GO) test -count=1 -run '^TestOracle$$' -v -timeout 60m ./limiter -oracle.n=$(ORACLE_N)
 	$(GO) test -count=1 -run '^TestMultiOracle$$' -v -timeout 60m ./limiter -multi.n=$(MULTI_N)
-	$(GO) test -count=1 -run '^TestSearch$$' -v -timeout 60m ./internal/sim -sim.n=$(SIM_N)
 	$(GO) test -count=1 -run '^TestBudgetOracle$$' -v -timeout 60m ./limiter/cluster -budget.n=$(BUDGET_N)
 	$(GO) test -count=1 -run '^TestShareLayoutOracle$$' -v -timeout 60m ./configd -layout.n=$(LAYOUT_N)
 	$(GO) test -count=1 -run '^TestHistories$$' -v -timeout 60m ./internal/world -world.n=$(WORLD_N)
@@ -196,18 +191,6 @@ rebalance:
 ## bench: the hot-path and slow-path benchmarks, repeated for benchstat.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) ./limiter/ | tee bench.txt
-
-## sim: the redistributor simulator over bench/sim/scenarios (deterministic,
-## seconds); SCENARIO=FILE replays one scenario file instead, such as one the
-## protocol search printed.
-sim:
-	$(GO) test -count=1 ./internal/sim
-	$(GO) run ./bench/sim $(SCENARIO)
-
-## sim-scale: the simulator at 10,000 and 100,000 instances, retunes with
-## lost acknowledgements (bench/sim/scale; about 6 minutes).
-sim-scale:
-	$(GO) run ./bench/sim -v bench/sim/scale/10000.json bench/sim/scale/100000.json
 
 ## accuracy: 8 instance processes, configd, embedded etcd and a provider stub:
 ## fair vs even, and +200ms clock skew without/with NTP (about 5 minutes).

@@ -23,7 +23,8 @@ func (d *span) UnmarshalJSON(b []byte) error {
 	return err
 }
 
-// found is the part of an internal/sim scenario the world plays.
+// found is the part the world plays of a scenario the protocol search of
+// the old protocol found (testdata/found).
 type found struct {
 	Seed         uint64 `json:"seed"`
 	Limit        int64  `json:"limit"`
@@ -63,13 +64,13 @@ func (f found) config(seed uint64) Config {
 }
 
 // TestFoundScenarios plays every history the protocol search found
-// against the old protocol (internal/sim/testdata/found) on the ledger:
+// against the old protocol (testdata/found) on the ledger:
 // the same fleet, demands, limits, windows, deletions, failovers, outages
 // and configd clocks, each under a few seeds of message faults.
 func TestFoundScenarios(t *testing.T) {
-	files, err := filepath.Glob("../sim/testdata/found/*.json")
+	files, err := filepath.Glob("testdata/found/*.json")
 	if err != nil || len(files) == 0 {
-		t.Fatalf("no scenarios under ../sim/testdata/found: %v", err)
+		t.Fatalf("no scenarios under testdata/found: %v", err)
 	}
 	// make oracle sets WORLD_FOUND_LONG to a number of seeds each, and
 	// liveness is waited for after every configd clock, up to 44 minutes
