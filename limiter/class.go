@@ -276,13 +276,28 @@ func (l *Limiter) setClassesLocked(cs []Class) error {
 	old, oldUsed, oldCounts := l.classes, l.curUsed, l.classCounts
 	nc := newClasses(cs)
 	// Every reservation left in the book is valid and in the current
-	// window, or waits in rs: map each to its class in nc while both
-	// lists are at hand.
+	// window, fixed (see Reservation.fixed), or waits in rs: map each to
+	// its class in nc while both lists are at hand. A future window's
+	// use by class is then what its fixed reservations hold.
 	remap := func(r *Reservation) { r.class, r.set = max(0, l.classOfLocked(r, nc)), nc }
 	for _, bw := range l.book {
-		bw.used = nil // future windows hold no reservation now
+		bw.used = nil
+	}
+	use := func(start int64, r *Reservation) {
+		if bw := l.book[start]; nc != nil && bw != nil && start > l.cur.start {
+			if bw.used == nil {
+				bw.used = make([]int64, len(cs))
+			}
+			bw.used[r.class] += r.n
+		}
+	}
+	for start, bw := range l.book {
 		for r := range bw.res {
 			remap(r)
+			use(start, r)
+			if r.alsoSet {
+				use(r.also, r)
+			}
 		}
 	}
 	for _, r := range rs {

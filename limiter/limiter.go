@@ -43,9 +43,10 @@ const (
 // permit free when it asks, later callers get later ones, and each waiter
 // sleeps until its own permit is valid, so a window boundary wakes only the
 // waiters whose permits are due. When the limits change (SetQuota, Backoff,
-// SetClockOffset, SetExpiry) waiters are placed again in the order they
-// asked. A waiter whose context is cancelled gives its permit back for the
-// next caller.
+// SetClockOffset, SetExpiry) Acquire's waiters are placed again in the
+// order they asked; a Reservation made by Reserve keeps its window and
+// time (see Reservation). A waiter whose context is cancelled gives its
+// permit back for the next caller.
 //
 // When a permit is available in the current window, the Limiter takes no
 // lock, makes no allocation and starts no goroutine or timer. A Limiter
@@ -373,7 +374,9 @@ func (l *Limiter) roll(now int64) {
 			break
 		}
 	}
-	l.overCur = 0
+	// Reservations made by Reserve keep their window when its quota is
+	// lowered after them: what they hold beyond it is taken too.
+	l.overCur = max(0, charged-l.cur.quota)
 	l.end.Store(l.cur.shut())
 }
 
@@ -492,7 +495,8 @@ func (l *Limiter) countEnded(ctx context.Context, n int64, err error) {
 
 // Reserve reserves n permits, counted in one window, that become valid
 // within maxWait, and returns at once: the Reservation says when they are
-// valid, and Cancel gives them back. It returns an error wrapping ErrTimeout
+// valid, and Cancel gives them back. That time is fixed: no later change of
+// limits moves or fails it (see Reservation). It returns an error wrapping ErrTimeout
 // if they cannot be valid within maxWait, ErrNoQuota if the quota in force is
 // smaller than n or they would fall past the expiry (SetExpiry), ErrInvalid
 // for n outside 1..MaxQuota and ErrClosed after Close. In shadow mode the

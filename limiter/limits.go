@@ -9,9 +9,10 @@ import (
 
 // Backoff pauses the limiter: no permit is valid before now+d. Call it when
 // the provider answers 429 or 503 with Retry-After, so that a limit set too
-// high on our side does not keep hammering it. Waiters whose permits fall
-// inside the pause are moved after it, in their order, or fail with
-// ErrTimeout at once if that is beyond their deadline. A d of 0 or less
+// high on our side does not keep hammering it. Acquire's waiters whose
+// permits fall inside the pause are moved after it, in their order, or
+// fail with ErrTimeout at once if that is beyond their deadline; a
+// Reservation made by Reserve keeps its time (see Reservation). A d of 0 or less
 // does nothing; a later Backoff that ends earlier than the current one does
 // not shorten it.
 func (l *Limiter) Backoff(d time.Duration) {
@@ -39,10 +40,11 @@ func (l *Limiter) Backoff(d time.Duration) {
 // the same at on every instance to switch them at the same boundary. q
 // must lie between 0 and MaxQuota.
 //
-// Waiters are placed again under the new quota, in the order they asked:
-// a raise serves them earlier, a drop moves them later and fails those it
-// moves past their deadline with ErrTimeout. Waiters for quota are placed
-// as soon as it suffices.
+// Acquire's waiters are placed again under the new quota, in the order
+// they asked: a raise serves them earlier, a drop moves them later and
+// fails those it moves past their deadline with ErrTimeout. Waiters for
+// quota are placed as soon as it suffices. Reservations made by Reserve
+// keep their windows (see Reservation).
 func (l *Limiter) SetQuota(q int64, at time.Time) error {
 	_, err := l.setLimit(q, 0, at)
 	return err
@@ -70,7 +72,10 @@ func (l *Limiter) SetLimit(q int64, window time.Duration, at time.Time) error {
 // since what that window admitted before the change stays admitted. A
 // caller that coordinates with others, as cluster.Member does with
 // configd, reports this time rather than at: a change that arrives late,
-// or of another window length, governs only from a later boundary.
+// or of another window length, governs only from a later boundary. It is
+// later still past a window whose reservations made by Reserve hold more
+// than the new limit gives it (see Reservation): that window admits them
+// whatever the limit.
 func (l *Limiter) Schedule(q int64, window time.Duration, at time.Time) (time.Time, error) {
 	if err := ValidateWindow(window); err != nil {
 		return time.Time{}, err
@@ -111,6 +116,7 @@ func (l *Limiter) SetWindowQuota(q int64, window time.Duration, start time.Time)
 	l.sched.cur = params{quota: q, window: int64(window)}
 	l.sched.changes = []change{{from: l.cur.end, p: params{quota: 0, window: int64(window)}}}
 	l.setCurrentQuotaLocked()
+	l.rebookFixedLocked()
 	l.replaceLocked(rs, now, 0)
 	return true, nil
 }
@@ -134,7 +140,9 @@ type Step struct {
 // times, as SetLimit schedules them; the expiry is set as by SetExpiry. A
 // step of another window length takes effect at the first boundary both
 // lengths share. Between the current window and the first step to take
-// effect, windows admit nothing: the start returned is that step's.
+// effect, windows admit nothing: the start returned is that step's, or
+// later, past the last window whose reservations made by Reserve hold
+// more than the steps give it (see Reservation).
 // Because the step in force is chosen under the same lock as every other
 // change, a window boundary that passes while the caller builds the steps
 // cannot give the new window the quota of the one before. Steps must be
@@ -184,8 +192,9 @@ func (l *Limiter) SetSchedule(steps []Step, expiry time.Time) (time.Time, error)
 		l.sched.changes = append([]change{{from: l.cur.end, p: params{window: l.sched.cur.window}}}, l.sched.changes...)
 	}
 	l.setCurrentQuotaLocked()
+	l.rebookFixedLocked()
 	l.replaceLocked(rs, now, 0)
-	return time.Unix(0, from), nil
+	return time.Unix(0, l.governedFromLocked(from)), nil
 }
 
 func validateSteps(steps []Step) error {
@@ -239,8 +248,103 @@ func (l *Limiter) setLimit(q, window int64, at time.Time) (from int64, err error
 		// window, that the window in force there and the new one share.
 		from = l.sched.setFrom(max(atNs, l.cur.end), p)
 	}
+	l.rebookFixedLocked()
 	l.replaceLocked(rs, now, 0)
-	return from, nil
+	return l.governedFromLocked(from), nil
+}
+
+// rebookFixedLocked charges every fixed reservation (see
+// Reservation.fixed) of a future window to the windows, as the schedule
+// now stands, that the interval holding its true instant meets: one, or
+// two when a new boundary falls inside it. A change of window length
+// moves boundaries, never the instant its holder was given. The caller
+// has taken every other future reservation out of the book.
+func (l *Limiter) rebookFixedLocked() {
+	var rs []*Reservation
+	for start, bw := range l.book {
+		if start > l.cur.start {
+			for r := range bw.res {
+				rs = append(rs, r)
+			}
+		}
+	}
+	sortReservations(rs)
+	for _, r := range rs {
+		lo, hi := max(r.tLo, r.due-l.guard), min(r.tHi, r.due+l.guard+1)
+		if lo >= hi { // the clock was further off than it was told
+			lo, hi = r.due-l.guard, r.due+l.guard+1
+		}
+		a, b := l.spanLocked(lo), l.spanLocked(hi-1)
+		if a.start == r.win && (a.start == b.start) != r.alsoSet && (!r.alsoSet || r.also == b.start) {
+			continue
+		}
+		l.releaseLocked(r)
+		r.tLo, r.tHi = lo, hi
+		r.win = a.start
+		l.chargeFutureLocked(r, a.start)
+		l.bookWindowLocked(a.start).res[r] = struct{}{}
+		if b.start != a.start {
+			r.also, r.alsoSet = b.start, true
+			l.chargeFutureLocked(r, b.start)
+			l.wasted.Add(r.n) // held, not admitted: Stats counts it once
+		}
+	}
+}
+
+// chargeFutureLocked charges r's permits to the future window that
+// begins at start.
+func (l *Limiter) chargeFutureLocked(r *Reservation, start int64) {
+	bw := l.bookWindowLocked(start)
+	bw.charged += r.n
+	bw.next = max(bw.next, bw.charged)
+	if l.classes != nil {
+		if bw.used == nil {
+			bw.used = make([]int64, len(l.curUsed))
+		}
+		bw.used[max(0, l.classOfLocked(r, l.classes))] += r.n
+	}
+}
+
+// unchargeAlsoLocked gives back what r held in its second window, if
+// any, unless that window has closed (then it counted as wasted).
+func (l *Limiter) unchargeAlsoLocked(r *Reservation) {
+	if !r.alsoSet {
+		return
+	}
+	r.alsoSet = false
+	cls := l.classOfLocked(r, l.classes)
+	switch bw := l.book[r.also]; {
+	case r.also == l.cur.start:
+		l.addRemainingLocked(r.n)
+		if l.curUsed != nil && cls >= 0 {
+			l.curUsed[cls] -= r.n
+		}
+	case r.also > l.cur.start && bw != nil:
+		bw.charged -= r.n
+		if bw.used != nil && cls >= 0 {
+			bw.used[cls] -= r.n
+		}
+		if len(bw.res) == 0 && bw.charged == 0 {
+			delete(l.book, r.also)
+		}
+		l.scanFrom = min(l.scanFrom, r.also)
+	default:
+		return
+	}
+	l.wasted.Add(-r.n)
+}
+
+// governedFromLocked returns from, or, if later, the end of the last
+// window whose fixed reservations (see Reservation.fixed) hold more than
+// the schedule now gives it: the schedule governs whole only the windows
+// after it. Every other reservation was placed within the quota.
+func (l *Limiter) governedFromLocked(from int64) int64 {
+	for start, bw := range l.book {
+		if sp := l.spanLocked(start); start > l.cur.start && bw.charged > sp.quota {
+			from = max(from, sp.end)
+		}
+	}
+	return from
 }
 
 // setCurrentQuotaLocked changes the current window's quota to the one the
@@ -286,8 +390,9 @@ func (l *Limiter) SetShadow(on bool) { l.shadow.Store(on) }
 // becomes the clock's time plus d, which moves every window boundary by the
 // change. d is clamped to ±100 years, so that corrected time stays within
 // what Unix nanoseconds in an int64 hold. Call it with each new NTP
-// measurement. Waiters are placed again on the new time, in order, with
-// their real deadlines kept. A correction that moves time backwards does
+// measurement. Acquire's waiters are placed again on the new time, in
+// order, with their real deadlines kept; a Reservation made by Reserve
+// keeps its real time and window. A correction that moves time backwards does
 // not reopen a window already closed: the current window lasts until its
 // end on the new clock. Before the first window opens there is none to
 // keep, so a new limiter admits on the new clock at once.
@@ -295,6 +400,9 @@ func (l *Limiter) SetClockOffset(d time.Duration) {
 	l.lockChange()
 	defer l.unlockChange()
 	l.setClockOffsetLocked(d, time.Now())
+	if l.group != nil {
+		l.group.alignFixedLocked()
+	}
 }
 
 // setClockOffsetLocked sets the offset, anchoring the system clock's
@@ -322,8 +430,33 @@ func (l *Limiter) setClockOffsetLocked(d time.Duration, anchor time.Time) {
 		// correction backwards never lets the limiter admit past it.
 		l.sched.expiry = addClamped(l.sched.expiry, time.Duration(now-before))
 	}
+	l.shiftFixedLocked(now - before)
 	l.advanceLocked(now)
 	l.replaceLocked(rs, now, now-before)
+}
+
+// shiftFixedLocked moves the time of every fixed reservation not yet
+// valid by shift, the change of the clock offset: its holder uses it at
+// the real time it was given, which lies in the window it is charged to,
+// since the clock was within its uncertainty when it was placed. It is
+// not valid before that window begins on the limiter's clock, so that a
+// valid reservation's window is the current one or closed: a holder in
+// the process waits the few more moments a correction backwards adds.
+// A part of a MultiReservation is brought to the Multi's instant after
+// every limit moved (Multi.alignFixedLocked).
+func (l *Limiter) shiftFixedLocked(shift int64) {
+	for _, bw := range l.book {
+		for r := range bw.res {
+			if !r.fixed() || r.state == resDone || r.due == math.MaxInt64 {
+				continue
+			}
+			r.due = addClamped(r.due, time.Duration(shift))
+			r.deadline = addClamped(r.deadline, time.Duration(shift))
+			if r.win > l.cur.start {
+				r.due = max(r.due, r.win)
+			}
+		}
+	}
 }
 
 // SetClockUncertainty sets how far, at most, the corrected clock may be
@@ -333,7 +466,8 @@ func (l *Limiter) setClockOffsetLocked(d time.Duration, anchor time.Time) {
 // way its clock is off, so clock error cannot push an aligned window over
 // the quota, even when permits bunch at a window's start. The band is capped
 // just under half the window. 0 (the default) trusts the clock; a negative
-// u counts as 0. Waiters are placed again, in order, outside the band.
+// u counts as 0. Acquire's waiters are placed again, in order, outside the
+// band.
 func (l *Limiter) SetClockUncertainty(u time.Duration) {
 	l.lockChange()
 	defer l.unlockChange()
@@ -386,9 +520,11 @@ func (l *Limiter) setClockUncertaintyLocked(u time.Duration) {
 // t above all) serves it or its deadline passes; it fails at once if the
 // current window began at or after t and the deadline falls before the
 // next window, as no change could serve it in time. When t changes,
-// waiters are placed again in the order they asked, as by SetLimit: an
-// earlier t moves those past it to room before it, or fails them (Acquire
-// waiters wait for quota instead), and a later t serves those waiting.
+// Acquire's waiters are placed again in the order they asked, as by
+// SetLimit: an earlier t moves those past it to room before it, or makes
+// them wait for quota, and a later t serves those waiting. A Reservation
+// made by Reserve keeps its time, also past an earlier t (see
+// Reservation).
 func (l *Limiter) SetExpiry(t time.Time) {
 	var e int64
 	expires := !t.IsZero()
@@ -469,9 +605,17 @@ func (l *Limiter) Close() error {
 	}
 	now := l.now()
 	l.advanceLocked(now)
-	for _, r := range l.unplaceLocked(now) {
+	for _, r := range l.unplaceWhereLocked(now, func(*Reservation) bool { return true }) {
 		r.state, r.err = resFailed, ErrClosed
 		r.poke()
+	}
+	// What future windows still hold is held, not admitted (counted as
+	// wasted): a second window's charge, a failed Multi's part. Their
+	// windows will not roll now; count them closed, as rolling would.
+	for start, bw := range l.book {
+		if start > l.cur.start {
+			l.counts.closedConsumed += bw.charged
+		}
 	}
 	l.closed = true
 	l.advanceLocked(now)

@@ -519,6 +519,36 @@ func (m *Multi) SetClockOffset(d time.Duration) {
 	for _, l := range m.lims {
 		l.setClockOffsetLocked(d, anchor)
 	}
+	m.alignFixedLocked()
+}
+
+// alignFixedLocked brings the parts of every MultiReservation made by
+// Reserve to one instant again after a clock correction moved each
+// limit's part (Limiter.shiftFixedLocked): the latest of them, so that
+// every part's window has begun when it is valid.
+func (m *Multi) alignFixedLocked() {
+	for _, l := range m.lims {
+		for _, bw := range l.book {
+			for r := range bw.res {
+				mr := r.multi
+				if mr == nil || !mr.holder || mr.state != resPending || r.due == math.MaxInt64 {
+					continue
+				}
+				t := int64(math.MinInt64)
+				for i, p := range mr.rs {
+					if p != nil && mr.placed[i] {
+						t = max(t, p.due)
+					}
+				}
+				for i, p := range mr.rs {
+					if p != nil && mr.placed[i] {
+						p.due = t
+					}
+				}
+				mr.due = t
+			}
+		}
+	}
 }
 
 // SetClockUncertainty sets every limit's guard band at once (see

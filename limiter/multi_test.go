@@ -182,14 +182,13 @@ func TestMultiPartNotValidBeforeTheInstant(t *testing.T) {
 	})
 }
 
-// TestMultiPartLeftBehindIsNotValid: when one limit moves its part of a
-// reservation later, the other parts are not valid at the instant they
-// shared, even once it has come and before the Multi brings them together
-// again: a drop of their limit still moves or fails them. (The oracle
-// found a part placed alone when its limit's quota came, kept through a
-// drop as if valid, and granted at the Multi's instant into a window
-// over the dropped quota.)
-func TestMultiPartLeftBehindIsNotValid(t *testing.T) {
+// TestMultiReservationKeepsItsTime: a Multi's reservation made by
+// Reserve keeps its instant in every limit: a Backoff of one limit does
+// not move its part, and a drop of another's quota does not fail it, since
+// its holder may have told the instant to a caller who calls then. The
+// window it is charged to admits nothing more while it holds more than
+// the lowered quota.
+func TestMultiReservationKeepsItsTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ms = time.Millisecond
 		time.Sleep(time.Until(WindowStart(time.Now(), 100*ms).Add(100 * ms)))
@@ -202,16 +201,23 @@ func TestMultiPartLeftBehindIsNotValid(t *testing.T) {
 		if d := r.Delay(); d != 10*ms {
 			t.Fatalf("ready in %v, want 10ms, the next requests window", d)
 		}
-		m.Limiter(0).Backoff(15 * ms) // the requests part moves to 15ms; the tokens part stays at 10ms
-		time.Sleep(12 * ms)
+		m.Limiter(0).Backoff(15 * ms)
+		time.Sleep(5 * ms)
 		if err := m.SetQuota(1, 4, time.Time{}); err != nil { // below the 5 tokens the part holds
 			t.Fatal(err)
 		}
-		if err := r.Err(); !errors.Is(err, ErrTimeout) {
-			t.Fatalf("Err() = %v after the tokens quota dropped to 4 before the reservation was valid, want ErrTimeout", err)
+		if d, err := r.Delay(), r.Err(); d != 5*ms || err != nil {
+			t.Fatalf("after a backoff and a drop: Delay() %v, Err() %v; want 5ms as told, nil", d, err)
 		}
-		if st := m.Stats()[1]; st.Remaining != 4 {
-			t.Errorf("tokens remaining %d, want 4: the failed part gives its 5 back", st.Remaining)
+		if st := m.Stats()[1]; st.Remaining != 0 {
+			t.Errorf("tokens remaining %d, want 0: the reservation holds 5 of a quota now 4", st.Remaining)
+		}
+		time.Sleep(5 * ms)
+		if _, err := r.Wait(context.Background()); err != nil {
+			t.Fatalf("Wait at the told instant: %v", err)
+		}
+		if _, ok := m.TryAcquire(Cost("tokens", 1)); ok {
+			t.Error("a token admitted beside the 5 reserved, under a quota of 4")
 		}
 	})
 }

@@ -563,7 +563,9 @@ func (h *mhist) check() (string, oracleCover) {
 	quota := make([]map[int64]int64, k)  // per limit: the largest quota each window was judged by
 	granted := make([]map[int]int64, k)  // per limit: each call's window start
 	outstanding := make([]int64, k)      // per limit: permits of waiters not yet answered
+	fixed := make([]*fixedBook, k)       // per limit: Reserve's permits
 	for i, lm := range h.limits {
+		fixed[i] = newFixedBook()
 		models[i] = newModel(lm.Quota, int64(lm.Window), false)
 		count[i], excess[i], quota[i], granted[i] = map[int64]int64{}, map[int64]int64{}, map[int64]int64{}, map[int]int64{}
 	}
@@ -594,6 +596,7 @@ func (h *mhist) check() (string, oracleCover) {
 				for x, m := range models {
 					if li < 0 || li == x {
 						m.apply(h.ctl[ev.i])
+						fixed[x].follow(m, count[x])
 					}
 				}
 			case evStart:
@@ -614,13 +617,23 @@ func (h *mhist) check() (string, oracleCover) {
 				case c.kind == callAcquire || c.kind == callReserve && c.held:
 					for x := range k {
 						outstanding[x] += c.ns[x]
+						if c.kind != callReserve || c.ns[x] == 0 {
+							continue
+						}
+						s, q := fixed[x].promise(ev.i, t+c.readyIn, c.ns[x], models[x], count[x])
+						if !ambiguous && count[x][s] > q+excess[x][s] {
+							fail("call %d: limit %v: window %s has %d after this promise of %d at %s; its quota is %d (and Settle charged %d beyond grants)",
+								ev.i, h.limits[x], at(s), count[x][s], c.ns[x], at(t), q, excess[x][s])
+						}
 					}
 				}
 			case evEnd:
 				c := h.calls[ev.i]
+				var prs [MaxLimits]*promise
 				if c.kind == callAcquire || c.kind == callReserve && c.held {
 					for x := range k {
 						outstanding[x] -= c.ns[x]
+						prs[x], _ = fixed[x].end(ev.i, c.canceled, count[x])
 					}
 				}
 				if !c.granted {
@@ -633,8 +646,15 @@ func (h *mhist) check() (string, oracleCover) {
 					}
 					s, _, p := m.win(t)
 					granted[x][ev.i] = s
+					pr := prs[x]
+					if pr != nil && (t < pr.t || t > pr.t && !pr.since(m)) {
+						fail("call %d: a Reserve told ready in %v was valid after %v", ev.i, time.Duration(c.readyIn), time.Duration(t-c.start))
+					}
+					if pr != nil && s == pr.s {
+						continue // counted when promised
+					}
 					count[x][s] += c.ns[x]
-					q := m.quotaOf(s, p)
+					q := max(m.quotaOf(s, p), fixed[x].excused[s])
 					if ambiguous {
 						q = max(q, h.quotaBefore(x, evs[:i], t))
 					}
@@ -642,7 +662,7 @@ func (h *mhist) check() (string, oracleCover) {
 					if m.closed && t > m.closedAt {
 						fail("call %d: granted at %s, after Close", ev.i, at(t))
 					}
-					if !ambiguous && t+m.off < m.backoffC {
+					if !ambiguous && t+m.off < m.backoffC && !(pr != nil && pr.since(m)) {
 						fail("call %d: granted at %s during a backoff", ev.i, at(t))
 					}
 					if count[x][s] > q+excess[x][s] {

@@ -13,15 +13,15 @@ import (
 // valid at one instant, made by Multi.Reserve (or inside Multi.Acquire).
 //
 // Each limit holds its part as a Reservation charged to the window that
-// contains the instant. A change of one limit can move its part (see
-// Reservation); the others then follow, so that every part is charged to
-// the window, of its own limit, that contains the new instant: the
-// instant only ever moves for all of them at once. A reservation made by
-// Reserve never moves earlier than the time it first gave. Wait follows
-// such moves; a holder that sleeps until ReadyAt itself should check Delay
-// when it wakes: 0 when the permits are valid, more when the reservation
-// moved later, and math.MaxInt64 when it failed (Err says why) or waits
-// for quota.
+// contains the instant. One made by Multi.Reserve keeps its instant in
+// every limit, as a Reservation made by Reserve does: when one limit is
+// closed alone, the others keep their parts charged, since the instant
+// may have been told on. One made inside Acquire moves instead: a change
+// of one limit can move its part, and the others then follow, so that
+// every part is charged to the window, of its own limit, that contains
+// the new instant. Delay is 0 when the permits are valid, and
+// math.MaxInt64 when the reservation failed (Err says why) or waits for
+// quota.
 type MultiReservation struct {
 	m      *Multi
 	ns     [MaxLimits]int64
@@ -319,7 +319,7 @@ func (m *Multi) aheadLocked(a, b *MultiReservation) bool {
 // waiting for quota, and not yet valid at now: one a higher class may
 // move later.
 func (m *Multi) movableLocked(r *MultiReservation, now int64) bool {
-	if r.state != resPending || r.due == math.MaxInt64 {
+	if r.holder || r.state != resPending || r.due == math.MaxInt64 {
 		return false
 	}
 	valid := true
@@ -418,6 +418,9 @@ func (m *Multi) reconcileLocked(r *MultiReservation, now int64) {
 			t = max(t, rr.due)
 		}
 	}
+	if r.holder && complete && waiting < 0 {
+		return // its parts are fixed (Reservation.fixed): they never move
+	}
 	if waiting >= 0 {
 		r.due = math.MaxInt64
 		if complete && t != math.MinInt64 {
@@ -484,7 +487,14 @@ func (m *Multi) failLocked(r *MultiReservation, err error) {
 		}
 		if rr.state != resFailed { // a part that failed was counted by its limit
 			cls := l.classOfLocked(rr, l.classes)
-			if r.placed[i] {
+			switch {
+			case r.placed[i] && rr.fixed() && !l.closed && rr.state == resPending:
+				// Its time may have been told: the part stays charged
+				// in its window, as Reservation.fixed says, held and
+				// not admitted, until Cancel.
+				l.wasted.Add(rr.n)
+				rr.held = true
+			case r.placed[i]:
 				rr.cancelLocked()
 				l.counts.canceled -= rr.n
 				l.countClassLocked(cls, 0, -rr.n, 0)
@@ -592,6 +602,10 @@ func (r *MultiReservation) Cancel() {
 }
 
 func (r *MultiReservation) cancelLocked() {
+	if r.state == resFailed {
+		r.releaseHeldLocked()
+		return
+	}
 	if r.state != resPending && r.state != resDone || r.settled {
 		return
 	}
@@ -617,6 +631,31 @@ func (r *MultiReservation) cancelLocked() {
 		}
 	}
 	r.state = resCanceled
+}
+
+// releaseHeldLocked gives back the parts a failed r kept charged (see
+// failLocked): its holder says, by Cancel, that nobody uses them.
+func (r *MultiReservation) releaseHeldLocked() {
+	for i, rr := range r.rs {
+		if rr == nil || !rr.held {
+			continue
+		}
+		l := r.m.lims[i]
+		rr.held = false
+		if !l.closed {
+			l.advanceLocked(l.now())
+		}
+		switch {
+		case rr.win >= l.cur.start:
+			l.releaseLocked(rr)
+		default:
+			l.counts.closedConsumed -= rr.n // its window closed unused
+			if bw := l.book[rr.win]; bw != nil {
+				delete(bw.res, rr)
+			}
+		}
+		l.wasted.Add(-rr.n)
+	}
 }
 
 // releaseTakenLocked gives back n permits of class cls of set taken at

@@ -241,6 +241,7 @@ func (h *ohist) check() (string, oracleCover) {
 			problem = fmt.Sprintf(format, args...)
 		}
 	}
+	fixed := newFixedBook()
 	type pending struct {
 		c       *callEv
 		s       int64
@@ -262,6 +263,7 @@ func (h *ohist) check() (string, oracleCover) {
 			switch ev.kind {
 			case evCtl:
 				m.apply(h.ctl[ev.i])
+				fixed.follow(m, count)
 			case evStart:
 				c := h.calls[ev.i]
 				if validN(c.n) && !m.closed {
@@ -282,6 +284,13 @@ func (h *ohist) check() (string, oracleCover) {
 				if c.waits() {
 					outstanding += c.n
 				}
+				if c.kind == callReserve && c.held && !c.shadow {
+					s, q := fixed.promise(ev.i, t+c.readyIn, c.n, m, count)
+					if !ambiguous && count[s] > q && !shadowed[s] {
+						fail("call %d: window %s (%v) has %d permits after this promise of %d at %s; its quota is %d",
+							ev.i, h.at(s), time.Duration(m.paramsAt(s).w), count[s], c.n, h.at(t), q)
+					}
+				}
 			case evEnd:
 				c := h.calls[ev.i]
 				if c.rolled && !m.closed {
@@ -290,25 +299,35 @@ func (h *ohist) check() (string, oracleCover) {
 				if c.waits() {
 					outstanding -= c.n
 				}
+				pr, isFixed := fixed.end(ev.i, c.canceled, count)
 				if !c.granted {
 					continue
 				}
 				s, _, p := m.win(t)
-				count[s] += c.n
+				if isFixed && (t < pr.t || t > pr.t && !pr.since(m)) {
+					fail("call %d: a Reserve told ready in %v was valid after %v", ev.i, time.Duration(c.readyIn), time.Duration(t-c.start))
+				}
+				if !isFixed || s != pr.s {
+					count[s] += c.n
+				}
 				shadowed[s] = shadowed[s] || c.shadow
 				if m.closed && t > m.closedAt {
 					fail("call %d: %d permits granted at %s, after Close at %s", ev.i, c.n, h.at(t), h.at(m.closedAt))
 				}
-				if !ambiguous && !c.shadow && t+m.off < m.backoffC {
+				if !ambiguous && !c.shadow && t+m.off < m.backoffC && !(isFixed && pr.since(m)) {
 					fail("call %d: %d permits granted at %s during a backoff that ends at %s", ev.i, c.n, h.at(t), h.atC(m, m.backoffC))
 				}
+				if isFixed && s == pr.s {
+					continue // counted when promised
+				}
+				q := max(m.quotaOf(s, p), fixed.excused[s])
 				if ambiguous {
-					deferred = append(deferred, pending{c: c, s: s, p: p, sum: count[s], qS: m.quotaOf(s, p)})
+					deferred = append(deferred, pending{c: c, s: s, p: p, sum: count[s], qS: q})
 					continue
 				}
 				cov.grants++
-				quota[s] = max(quota[s], m.quotaOf(s, p))
-				if q := m.quotaOf(s, p); count[s] > q && !shadowed[s] {
+				quota[s] = max(quota[s], q)
+				if count[s] > q && !shadowed[s] {
 					fail("call %d: window %s (%v) has %d permits after this grant of %d at %s; its quota is %d",
 						ev.i, h.at(s), time.Duration(p.w), count[s], c.n, h.at(t), q)
 				}
@@ -557,3 +576,71 @@ func (h *ohist) at(t int64) string {
 
 // atC formats corrected time c at the model's offset.
 func (h *ohist) atC(m *omodel, c int64) string { return h.at(c - m.off) }
+
+// fixedBook follows, for an oracle, the permits of reservations made by
+// Reserve (Reservation.fixed): they count in the window of the instant
+// they were given from when they were promised, judged by that window's
+// quota then; Cancel takes them back. When used, they count again only
+// where the window holding that instant is not theirs, beyond its quota
+// if need be (excused: the window holds them alone, if more). A backoff
+// set since, or moved by a clock correction since, does not stop them.
+type fixedBook struct {
+	byCall  map[int]*promise
+	active  map[int]*promise // promised, not yet used or given back
+	excused map[int64]int64
+}
+
+type promise struct {
+	t, n, s, e, backoff, off int64
+	moved                    bool // counted in excused[s]
+}
+
+func newFixedBook() *fixedBook {
+	return &fixedBook{byCall: map[int]*promise{}, active: map[int]*promise{}, excused: map[int64]int64{}}
+}
+
+// promise counts call i's n permits, given for true instant t, in the
+// window of m holding t, and returns that window and its quota.
+func (b *fixedBook) promise(i int, t, n int64, m *omodel, count map[int64]int64) (s, q int64) {
+	s, e, p := m.win(t)
+	pr := &promise{t: t, n: n, s: s, e: e, backoff: m.backoffC, off: m.off}
+	b.byCall[i], b.active[i] = pr, pr
+	count[s] += n
+	return s, m.quotaOf(s, p)
+}
+
+// follow moves, after a change of m, the permits whose instant a change
+// of window length put in another window: they count in that one.
+func (b *fixedBook) follow(m *omodel, count map[int64]int64) {
+	for _, pr := range b.active {
+		if s, e, _ := m.win(pr.t); s != pr.s || e != pr.e {
+			count[pr.s] -= pr.n
+			if pr.moved {
+				b.excused[pr.s] -= pr.n
+			}
+			count[s] += pr.n
+			b.excused[s] += pr.n
+			pr.s, pr.e, pr.moved = s, e, true
+		}
+	}
+}
+
+// end is call i's answer: its promise, if it made one, given back if
+// canceled.
+func (b *fixedBook) end(i int, canceled bool, count map[int64]int64) (*promise, bool) {
+	pr, ok := b.byCall[i]
+	if !ok {
+		return nil, false
+	}
+	delete(b.active, i)
+	if canceled {
+		count[pr.s] -= pr.n
+		if pr.moved {
+			b.excused[pr.s] -= pr.n
+		}
+	}
+	return pr, true
+}
+
+// since reports whether m's backoff or clock changed since pr was made.
+func (pr *promise) since(m *omodel) bool { return m.backoffC > pr.backoff || m.off != pr.off }

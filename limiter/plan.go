@@ -274,6 +274,7 @@ func (l *Limiter) bookWindowLocked(start int64) *bookWindow {
 // bookLocked records r as placed at p; its permits are already charged.
 func (l *Limiter) bookLocked(r *Reservation, p placement) {
 	r.win, r.slot, r.due, r.state = p.win.start, p.slot, p.due, resPending
+	r.tLo, r.tHi = p.win.start, p.win.end // the guard band keeps the true instant inside
 	l.bookWindowLocked(p.win.start).res[r] = struct{}{}
 	if !r.counted {
 		r.counted = true
@@ -286,6 +287,7 @@ func (l *Limiter) bookLocked(r *Reservation, p placement) {
 // its window is the current one, else to its future window. Permits of a
 // window already closed are gone.
 func (l *Limiter) releaseLocked(r *Reservation) {
+	l.unchargeAlsoLocked(r)
 	bw := l.book[r.win]
 	if bw != nil {
 		delete(bw.res, r)
@@ -321,15 +323,24 @@ func (l *Limiter) releaseLocked(r *Reservation) {
 
 // unplaceLocked takes every reservation not yet valid at now out of its
 // window, giving its permits back, and returns them with the waiters for
-// quota, in the order they were made: the limits are about to change.
+// quota, in the order they were made: the limits are about to change. A
+// reservation made by Reserve stays where it is (see Reservation.fixed).
 func (l *Limiter) unplaceLocked(now int64) []*Reservation {
+	return l.unplaceWhereLocked(now, func(r *Reservation) bool { return !r.fixed() })
+}
+
+// unplaceWhereLocked is unplaceLocked of the reservations movable reports
+// true of.
+func (l *Limiter) unplaceWhereLocked(now int64, movable func(*Reservation) bool) []*Reservation {
 	var rs []*Reservation
 	for _, bw := range l.book {
 		for r := range bw.res {
 			switch {
 			case r.state != resPending:
 			case !r.validLocked(now):
-				rs = append(rs, r)
+				if movable(r) {
+					rs = append(rs, r)
+				}
 			default:
 				// Valid already: it stays so whatever changes now (its
 				// holder may be using it; a clock moved back would make it
@@ -388,7 +399,7 @@ func (l *Limiter) unplaceBelowLocked(cls int, now int64) []*Reservation {
 	var rs []*Reservation
 	for _, bw := range l.book {
 		for r := range bw.res {
-			if r.class > cls && r.state == resPending && r.multi == nil && !r.validLocked(now) {
+			if r.class > cls && r.state == resPending && r.multi == nil && !r.fixed() && !r.validLocked(now) {
 				rs = append(rs, r)
 			}
 		}

@@ -20,17 +20,23 @@ const (
 // Reserve (or internally by Acquire). The permits are the holder's from
 // ReadyAt on; Cancel gives them back.
 //
-// A Reservation keeps its window and time unless the limits change under it
-// before it is valid: a lowered quota, a Backoff, an earlier expiry or a new
-// clock offset can move it later (or, if that is past its deadline, fail
-// it), in the order reservations were made. Once valid it stays valid:
-// nothing moves or fails it any more, not even a clock correction that
-// makes its time look ahead again, since its holder may be using it.
-// One made by Reserve never moves earlier than the time it first gave. Wait
-// follows such moves; a holder that sleeps until ReadyAt itself should check
-// Delay when it wakes: 0 when the permits are valid, more when the
-// Reservation moved later, and math.MaxInt64 when it failed (Err says why)
-// or waits for quota.
+// One made by Reserve keeps its time: its holder may have told it on to a
+// caller that cannot be told again (sluice-agent's /v1/reserve does). No
+// later change of limits moves or fails it: a lowered quota, a new
+// schedule, a Backoff, an earlier expiry or a higher class arriving leave
+// it charged to its window, which then admits nothing more while it holds
+// the window's quota or more; a change of window length charges it to the
+// new windows its time may fall in, and a clock correction keeps its real
+// time. Only Cancel and Close end it. Schedule and SetSchedule report the
+// first window free of such excess (see SetSchedule).
+//
+// One made inside Acquire is moved instead: a change of limits before it
+// is valid places it again, in the order reservations were made, later or
+// (past its deadline) failed. Once valid a reservation stays valid, even
+// when a clock correction makes its time look ahead again, since its
+// holder may be using it. Delay is 0 when the permits are valid and
+// math.MaxInt64 when the reservation failed (Err says why: Close, for one
+// made by Reserve).
 //
 // Cancel gives the permits back to callers that ask after it; waiters
 // already placed keep their times (as with golang.org/x/time/rate), so a
@@ -58,9 +64,23 @@ type Reservation struct {
 	// together.
 	multi  *MultiReservation
 	shadow int // admitted by shadow mode beyond the quota: what it was counted as (shadowDelayed, shadowRejected)
+	// For a fixed reservation (see fixed): [tLo, tHi) holds the true
+	// instant its holder was given, and also, when alsoSet, is the start
+	// of a second window it is charged to because that interval meets it.
+	tLo, tHi int64
+	also     int64
+	alsoSet  bool
+	held     bool // a part of a failed MultiReservation, kept charged until Cancel
 
 	wake chan struct{} // poked when due or state change; nil for done ones
 }
+
+// fixed reports whether r keeps its window and time whatever changes
+// after it was made: one made by Reserve, whose holder may have told its
+// time to a caller that cannot be told again (sluice-agent's
+// /v1/reserve). Its permits count as taken in its window, as an
+// admission's do, until Cancel gives them back or Close ends it.
+func (r *Reservation) fixed() bool { return r.holder }
 
 // ReadyAt returns when the permits become valid, on the system clock. For a
 // Reservation that failed or was cancelled, or that still waits for a
@@ -98,8 +118,7 @@ func (r *Reservation) delay() (time.Duration, bool) {
 }
 
 // Err returns nil while the Reservation holds, or the error that ended it:
-// ErrTimeout when a change of limits moved it past its deadline, ErrClosed
-// when the Limiter was closed, ErrCanceled after Cancel.
+// ErrClosed when the Limiter was closed, ErrCanceled after Cancel.
 func (r *Reservation) Err() error {
 	r.l.mu.Lock()
 	defer r.l.mu.Unlock()
@@ -131,6 +150,7 @@ func (r *Reservation) cancelLocked() {
 		// must not count what the holder did not use.
 		now := l.now()
 		l.advanceLocked(now)
+		l.unchargeAlsoLocked(r)
 		switch {
 		case r.shadow != shadowNone: // nothing was placed
 		case r.win >= l.cur.start:

@@ -519,11 +519,12 @@ func TestReviewScheduledRaiseFromZero(t *testing.T) {
 }
 
 // A window-length change takes effect only at a common boundary, and
-// reservations in old windows beyond it are moved in order.
-func TestReviewWindowChangeMovesReservations(t *testing.T) {
+// reservations in old windows beyond it keep their times: each counts in
+// the new window that holds its time, which admits nothing more while
+// they hold its quota or more.
+func TestReviewWindowChangeKeepsReservations(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := mustNew(t, 1, time.Second)
-		t0 := time.Now()
 		l.TryAcquire()
 		rs := make([]*Reservation, 4)
 		for i := range rs { // windows 1..4
@@ -534,17 +535,34 @@ func TestReviewWindowChangeMovesReservations(t *testing.T) {
 			rs[i] = r
 		}
 		// From 2s on: 1 permit per 2s window.
-		if err := l.SetLimit(1, 2*time.Second, t0.Add(1500*time.Millisecond)); err != nil {
+		from, err := l.Schedule(1, 2*time.Second, time.Now().Add(1500*time.Millisecond))
+		if err != nil {
 			t.Fatal(err)
 		}
-		want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 6 * time.Second}
+		if want := time.Now().Add(4 * time.Second); !from.Equal(want) {
+			t.Errorf("Schedule governs whole from %v, want %v: the window [2s, 4s) holds 2 reservations", from, want)
+		}
 		for i, r := range rs {
 			if err := r.Err(); err != nil {
 				t.Fatalf("reservation %d: %v", i, err)
 			}
-			if d := r.Delay(); d != want[i] {
-				t.Errorf("reservation %d valid in %v, want %v", i, d, want[i])
+			if d, want := r.Delay(), time.Duration(i+1)*time.Second; d != want {
+				t.Errorf("reservation %d valid in %v, want %v as told", i, d, want)
 			}
+		}
+		for i := range 6 {
+			time.Sleep(time.Second)
+			if i < 4 {
+				if err := rs[i].Wait(context.Background()); err != nil {
+					t.Fatalf("reservation %d: %v", i, err)
+				}
+			}
+			if i < 5 && l.TryAcquire() {
+				t.Errorf("at %ds a permit beside the reservations", i+1)
+			}
+		}
+		if !l.TryAcquire() {
+			t.Error("at 6s the 2s window admits nothing")
 		}
 	})
 }

@@ -93,7 +93,11 @@ type Stats struct {
 	// cost more than they were charged where their window had no room left
 	// for the excess, or had closed.
 	Overdrawn int64
-	// Wasted is the paced slots that passed unused.
+	// Wasted is the paced slots that passed unused, and the room held,
+	// not admitted, for reservations made by Reserve: in a second window
+	// when a change of window length left their time near a boundary,
+	// and after a Multi's limit closed alone under them (see
+	// Reservation).
 	Wasted int64
 	// Waiting is the reservations not yet valid (sleeping Acquire calls and
 	// outstanding Reserve results), and WaitingPermits their permits.
