@@ -825,3 +825,47 @@ func TestJoinGapIsAWindowWithinBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestLedgerMemberLeavingReleasesItsGrants: a member closed cleanly
+// releases its grants from the first window its limiter governs whole,
+// so the ledger lets it admit nothing from there on, though its grants
+// reach the horizon (30 s): configd may hand its room on at once.
+func TestLedgerMemberLeavingReleasesItsGrants(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := itClient(t, srv)
+	r := itServe(t, srv, "solo")
+	itWait(t, "the only replica to lead", func() (bool, string) { return r.leading(), "not leading" })
+	itCLI(t, "set", "api", "--limit", "300", "--window", itWindow.String(), "--fail-static", "30s", "--server="+r.url())
+	members := itJoin(t, srv, "api", "a", "b", "c")
+	c := members[2]
+	itWait(t, "c granted", func() (bool, string) {
+		st := c.Status()
+		return st.Source == schema.SourceLedger && st.Share > 0, fmt.Sprintf("%+v", st)
+	})
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	left := time.Now()
+	st := readLedger(t, cli, "api")
+	// The window under way when it left, the next (its limiter's first
+	// whole one) and one more for the clock's guard band: from there on
+	// it holds nothing.
+	k := ledger.WindowOf(left.UnixNano(), itWindow) + 2
+	var held, reach int64
+	for g := range st.Counted() {
+		if !strings.HasPrefix(g.Holder, "c.") {
+			continue
+		}
+		_, b, _ := st.Span(g)
+		reach = max(reach, b)
+		for win := k; win <= b; win++ {
+			held = max(held, st.Effective(g, win))
+		}
+	}
+	if reach < k+10 {
+		t.Fatalf("c's grants reach window %d, the test needs them past %d", reach, k+10)
+	}
+	if held != 0 {
+		t.Errorf("c, gone, still holds %d a window from window %d to its grants' end %d", held, k, reach)
+	}
+}

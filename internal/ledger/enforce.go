@@ -120,6 +120,29 @@ func (h *Holder) forgetEnded(now int64) {
 	}
 }
 
+// Leave returns, and queues to be written, the releases to nothing of
+// every grant the holder counts, each from its first window that starts
+// at from or later: the driver has set its limiter to admit nothing, and
+// from is the start of the first window that limiter governs whole
+// (Enforce's). configd may then grant that room to others at once,
+// instead of when the grants end.
+func (h *Holder) Leave(from int64) []Release {
+	var out []Release
+	for _, g := range slices.SortedFunc(h.view.Counted(), compareGrants) {
+		p, ok := h.view.Pubs[g.Pub]
+		if !ok || g.Holder != h.name {
+			continue
+		}
+		k := WindowOf(from-1, p.Window) + 1 // the first window starting at from or later
+		if r, ok := h.view.lower(g, k, 0); ok {
+			h.view.Apply(r)
+			h.unsent[r] = true
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Commit keeps, of rels enforced by a limiter that governs whole the
 // windows from from on, those whose first window starts there or later,
 // and queues them to be written. A release from a window already under

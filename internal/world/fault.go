@@ -40,6 +40,7 @@ func (w *World) fault() {
 	case r < 40 && len(live) > 1 && w.cfg.Script == nil:
 		m := live[w.rng.IntN(len(live))]
 		w.tracef("%s leaves", m.holder)
+		m.depart()
 		w.etcd.revoke(m.lease)
 		m.stop()
 		m.name += "-gone" // never restarts

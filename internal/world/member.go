@@ -194,6 +194,22 @@ func (m *member) leave() {
 	m.w.tracef("%s leaves the ledger: the config names the shares", m.holder)
 }
 
+// depart is cluster's clean exit (store.Follower.Leave): the limiter set
+// to admit nothing, then the releases of every grant from the first
+// window it governs whole sent, before the lease is revoked. Cut off or
+// paused, it sends nothing: its grants end at their publish's end.
+func (m *member) depart() {
+	if !m.reachable() || m.shares {
+		return
+	}
+	now := m.clock()
+	rels := m.hold.Leave(m.enforceFrom(ledger.NewState(), now))
+	for _, r := range rels {
+		m.w.tracef("%s releases publish %d to %d from window %d as it leaves", m.holder, r.Pub, r.Limit, r.From)
+	}
+	m.send(func() { m.w.res.Departed++ })
+}
+
 // stop ends m's incarnation: its limiter and watches go.
 func (m *member) stop() {
 	m.crashed = true
@@ -372,7 +388,7 @@ func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 
 // send writes the releases not yet known stored: each its own record, as
 // many as one transaction holds; the next sync sends the rest.
-func (m *member) send() {
+func (m *member) send(stored ...func()) {
 	w := m.w
 	if m.sending || w.now < m.cut || m.shares {
 		return
@@ -400,6 +416,9 @@ func (m *member) send() {
 		m.sending = false
 		if ok {
 			hold.Stored(sent)
+			for _, f := range stored {
+				f()
+			}
 		}
 	})
 }

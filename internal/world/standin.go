@@ -178,4 +178,5 @@ func (s *Result) add(r Result) {
 	s.StandIns += r.StandIns
 	s.StandInsTooLarge += r.StandInsTooLarge
 	s.TopUpsOfAll += r.TopUpsOfAll
+	s.Departed += r.Departed
 }

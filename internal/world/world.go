@@ -167,9 +167,10 @@ type Result struct {
 	Deletes, Creates, Shares, Emptied, LedgersDeleted, Across int
 	Outages, StandIns, StandInsTooLarge                       int
 	// TopUpsOfAll is how many top-ups of all a publish's holders
-	// (ledger.Pub.Each) configd wrote.
-	TopUpsOfAll int
-	Violations  []string // broken invariants; empty when the history passed
+	// (ledger.Pub.Each) configd wrote, and Departed how many members
+	// that left cleanly got their releases of every grant applied.
+	TopUpsOfAll, Departed int
+	Violations            []string // broken invariants; empty when the history passed
 }
 
 // epoch is where virtual time starts: a day boundary, so every window

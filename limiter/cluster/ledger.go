@@ -61,13 +61,24 @@ func (m *Member) followLedger(ctx context.Context, cfg schema.ProviderConfig) bo
 	defer wg.Wait()
 	defer cancel()
 	wg.Go(func() { f.Run(fctx) })
+	// A clean exit hands its room on before its lease goes: the Follower
+	// stops, and the limiter admits nothing before the releases say so.
+	release := func() {
+		cancel()
+		wg.Wait()
+		lctx, lcancel := m.opCtx(context.Background())
+		defer lcancel()
+		if err := f.Leave(lctx); err != nil {
+			m.log.Warn("could not release the ledger's grants on leaving; they hold their room until they end", "err", err)
+		}
+	}
 
 	rep := &reporter{started: time.Now()}
 	bound := cfg.ClockBound()
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
-		err := m.ledgerSession(ctx, rep, window, bound, round.StandInEvery(cfg, m.cfg.report))
+		err := m.ledgerSession(ctx, rep, window, bound, round.StandInEvery(cfg, m.cfg.report), release)
 		if ctx.Err() != nil {
 			return false
 		}
@@ -113,8 +124,9 @@ func (m *Member) leftLedger() applied {
 // ledgerSession registers the holder on a fresh lease and reports its
 // demand every report interval, applying the clock monitor's measurement
 // with each, until the lease is lost, the config names the shares, or ctx
-// ends; on ctx's end it says it is leaving and revokes the lease.
-func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound, standEvery time.Duration) error {
+// ends; on ctx's end it calls release, says it is leaving and revokes the
+// lease.
+func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound, standEvery time.Duration, release func()) error {
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -126,6 +138,7 @@ func (m *Member) ledgerSession(ctx context.Context, rep *reporter, window, bound
 	}
 	defer func() {
 		if ctx.Err() != nil {
+			release()
 			s.leave()
 		}
 	}()

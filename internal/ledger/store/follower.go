@@ -237,6 +237,35 @@ func (f *Follower) sync(ctx context.Context) {
 	}
 }
 
+// Leave is a clean exit's last step, called once Run has returned: it
+// sets the limiter to admit nothing, then writes the holder's releases
+// of every grant to nothing from the first window the limiter governs
+// whole, so configd may grant that room to others at once. Releases not
+// written are no loss of safety: the grants end at their publish's end.
+func (f *Follower) Leave(ctx context.Context) error {
+	now := f.lim.Now().UnixNano()
+	from, err := ledger.Enforce(f.lim, ledger.NewState(), f.hold.Name(), now, now, f.idle)
+	if err != nil {
+		return err
+	}
+	f.hold.Leave(from)
+	sent, ops, err := f.hold.Unsent()
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, f.opTimeout())
+	defer cancel()
+	for len(sent) > 0 {
+		n := min(len(sent), f.maxOps)
+		if err := Put(wctx, f.cli, ops[:n]); err != nil {
+			return fmt.Errorf("store: writing holder %s's releases as it leaves: %w", f.hold.Name(), err)
+		}
+		f.hold.Stored(sent[:n])
+		sent, ops = sent[n:], ops[n:]
+	}
+	return nil
+}
+
 // tellReserve calls onReserve when what the grants in st reserve for
 // each class differs from what it last told.
 func (f *Follower) tellReserve(st *ledger.State) {
