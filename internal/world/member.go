@@ -202,12 +202,37 @@ func (m *member) depart() {
 	if !m.reachable() || m.shares {
 		return
 	}
+	w := m.w
 	now := m.clock()
 	rels := m.hold.Leave(m.enforceFrom(ledger.NewState(), now))
 	for _, r := range rels {
-		m.w.tracef("%s releases publish %d to %d from window %d as it leaves", m.holder, r.Pub, r.Limit, r.From)
+		w.tracef("%s releases publish %d to %d from window %d as it leaves", m.holder, r.Pub, r.Limit, r.From)
 	}
-	m.send(func() { m.w.res.Departed++ })
+	// Every unsent release, as many transactions as that takes, whatever
+	// write is still on its way: the Follower's Run has returned.
+	sent, lops, err := m.hold.Unsent()
+	if err != nil {
+		w.fail("%s: %v", m.holder, err)
+		return
+	}
+	for len(lops) > 0 {
+		n := min(len(lops), w.cfg.MaxOps)
+		ops := make([]op, 0, n)
+		for _, o := range lops[:n] {
+			ops = append(ops, op{key: o.Key, value: o.Value})
+		}
+		last, batch := n == len(lops), sent[:n]
+		hold := m.hold
+		w.write(nil, ops, func(ok, known bool) {
+			if ok {
+				hold.Stored(batch)
+				if last {
+					w.res.Departed++
+				}
+			}
+		})
+		sent, lops = sent[n:], lops[n:]
+	}
 }
 
 // stop ends m's incarnation: its limiter and watches go.
@@ -388,7 +413,7 @@ func (m *member) commit(next *ledger.State, rels []ledger.Release, now int64) {
 
 // send writes the releases not yet known stored: each its own record, as
 // many as one transaction holds; the next sync sends the rest.
-func (m *member) send(stored ...func()) {
+func (m *member) send() {
 	w := m.w
 	if m.sending || w.now < m.cut || m.shares {
 		return
@@ -416,9 +441,6 @@ func (m *member) send(stored ...func()) {
 		m.sending = false
 		if ok {
 			hold.Stored(sent)
-			for _, f := range stored {
-				f()
-			}
 		}
 	})
 }
