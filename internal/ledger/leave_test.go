@@ -1,10 +1,6 @@
 package ledger
 
-import (
-	"testing"
-
-	"github.com/sluice-go/sluice/limiter"
-)
+import "testing"
 
 // TestAHolderThatLeavesReleasesEveryGrant: a holder leaving mid-window
 // sets its limiter to admit nothing and releases each of its grants to
@@ -12,26 +8,8 @@ import (
 // the window under way keeps what it was granted, since it may have
 // admitted it.
 func TestAHolderThatLeavesReleasesEveryGrant(t *testing.T) {
-	const k Keys = "/l/"
-	s := NewState()
-	p := Policy{Limit: 100, Window: w, Horizon: 4, Keep: 3}
-	a := NewHolder(k, "a")
-	store(t, k, NewState(), plan(t, s, p, map[string]int64{"a": 60, "b": 40}, 10), a)
-	era := s.Head.Eras[len(s.Head.Eras)-1].Seq
-
-	clk := &fakeClock{StartOf(10, w) + int64(w)/2}
-	lim, err := limiter.New(0, w, limiter.WithClock(clk))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lim.Close()
-	next, _ := a.Next(clk.t, 0)
-	if _, err := Enforce(lim, next, "a", clk.t, clk.t, w); err != nil {
-		t.Fatal(err)
-	}
-	if n := admit(lim, 1000); n != 60 {
-		t.Fatalf("admitted %d in window 10, want a's grant of 60", n)
-	}
+	g := newHolderRig(t)
+	k, s, a, era, clk, lim := g.k, g.s, g.a, g.era, g.clk, g.lim
 
 	clk.t = StartOf(11, w) + int64(w)/3
 	from, err := Enforce(lim, NewState(), "a", clk.t, clk.t, w)
