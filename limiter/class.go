@@ -295,9 +295,6 @@ func (l *Limiter) setClassesLocked(cs []Class) error {
 		for r := range bw.res {
 			remap(r)
 			use(start, r)
-			if r.alsoSet {
-				use(r.also, r)
-			}
 		}
 	}
 	for _, r := range rs {

@@ -309,3 +309,253 @@ func TestHigherClassDoesNotMoveAFixedReservation(t *testing.T) {
 		}
 	})
 }
+
+// TestHeldPartCancelledAfterCloseIsNotAdmitted: a Multi.Reserve
+// for the next window; its requests lane closes alone, so the tokens part
+// is held (wasted). The tokens lane is then closed too (Close counts the
+// held charge as closed), and the holder cancels: nobody used the tokens,
+// yet Stats.Admitted of the tokens lane must stay what was really used.
+func TestHeldPartCancelledAfterCloseIsNotAdmitted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := mustMulti(t, Limit{Quota: 10, Window: time.Second}, Limit{Dimension: "tokens", Quota: 100, Window: time.Second})
+		tok := m.Limiter(1)
+		for range 100 {
+			if _, ok := m.TryAcquire(Cost("tokens", 1)); !ok {
+				break
+			}
+		}
+		before := tok.Stats().Admitted
+		r, err := m.Reserve(2*time.Second, Cost("tokens", 30))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("reserved, delay %v", r.Delay())
+		m.Limiter(0).Close()
+		err1 := r.Err()
+		st1 := tok.Stats()
+		t.Logf("after lane 0 closed: err %v; tokens stats %+v", err1, pick(st1))
+		if st1.Admitted < before {
+			t.Errorf("tokens Stats.Admitted fell from %d to %d when the part became held: a Prometheus counter going down", before, st1.Admitted)
+		}
+		tok.Close()
+		t.Logf("after tokens closed: %+v", pick(tok.Stats()))
+		r.Cancel()
+		st := tok.Stats()
+		t.Logf("after Cancel: %+v", pick(st))
+		if st.Admitted != before {
+			t.Errorf("tokens Stats.Admitted %d after the held part was cancelled, want %d (the 30 reserved were never used)", st.Admitted, before)
+		}
+	})
+}
+
+func pick(st Stats) map[string]int64 {
+	return map[string]int64{"admitted": st.Admitted, "wasted": st.Wasted, "canceled": st.Canceled}
+}
+
+// TestValidTwoWindowReservationCancelledAfterClose: rB of the
+// two-window rig is valid in [1.0,1.2) and still charged to [1.2,1.4).
+// Close, then the holder cancels (it did not use it): Admitted must not
+// count rB.
+func TestValidTwoWindowReservationCancelledAfterClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, t0, _, rB := twoWindowRig(t, 5)
+		time.Sleep(1250*time.Millisecond - time.Since(t0))
+		if d := rB.Delay(); d != 0 {
+			t.Fatalf("rB not valid at 1.25s: %v", d)
+		}
+		l.mu.Lock()
+		also := rB.alsoSet
+		l.mu.Unlock()
+		if !also {
+			t.Fatal("rB not charged to two windows")
+		}
+		st0 := l.Stats()
+		t.Logf("before Close: %v", pick(st0))
+		l.Close()
+		t.Logf("after Close: %v", pick(l.Stats()))
+		rB.Cancel()
+		st := l.Stats()
+		t.Logf("after Cancel: %v", pick(st))
+		// r0 (10) and rA (2) are used; rB (1) is cancelled.
+		if st.Admitted != 12 || st.Canceled != 1 {
+			t.Errorf("Stats.Admitted %d, Canceled %d after rB was cancelled; want 12, 1", st.Admitted, st.Canceled)
+		}
+	})
+}
+
+// TestRebookDoesNotLowerAdmitted: right after a change of window
+// length charges rB to a second window, Stats.Admitted must still count
+// r0's 10 permits, valid and in use in window 0: the second charge is
+// counted as wasted only once its window is under way, so Admitted (a
+// Prometheus counter) never goes down.
+func TestRebookDoesNotLowerAdmitted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := mustNew(t, 10, time.Second, WithPacing(true))
+		l.SetClockUncertainty(50 * time.Millisecond)
+		if _, err := l.Reserve(10, 3*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int64{2, 1} {
+			if _, err := l.Reserve(n, 3*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+		before := l.Stats().Admitted
+		if err := l.SetLimit(5, 200*time.Millisecond, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		st := l.Stats()
+		t.Logf("Admitted %d before the change, %d after (wasted %d)", before, st.Admitted, st.Wasted)
+		if st.Admitted < before {
+			t.Errorf("Stats.Admitted fell from %d to %d on a change of window length", before, st.Admitted)
+		}
+	})
+}
+
+// TestValidReservationWithFutureSecondWindowCancelledAfterClose:
+// 20 per 1s paced (50ms slots), uncertainty 50ms. A Reserve is told 1.15s;
+// the length becomes 200ms from 1s: its instant may lie in [1.10s,1.20s],
+// so it is charged to [1.0,1.2) and [1.2,1.4). At 1.16s it is valid; the
+// limiter is closed, then the holder cancels (did not use it).
+func TestValidReservationWithFutureSecondWindowCancelledAfterClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		l := mustNew(t, 20, time.Second, WithPacing(true))
+		l.SetClockUncertainty(50 * time.Millisecond)
+		var r *Reservation
+		for i := 0; ; i++ {
+			x, err := l.Reserve(1, 3*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(t0) + x.Delay(); d == 1150*time.Millisecond {
+				r = x
+				break
+			} else if d > 1150*time.Millisecond {
+				t.Fatalf("no slot at 1.15s: %v", d)
+			}
+		}
+		if err := l.SetLimit(5, 200*time.Millisecond, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		l.SetPacing(false)
+		l.mu.Lock()
+		t.Logf("r win %v also %v (%v)", time.Unix(0, r.win).Sub(t0), time.Unix(0, r.also).Sub(t0), r.alsoSet)
+		also := r.alsoSet
+		l.mu.Unlock()
+		if !also {
+			t.Fatal("r not charged to two windows")
+		}
+		time.Sleep(1160*time.Millisecond - time.Since(t0))
+		if d := r.Delay(); d != 0 {
+			t.Fatalf("r not valid at 1.16s: %v", d)
+		}
+		t.Logf("at 1.16s: %v", pick(l.Stats()))
+		l.Close()
+		used := l.Stats().Admitted
+		t.Logf("after Close: %v", pick(l.Stats()))
+		r.Cancel()
+		st := l.Stats()
+		t.Logf("after Cancel: %v", pick(st))
+		if st.Admitted != used-1 || st.Canceled != 1 {
+			t.Errorf("Stats.Admitted %d, Canceled %d after r was cancelled; want %d, 1", st.Admitted, st.Canceled, used-1)
+		}
+	})
+}
+
+// TestClassAdmittedCountsSecondWindowOnce: as above with one
+// class; the reservation told 1.15s is used. Once both its windows have
+// closed, Stats.Admitted counts it once (its second charge is wasted), so
+// must the class's Admitted.
+func TestClassAdmittedCountsSecondWindowOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		l := mustNew(t, 20, time.Second, WithPacing(true), WithClasses(Class{Name: "a"}))
+		l.SetClockUncertainty(50 * time.Millisecond)
+		for {
+			x, err := l.Reserve(1, 3*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if time.Since(t0)+x.Delay() >= 1150*time.Millisecond {
+				break
+			}
+		}
+		if err := l.SetLimit(5, 200*time.Millisecond, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		st := l.Stats()
+		var sum int64
+		for _, c := range st.Classes {
+			sum += c.Admitted
+		}
+		t.Logf("Stats.Admitted %d, wasted %d; classes' Admitted %d", st.Admitted, st.Wasted, sum)
+		if sum != st.Admitted {
+			t.Errorf("the classes admitted %d in all, Stats.Admitted %d", sum, st.Admitted)
+		}
+	})
+}
+
+// TestFixedReservationIsUsedInItsWindowAfterCorrections: 100 per
+// 1s, paced (10ms slots), uncertainty 50ms, clock 40ms behind true time
+// (honest). A Reserve is told corrected 1.94s = true 1.98s, in window
+// [1s,2s). The clock is corrected to 40ms ahead (honest): the reservation
+// keeps its real time, corrected 2.02s. Window [1s,2s) closes on the
+// limiter's clock at corrected 2.0s (true 1.96s). At true 1.97s the
+// clock is corrected back to 40ms behind (honest): the holder's Wait must
+// return in true window [1s,2s), the one its permit is charged to, not in
+// [2s,3s), which the limiter fills to its quota besides.
+func TestFixedReservationIsUsedInItsWindowAfterCorrections(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		l := mustNew(t, 100, time.Second, WithPacing(true))
+		l.SetClockUncertainty(50 * time.Millisecond)
+		l.SetClockOffset(-40 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond)
+		var r *Reservation
+		for {
+			x, err := l.Reserve(1, 3*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			told := time.Since(t0) + x.Delay()
+			if told == 1980*time.Millisecond {
+				r = x
+				break
+			}
+			if told > 1980*time.Millisecond {
+				t.Fatalf("no slot told at true 1.98s: %v", told)
+			}
+		}
+		l.SetPacing(false) // window [2s,3s) admits its quota at its open
+		l.SetClockOffset(40 * time.Millisecond)
+		time.Sleep(1970*time.Millisecond - time.Since(t0))
+		l.SetClockOffset(-40 * time.Millisecond)
+		if err := r.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		used := time.Since(t0)
+		t.Logf("told true 1.98s; Wait returned at true %v", used)
+		// Count true window [2s,3s): the limiter's own admissions there.
+		time.Sleep(2*time.Second - time.Since(t0))
+		var n int64
+		for time.Since(t0) < 3*time.Second {
+			for l.TryAcquire() {
+				n++
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if used >= 2*time.Second {
+			n++
+		}
+		t.Logf("true window [2s,3s): %d permits", n)
+		if used < time.Second || used >= 2*time.Second {
+			t.Errorf("the holder was told true 1.98s, in true window [1s,2s), and its Wait returned at true %v", used)
+		}
+		if n > 100 {
+			t.Errorf("true window [2s,3s) of quota 100 held %d permits", n)
+		}
+	})
+}

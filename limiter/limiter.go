@@ -109,9 +109,14 @@ type Limiter struct {
 // promised; the current window's promises are already in the state word.
 type bookWindow struct {
 	charged int64
-	next    int64
-	res     map[*Reservation]struct{}
-	used    []int64 // charged by class; nil without classes
+	// held is what charged counts that is held, not admitted: a fixed
+	// reservation's second window, a failed Multi's part kept charged. It
+	// becomes wasted when the window is under way, so that Stats.Admitted
+	// never goes down.
+	held int64
+	next int64
+	res  map[*Reservation]struct{}
+	used []int64 // charged by class; nil without classes
 }
 
 // New returns a Limiter that admits at most quota permits in every window of
@@ -339,12 +344,15 @@ func (l *Limiter) roll(now int64) {
 		switch {
 		case start < l.cur.start:
 			l.counts.closedConsumed += bw.charged
+			l.wasted.Add(bw.held)
 			for i, u := range bw.used {
 				l.classCounts[i].closed += u
 			}
 			delete(l.book, start)
 		case start == l.cur.start:
 			charged, next = bw.charged, bw.next
+			l.wasted.Add(bw.held) // from now on in the state word
+			bw.held = 0
 			bw.charged, bw.next = 0, 0 // from now on in the state word
 			if bw.used != nil {
 				copy(l.curUsed, bw.used) // from now on in curUsed

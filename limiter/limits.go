@@ -285,8 +285,10 @@ func (l *Limiter) rebookFixedLocked() {
 		l.bookWindowLocked(a.start).res[r] = struct{}{}
 		if b.start != a.start {
 			r.also, r.alsoSet = b.start, true
-			l.chargeFutureLocked(r, b.start)
-			l.wasted.Add(r.n) // held, not admitted: Stats counts it once
+			bw := l.bookWindowLocked(b.start)
+			bw.charged += r.n
+			bw.next = max(bw.next, bw.charged)
+			bw.held += r.n // not admitted: Stats counts it once
 		}
 	}
 }
@@ -312,26 +314,39 @@ func (l *Limiter) unchargeAlsoLocked(r *Reservation) {
 		return
 	}
 	r.alsoSet = false
-	cls := l.classOfLocked(r, l.classes)
 	switch bw := l.book[r.also]; {
+	case l.closed:
 	case r.also == l.cur.start:
 		l.addRemainingLocked(r.n)
-		if l.curUsed != nil && cls >= 0 {
-			l.curUsed[cls] -= r.n
-		}
+		l.wasted.Add(-r.n)
 	case r.also > l.cur.start && bw != nil:
 		bw.charged -= r.n
-		if bw.used != nil && cls >= 0 {
-			bw.used[cls] -= r.n
-		}
+		bw.held -= r.n
 		if len(bw.res) == 0 && bw.charged == 0 {
 			delete(l.book, r.also)
 		}
 		l.scanFrom = min(l.scanFrom, r.also)
-	default:
+	}
+}
+
+// holdLocked counts n permits charged to the window that begins at start
+// as held, not admitted: Stats counts them as wasted once the window is
+// under way (see bookWindow.held).
+func (l *Limiter) holdLocked(start, n int64) {
+	if bw := l.book[start]; start > l.cur.start && bw != nil {
+		bw.held += n
 		return
 	}
-	l.wasted.Add(-r.n)
+	l.wasted.Add(n)
+}
+
+// unholdLocked undoes holdLocked for permits given back.
+func (l *Limiter) unholdLocked(start, n int64) {
+	if bw := l.book[start]; start > l.cur.start && bw != nil {
+		bw.held -= n
+		return
+	}
+	l.wasted.Add(-n)
 }
 
 // governedFromLocked returns from, or, if later, the end of the last
@@ -438,11 +453,11 @@ func (l *Limiter) setClockOffsetLocked(d time.Duration, anchor time.Time) {
 // shiftFixedLocked moves the time of every fixed reservation not yet
 // valid by shift, the change of the clock offset: its holder uses it at
 // the real time it was given, which lies in the window it is charged to,
-// since the clock was within its uncertainty when it was placed. It is
-// not valid before that window begins on the limiter's clock, so that a
-// valid reservation's window is the current one or closed: a holder in
-// the process waits the few more moments a correction backwards adds.
-// A part of a MultiReservation is brought to the Multi's instant after
+// since the clock was within its uncertainty when it was placed. Its time
+// stays inside that window's band on the limiter's clock (open to shut),
+// so that it is valid while its window is under way and a holder in the
+// process uses it there, a correction earlier or later than told.
+// A part of a MultiReservation is brought into every part's band after
 // every limit moved (Multi.alignFixedLocked).
 func (l *Limiter) shiftFixedLocked(shift int64) {
 	for _, bw := range l.book {
@@ -452,8 +467,9 @@ func (l *Limiter) shiftFixedLocked(shift int64) {
 			}
 			r.due = addClamped(r.due, time.Duration(shift))
 			r.deadline = addClamped(r.deadline, time.Duration(shift))
-			if r.win > l.cur.start {
-				r.due = max(r.due, r.win)
+			if r.win >= l.cur.start && r.multi == nil {
+				sp := l.spanLocked(r.win)
+				r.due = min(max(r.due, sp.open()), sp.shut()-1)
 			}
 		}
 	}
@@ -609,12 +625,15 @@ func (l *Limiter) Close() error {
 		r.state, r.err = resFailed, ErrClosed
 		r.poke()
 	}
-	// What future windows still hold is held, not admitted (counted as
-	// wasted): a second window's charge, a failed Multi's part. Their
-	// windows will not roll now; count them closed, as rolling would.
+	// What future windows still hold is held, not admitted: a second
+	// window's charge, a failed Multi's part. Their windows will not roll
+	// now: count them closed, as rolling would, and give nothing back
+	// after (see unchargeAlsoLocked).
 	for start, bw := range l.book {
 		if start > l.cur.start {
 			l.counts.closedConsumed += bw.charged
+			l.wasted.Add(bw.held)
+			delete(l.book, start)
 		}
 	}
 	l.closed = true

@@ -523,9 +523,9 @@ func (m *Multi) SetClockOffset(d time.Duration) {
 }
 
 // alignFixedLocked brings the parts of every MultiReservation made by
-// Reserve to one instant again after a clock correction moved each
-// limit's part (Limiter.shiftFixedLocked): the latest of them, so that
-// every part's window has begun when it is valid.
+// Reserve, which a clock correction moved alike (Limiter.shiftFixedLocked),
+// into the band (open to shut) of every part's window on the limiters'
+// clock, so that it is valid while every part's window is under way.
 func (m *Multi) alignFixedLocked() {
 	for _, l := range m.lims {
 		for _, bw := range l.book {
@@ -534,12 +534,18 @@ func (m *Multi) alignFixedLocked() {
 				if mr == nil || !mr.holder || mr.state != resPending || r.due == math.MaxInt64 {
 					continue
 				}
-				t := int64(math.MinInt64)
+				lo, hi := int64(math.MinInt64), int64(math.MaxInt64)
 				for i, p := range mr.rs {
 					if p != nil && mr.placed[i] {
-						t = max(t, p.due)
+						sp := m.lims[i].spanLocked(p.win)
+						lo, hi = max(lo, sp.open()), min(hi, sp.shut()-1)
 					}
 				}
+				t := r.due // the told instant, when a wider band leaves none in every part's
+				if lo <= hi {
+					t = max(min(t, hi), lo)
+				}
+
 				for i, p := range mr.rs {
 					if p != nil && mr.placed[i] {
 						p.due = t

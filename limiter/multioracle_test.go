@@ -647,8 +647,11 @@ func (h *mhist) check() (string, oracleCover) {
 					s, _, p := m.win(t)
 					granted[x][ev.i] = s
 					pr := prs[x]
-					if pr != nil && (t < pr.t || t > pr.t && !pr.since(m)) {
+					if pr != nil && t != pr.t && !pr.since(m) {
 						fail("call %d: a Reserve told ready in %v was valid after %v", ev.i, time.Duration(c.readyIn), time.Duration(t-c.start))
+					}
+					if pr != nil && s != pr.s && !pr.moved {
+						fail("call %d: limit %v: a Reserve promised in window %s was used at %s, outside it", ev.i, h.limits[x], at(pr.s), at(t))
 					}
 					if pr != nil && s == pr.s {
 						continue // counted when promised
@@ -895,9 +898,19 @@ var foundMultiSeeds = map[uint64]string{
 	// Found 2026-11-28 by make oracle (MULTI_N=50000): a tokens part
 	// placed alone when its quota came, then taken as valid by a second
 	// change at the same instant, stayed through a drop to 7 and was
-	// granted with the requests part into a window that then held 9
-	// (TestMultiPartLeftBehindIsNotValid).
+	// granted with the requests part into a window that then held 9.
 	6192506112892991612: "tokens window 300 ms holds 9 of quota 7 after a grant of 5",
+	// Found 2026-12-07 by review 31: a correction forwards moved a fixed
+	// Reserve's tokens part past its 10 ms window, which closed; a
+	// correction backwards then missed it, and it was valid in the next.
+	2659683877535696118: "tokens window 90 ms holds 49 of quota 38 after a grant of 24",
+	// Found 2026-12-07: the clamp into every part's band after an
+	// uncertainty that left no instant in both moved a part out of its
+	// window.
+	6862066013296887852: "a Reserve promised in window 0 ms was used at 25.7 ms, outside it",
+	// Found 2026-12-07 by review 30: a failed Multi's part kept charged
+	// after a lane closed was not given back by Cancel.
+	1958923786138980512: "TryAcquire refused though every limit had room",
 }
 
 func TestMultiOracleFoundSeeds(t *testing.T) {

@@ -492,7 +492,7 @@ func (m *Multi) failLocked(r *MultiReservation, err error) {
 				// Its time may have been told: the part stays charged
 				// in its window, as Reservation.fixed says, held and
 				// not admitted, until Cancel.
-				l.wasted.Add(rr.n)
+				l.holdLocked(rr.win, rr.n)
 				rr.held = true
 			case r.placed[i]:
 				rr.cancelLocked()
@@ -642,19 +642,21 @@ func (r *MultiReservation) releaseHeldLocked() {
 		}
 		l := r.m.lims[i]
 		rr.held = false
-		if !l.closed {
-			l.advanceLocked(l.now())
+		if l.closed {
+			continue // Close counted it closed: nothing goes back
 		}
+		l.advanceLocked(l.now())
 		switch {
 		case rr.win >= l.cur.start:
+			l.unholdLocked(rr.win, rr.n)
 			l.releaseLocked(rr)
 		default:
 			l.counts.closedConsumed -= rr.n // its window closed unused
+			l.wasted.Add(-rr.n)
 			if bw := l.book[rr.win]; bw != nil {
 				delete(bw.res, rr)
 			}
 		}
-		l.wasted.Add(-rr.n)
 	}
 }
 

@@ -304,8 +304,11 @@ func (h *ohist) check() (string, oracleCover) {
 					continue
 				}
 				s, _, p := m.win(t)
-				if isFixed && (t < pr.t || t > pr.t && !pr.since(m)) {
+				if isFixed && t != pr.t && !pr.since(m) {
 					fail("call %d: a Reserve told ready in %v was valid after %v", ev.i, time.Duration(c.readyIn), time.Duration(t-c.start))
+				}
+				if isFixed && s != pr.s && !pr.moved {
+					fail("call %d: a Reserve promised in window %s was used at %s, outside it", ev.i, h.at(pr.s), h.at(t))
 				}
 				if !isFixed || s != pr.s {
 					count[s] += c.n
