@@ -559,3 +559,91 @@ func TestFixedReservationIsUsedInItsWindowAfterCorrections(t *testing.T) {
 		}
 	})
 }
+
+// TestCorrectionThenRebookKeepsTheSecondWindow: the two-window rig (10 per
+// 1s, uncertainty 50ms, offset 0 = honest); rB is told true 1.2s, and the
+// change to 200ms windows charges it to [1.0,1.2) and [1.2,1.4). An honest
+// correction of +10ms clamps rB's time for its holder in the process into
+// [1.0,1.2)'s band; a later rebook must still keep the charge in
+// [1.2,1.4), where a remote holder calls at the told true 1.2s.
+func TestCorrectionThenRebookKeepsTheSecondWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, t0, _, rB := twoWindowRig(t, 5)
+		told := time.Since(t0) + rB.Delay()
+		l.SetClockOffset(10 * time.Millisecond) // corrected = true + 10ms: within 50ms
+		if err := l.SetLimit(5, 200*time.Millisecond, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		l.mu.Lock()
+		also := rB.alsoSet
+		t.Logf("rB told true +%v; after correction and rebook: due +%v win +%v alsoSet %v tLo +%v tHi +%v",
+			told, time.Unix(0, rB.due).Sub(t0), time.Unix(0, rB.win).Sub(t0), also,
+			time.Unix(0, rB.tLo).Sub(t0), time.Unix(0, rB.tHi).Sub(t0))
+		l.mu.Unlock()
+		time.Sleep(1200*time.Millisecond - time.Since(t0))
+		var n int64
+		for time.Since(t0) < 1400*time.Millisecond {
+			for l.TryAcquire() {
+				n++
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if told >= 1200*time.Millisecond && told < 1400*time.Millisecond {
+			n++ // the remote holder calls at the told instant
+		}
+		t.Logf("true window [1.2s,1.4s) (quota 5): %d permits (rB's remote use included: told %v)", n, told)
+		if n > 5 {
+			t.Errorf("true window [1.2s,1.4s) of quota %d held %d permits; rB alsoSet=%v", 5, n, also)
+		}
+	})
+}
+
+// TestMultiLaneCloseAfterToldInstantKeepsThePart: a Multi.Reserve of 30
+// tokens is told 1.0s (the sluice-agent case: nobody calls Wait; the remote caller
+// calls at 1.0s regardless). At 1.5s the tokens window [1s,2s) is drained
+// (70 more) and the requests lane closes alone (a Group's member left).
+//
+//   - "quota change": a routine change of the tokens limit (Enforce's
+//     SetSchedule, here SetQuota to the same 100) finds the part valid and
+//     marks it done; failLocked must hold it still.
+//   - "no change": the part is still pending, so it is held.
+func TestMultiLaneCloseAfterToldInstantKeepsThePart(t *testing.T) {
+	for _, change := range []bool{true, false} {
+		t.Run(map[bool]string{true: "quota change", false: "no change"}[change], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				t0 := time.Now()
+				m := mustMulti(t, Limit{Quota: 10, Window: time.Second}, Limit{Dimension: "tokens", Quota: 100, Window: time.Second})
+				tok := m.Limiter(1)
+				for tok.TryAcquire() {
+				}
+				r, err := m.Reserve(2*time.Second, Cost("tokens", 30))
+				if err != nil {
+					t.Fatal(err)
+				}
+				told := time.Since(t0) + r.Delay()
+				time.Sleep(1500*time.Millisecond - time.Since(t0))
+				if change {
+					if err := tok.SetQuota(100, time.Time{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				n := int64(0)
+				for tok.TryAcquire() {
+					n++
+				}
+				before := tok.Stats()
+				m.Limiter(0).Close()
+				err = r.Err()
+				for tok.TryAcquire() {
+					n++
+				}
+				st := tok.Stats()
+				t.Logf("told +%v; window [1s,2s): %d admitted by the lane + 30 used by the remote caller; Err %v; tokens stats before close %v, after %v",
+					told, n, err, pick(before), pick(st))
+				if n+30 > 100 {
+					t.Errorf("tokens window [1s,2s) of quota 100 held %d (the lane admitted %d besides the 30 told for +%v)", n+30, n, told)
+				}
+			})
+		})
+	}
+}

@@ -270,9 +270,9 @@ func (l *Limiter) rebookFixedLocked() {
 	}
 	sortReservations(rs)
 	for _, r := range rs {
-		lo, hi := max(r.tLo, r.due-l.guard), min(r.tHi, r.due+l.guard+1)
+		lo, hi := max(r.tLo, r.told-l.guard), min(r.tHi, r.told+l.guard+1)
 		if lo >= hi { // the clock was further off than it was told
-			lo, hi = r.due-l.guard, r.due+l.guard+1
+			lo, hi = r.told-l.guard, r.told+l.guard+1
 		}
 		a, b := l.spanLocked(lo), l.spanLocked(hi-1)
 		if a.start == r.win && (a.start == b.start) != r.alsoSet && (!r.alsoSet || r.also == b.start) {
@@ -465,7 +465,8 @@ func (l *Limiter) shiftFixedLocked(shift int64) {
 			if !r.fixed() || r.state == resDone || r.due == math.MaxInt64 {
 				continue
 			}
-			r.due = addClamped(r.due, time.Duration(shift))
+			r.told = addClamped(r.told, time.Duration(shift))
+			r.due = r.told
 			r.deadline = addClamped(r.deadline, time.Duration(shift))
 			if r.win >= l.cur.start && r.multi == nil {
 				sp := l.spanLocked(r.win)

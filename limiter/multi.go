@@ -541,7 +541,7 @@ func (m *Multi) alignFixedLocked() {
 						lo, hi = max(lo, sp.open()), min(hi, sp.shut()-1)
 					}
 				}
-				t := r.due // the told instant, when a wider band leaves none in every part's
+				t := r.told // when a wider band leaves no instant in every part's
 				if lo <= hi {
 					t = max(min(t, hi), lo)
 				}

@@ -488,7 +488,7 @@ func (m *Multi) failLocked(r *MultiReservation, err error) {
 		if rr.state != resFailed { // a part that failed was counted by its limit
 			cls := l.classOfLocked(rr, l.classes)
 			switch {
-			case r.placed[i] && rr.fixed() && !l.closed && rr.state == resPending:
+			case r.placed[i] && rr.fixed() && !l.closed && (rr.state == resPending || rr.state == resDone):
 				// Its time may have been told: the part stays charged
 				// in its window, as Reservation.fixed says, held and
 				// not admitted, until Cancel.

@@ -275,6 +275,7 @@ func (l *Limiter) bookWindowLocked(start int64) *bookWindow {
 func (l *Limiter) bookLocked(r *Reservation, p placement) {
 	r.win, r.slot, r.due, r.state = p.win.start, p.slot, p.due, resPending
 	r.tLo, r.tHi = p.win.start, p.win.end // the guard band keeps the true instant inside
+	r.told = p.due
 	l.bookWindowLocked(p.win.start).res[r] = struct{}{}
 	if !r.counted {
 		r.counted = true

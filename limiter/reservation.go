@@ -68,6 +68,7 @@ type Reservation struct {
 	// instant its holder was given, and also, when alsoSet, is the start
 	// of a second window it is charged to because that interval meets it.
 	tLo, tHi int64
+	told     int64 // the instant given, on the limiter's clock as it reads now; due may be clamped from it
 	also     int64
 	alsoSet  bool
 	held     bool // a part of a failed MultiReservation, kept charged until Cancel
