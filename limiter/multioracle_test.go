@@ -589,6 +589,9 @@ func (h *mhist) check() (string, oracleCover) {
 		}
 		t := evs[i].t
 		ambiguous := ctlAt[t]
+		for x := range k {
+			fixed[x].cancelsFirst(evs[i:j], func(c int) bool { return h.calls[c].canceled }, count[x])
+		}
 		for _, ev := range evs[i:j] {
 			switch ev.kind {
 			case evCtl:

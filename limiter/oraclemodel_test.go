@@ -258,6 +258,7 @@ func (h *ohist) check() (string, oracleCover) {
 		}
 		t := evs[i].t
 		ambiguous := ctlAt[t]
+		fixed.cancelsFirst(evs[i:j], func(k int) bool { return h.calls[k].canceled }, count)
 		var deferred []pending
 		for _, ev := range evs[i:j] {
 			switch ev.kind {
@@ -611,6 +612,7 @@ type fixedBook struct {
 type promise struct {
 	t, n, s, e, backoff, off int64
 	moved                    bool // counted in excused[s]
+	given                    bool // given back by Cancel
 }
 
 func newFixedBook() *fixedBook {
@@ -651,13 +653,30 @@ func (b *fixedBook) end(i int, canceled bool, count map[int64]int64) (*promise, 
 		return nil, false
 	}
 	delete(b.active, i)
-	if canceled {
+	if canceled && !pr.given {
+		pr.given = true
 		count[pr.s] -= pr.n
 		if pr.moved {
 			b.excused[pr.s] -= pr.n
 		}
 	}
 	return pr, true
+}
+
+// cancelsFirst gives back, before anything else at that instant, what
+// the Cancels among evs (one instant's events) gave back: a call racing
+// a holder that cancels when its permits come due may have come after
+// the Cancel in the limiter, whatever order the driver recorded.
+func (b *fixedBook) cancelsFirst(evs []oev, canceled func(i int) bool, count map[int64]int64) {
+	for _, ev := range evs {
+		if pr, ok := b.byCall[ev.i]; ok && ev.kind == evEnd && canceled(ev.i) && !pr.given {
+			pr.given = true
+			count[pr.s] -= pr.n
+			if pr.moved {
+				b.excused[pr.s] -= pr.n
+			}
+		}
+	}
 }
 
 // since reports whether m's backoff or clock changed since pr was made.
